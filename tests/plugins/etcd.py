@@ -1,0 +1,1 @@
+"""Session-scoped etcd server fixture (filled in by the storage work)."""

@@ -1,0 +1,1 @@
+"""Session-scoped seaweed server fixture (filled in by the storage work)."""
