@@ -1,0 +1,336 @@
+"""The publish hot path: Publish decoding, PublishConfirm / PublishError encoding.
+
+A Publish message is ``PublishingId:uint64 [FilterValue:string (v2)] Entry`` where
+``Entry`` is an Osiris entry verbatim: simple ``0:1 Len:31 Data`` or sub-batch
+``1:1 Compression:3 0:4 NumRecords:16 UncompressedLen:32 Len:32 Data``. The server can
+therefore append entries to a chunk without re-encoding them, and decoding only has
+to find entry boundaries. No per-message Python object is built beyond the entry
+slice itself; when all messages of a v1 frame are simple entries of the same length
+(what batching clients send) one cached ``struct.Struct`` call splits the whole frame.
+"""
+
+import struct
+import sys
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from tierlog.formats.protocol.constants import Command
+from tierlog.formats.protocol.errors import ProtocolError, TruncatedFrameError
+from tierlog.formats.protocol.wire import U32, U64, Reader, encode_string, frame
+
+_HEAD = struct.Struct(">HHBI")  # key, version, publisher id, message count
+_ID_WORD = struct.Struct(">QI")  # publishing id, first 4 bytes of the entry
+_SUBBATCH = struct.Struct(">BHII")  # type byte, records, uncompressed length, length
+_CONFIRM_HEAD = struct.Struct(">IHHBI")
+_ERROR_ITEM = struct.Struct(">QH")
+
+PUBLISH_HEADER_SIZE = _HEAD.size
+SIMPLE_ENTRY_HEADER_SIZE = 4
+SUBBATCH_ENTRY_HEADER_SIZE = _SUBBATCH.size
+MAX_COMPRESSION = 4  # 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd
+_SIMPLE_MAX_LEN = 0x7FFFFFFF
+_FAST_PATH_MAX_COUNT = 4096
+_CONFIRM_STRUCT_MAX_COUNT = 4096
+_BIG_ENDIAN_HOST = sys.byteorder == "big"
+
+
+@dataclass(slots=True)
+class PublishBatch:
+    """A decoded Publish frame.
+
+    ``entries[i]`` is the Osiris entry (header included) published with
+    ``publishing_ids[i]``; ``record_counts`` is None when every entry is a simple
+    entry (one record each), else the record count of each entry. ``filter_values``
+    is set for version 2 frames only.
+    """
+
+    publisher_id: int
+    version: int
+    publishing_ids: Sequence[int]
+    entries: Sequence[bytes | memoryview]
+    num_records: int
+    record_counts: list[int] | None = None
+    filter_values: list[str | None] | None = None
+    _data: bytes | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def num_entries(self) -> int:
+        return len(self.entries)
+
+    def entry_data(self) -> bytes:
+        """All entries back to back: the data section of an Osiris chunk."""
+        if self._data is None:
+            self._data = b"".join(self.entries)
+        return self._data
+
+    def encode(self) -> bytes:
+        return encode_publish_entries(
+            self.publisher_id,
+            self.publishing_ids,
+            self.entries,
+            filter_values=self.filter_values,
+            version=self.version,
+        )
+
+
+@lru_cache(maxsize=32)
+def _uniform_struct(entry_size: int, count: int) -> struct.Struct:
+    return struct.Struct(">" + f"Q{entry_size}s" * count)
+
+
+def decode_publish(body: memoryview | bytes) -> PublishBatch:
+    """Decode a Publish frame body (the bytes after the size prefix)."""
+    end = len(body)
+    if end < PUBLISH_HEADER_SIZE:
+        raise TruncatedFrameError("Publish frame shorter than its header")
+    key, version, publisher_id, count = _HEAD.unpack_from(body, 0)
+    if key != Command.PUBLISH:
+        raise ProtocolError(f"not a Publish frame: key {key:#06x}")
+    if version not in (1, 2):
+        raise ProtocolError(f"unsupported Publish version {version}")
+    if count * (8 + SIMPLE_ENTRY_HEADER_SIZE) > end - PUBLISH_HEADER_SIZE:
+        raise TruncatedFrameError(f"{count} messages cannot fit in a frame of {end} bytes")
+    if version == 1 and 0 < count <= _FAST_PATH_MAX_COUNT:
+        batch = _decode_uniform(body, publisher_id, count)
+        if batch is not None:
+            return batch
+    return _decode_general(body, publisher_id, version, count)
+
+
+def _decode_uniform(body: memoryview | bytes, publisher_id: int, count: int) -> PublishBatch | None:
+    """Split a v1 frame of same-length simple entries with one unpack; None if it is not."""
+    end = len(body)
+    word = _ID_WORD.unpack_from(body, PUBLISH_HEADER_SIZE)[1]
+    if word & 0x80000000:
+        return None
+    entry_size = SIMPLE_ENTRY_HEADER_SIZE + word
+    if count * (8 + entry_size) != end - PUBLISH_HEADER_SIZE:
+        return None
+    values = _uniform_struct(entry_size, count).unpack_from(body, PUBLISH_HEADER_SIZE)
+    entries: tuple[bytes, ...] = values[1::2]
+    data = b"".join(entries)
+    header = U32.pack(word)
+    for k in range(SIMPLE_ENTRY_HEADER_SIZE):
+        if data[k::entry_size] != header[k : k + 1] * count:
+            return None
+    return PublishBatch(
+        publisher_id=publisher_id,
+        version=1,
+        publishing_ids=values[0::2],
+        entries=entries,
+        num_records=count,
+        _data=data,
+    )
+
+
+def _decode_general(
+    body: memoryview | bytes, publisher_id: int, version: int, count: int
+) -> PublishBatch:
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    end = len(view)
+    pos = PUBLISH_HEADER_SIZE
+    ids: list[int] = []
+    entries: list[memoryview] = []
+    record_counts: list[int] | None = None
+    filter_values: list[str | None] | None = [] if version == 2 else None
+    num_records = 0
+    id_unpack = _ID_WORD.unpack_from
+    for index in range(count):
+        if filter_values is not None:
+            if pos + 8 > end:
+                raise TruncatedFrameError("Publish frame ends inside a publishing id")
+            pid = U64.unpack_from(view, pos)[0]
+            reader = Reader(view, pos + 8)
+            filter_values.append(reader.nullable_string())
+            entry_pos = reader.pos
+            if entry_pos + SIMPLE_ENTRY_HEADER_SIZE > end:
+                raise TruncatedFrameError("Publish frame ends inside an entry header")
+            word = U32.unpack_from(view, entry_pos)[0]
+        else:
+            if pos + 12 > end:
+                raise TruncatedFrameError("Publish frame ends inside a message header")
+            pid, word = id_unpack(view, pos)
+            entry_pos = pos + 8
+        if word & 0x80000000 == 0:
+            entry_end = entry_pos + SIMPLE_ENTRY_HEADER_SIZE + word
+            records = 1
+        else:
+            if entry_pos + SUBBATCH_ENTRY_HEADER_SIZE > end:
+                raise TruncatedFrameError("Publish frame ends inside a sub-batch header")
+            type_byte, records, _uncompressed, length = _SUBBATCH.unpack_from(view, entry_pos)
+            if type_byte & 0x0F:
+                raise ProtocolError(f"sub-batch entry with reserved bits set: {type_byte:#04x}")
+            if (type_byte >> 4) & 0x07 > MAX_COMPRESSION:
+                raise ProtocolError(f"unknown sub-batch compression {(type_byte >> 4) & 0x07}")
+            if records == 0:
+                raise ProtocolError("sub-batch entry without records")
+            entry_end = entry_pos + SUBBATCH_ENTRY_HEADER_SIZE + length
+            if record_counts is None:
+                record_counts = [1] * index
+        if entry_end > end:
+            raise TruncatedFrameError("Publish frame ends inside an entry")
+        ids.append(pid)
+        entries.append(view[entry_pos:entry_end])
+        if record_counts is not None:
+            record_counts.append(records)
+        num_records += records
+        pos = entry_end
+    if pos != end:
+        raise ProtocolError(f"{end - pos} unexpected bytes after {count} Publish messages")
+    return PublishBatch(
+        publisher_id=publisher_id,
+        version=version,
+        publishing_ids=ids,
+        entries=entries,
+        num_records=num_records,
+        record_counts=record_counts,
+        filter_values=filter_values,
+    )
+
+
+def simple_entry(data: bytes) -> bytes:
+    """An Osiris simple entry holding one message."""
+    if len(data) > _SIMPLE_MAX_LEN:
+        raise ProtocolError("message too large for a simple entry")
+    return U32.pack(len(data)) + data
+
+
+def subbatch_records(records: Sequence[bytes]) -> bytes:
+    """The uncompressed payload of a sub-batch: each record as ``0:1 Len:31 Data``."""
+    return b"".join(simple_entry(r) for r in records)
+
+
+def subbatch_entry(
+    payload: bytes, num_records: int, uncompressed_len: int, compression: int = 0
+) -> bytes:
+    """An Osiris sub-batch entry around an (optionally compressed) records payload."""
+    if not 0 <= compression <= MAX_COMPRESSION:
+        raise ProtocolError(f"unknown compression {compression}")
+    type_byte = 0x80 | (compression << 4)
+    return _SUBBATCH.pack(type_byte, num_records, uncompressed_len, len(payload)) + payload
+
+
+def encode_publish_entries(
+    publisher_id: int,
+    publishing_ids: Sequence[int],
+    entries: Sequence[bytes | memoryview],
+    *,
+    filter_values: Sequence[str | None] | None = None,
+    version: int | None = None,
+) -> bytes:
+    """A whole Publish frame; version 2 (with filter values) when ``filter_values`` is set."""
+    if len(publishing_ids) != len(entries):
+        raise ValueError("one publishing id per entry")
+    if version is None:
+        version = 1 if filter_values is None else 2
+    parts: list[bytes | memoryview] = [bytes((publisher_id,)), U32.pack(len(entries))]
+    pack_id = U64.pack
+    if version == 2:
+        if filter_values is None or len(filter_values) != len(entries):
+            raise ValueError("Publish v2 needs one filter value per entry")
+        for pid, fv, entry in zip(publishing_ids, filter_values, entries, strict=True):
+            parts += (pack_id(pid), encode_string(fv), entry)
+    else:
+        for pid, entry in zip(publishing_ids, entries, strict=True):
+            parts += (pack_id(pid), entry)
+    return frame(Command.PUBLISH, version, *(bytes(p) for p in parts))
+
+
+def encode_publish(
+    publisher_id: int,
+    messages: Sequence[tuple[int, bytes]],
+    *,
+    filter_values: Sequence[str | None] | None = None,
+) -> bytes:
+    """A Publish frame of (publishing id, message) pairs, each as a simple entry."""
+    return encode_publish_entries(
+        publisher_id,
+        [pid for pid, _ in messages],
+        [simple_entry(data) for _, data in messages],
+        filter_values=filter_values,
+    )
+
+
+@lru_cache(maxsize=64)
+def _confirm_struct(count: int) -> struct.Struct:
+    return struct.Struct(f">IHHBI{count}Q")
+
+
+def encode_publish_confirm(publisher_id: int, publishing_ids: Sequence[int]) -> bytes:
+    """A whole PublishConfirm frame in one pack call."""
+    count = len(publishing_ids)
+    size = _CONFIRM_HEAD.size - 4 + 8 * count
+    if count <= _CONFIRM_STRUCT_MAX_COUNT:
+        return _confirm_struct(count).pack(
+            size, Command.PUBLISH_CONFIRM, 1, publisher_id, count, *publishing_ids
+        )
+    ids = array("Q", publishing_ids)
+    if not _BIG_ENDIAN_HOST:
+        ids.byteswap()
+    head = _CONFIRM_HEAD.pack(size, Command.PUBLISH_CONFIRM, 1, publisher_id, count)
+    return head + ids.tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class PublishConfirm:
+    """Server → client: these publishing ids are durable (or were duplicates)."""
+
+    publisher_id: int
+    publishing_ids: Sequence[int]
+
+    def encode(self) -> bytes:
+        return encode_publish_confirm(self.publisher_id, self.publishing_ids)
+
+
+def decode_publish_confirm(body: memoryview | bytes) -> PublishConfirm:
+    reader = Reader(body, 4)
+    publisher_id = reader.u8()
+    count = reader.count(8)
+    if reader.remaining() != 8 * count:
+        raise ProtocolError("PublishConfirm length does not match its id count")
+    ids = array("Q")
+    ids.frombytes(bytes(reader.raw(8 * count)))
+    if not _BIG_ENDIAN_HOST:
+        ids.byteswap()
+    return PublishConfirm(publisher_id, tuple(ids))
+
+
+@dataclass(frozen=True, slots=True)
+class PublishError:
+    """Server → client: (publishing id, response code) pairs that were not stored."""
+
+    publisher_id: int
+    errors: Sequence[tuple[int, int]]
+
+    def encode(self) -> bytes:
+        items = b"".join(_ERROR_ITEM.pack(pid, code) for pid, code in self.errors)
+        return frame(
+            Command.PUBLISH_ERROR, 1, bytes((self.publisher_id,)), U32.pack(len(self.errors)), items
+        )
+
+
+def decode_publish_error(body: memoryview | bytes) -> PublishError:
+    reader = Reader(body, 4)
+    publisher_id = reader.u8()
+    count = reader.count(_ERROR_ITEM.size)
+    errors = [(reader.u64(), reader.u16()) for _ in range(count)]
+    reader.done()
+    return PublishError(publisher_id, errors)
+
+
+__all__ = [
+    "PublishBatch",
+    "PublishConfirm",
+    "PublishError",
+    "decode_publish",
+    "decode_publish_confirm",
+    "decode_publish_error",
+    "encode_publish",
+    "encode_publish_confirm",
+    "encode_publish_entries",
+    "simple_entry",
+    "subbatch_entry",
+    "subbatch_records",
+]
