@@ -1,0 +1,201 @@
+"""The stream catalog: which incarnation of each stream is live, and its settings.
+
+One API over the MetaStore used by the tierer, the server and the Spark source.
+
+Keys:
+
+* ``catalog/{vhost}/{name}`` (both percent-encoded): JSON ``{incarnation, created_ns,
+  settings}``. The incarnation is the stream directory string
+  ``{vhost}_{name}_{created-ns}``, which is also the stream's object-store prefix, so
+  a deleted and re-created stream can never see the old incarnation's objects.
+* ``pointer/{incarnation}``: the manifest pointer ``{root uid, epoch}``, created with
+  the stream and only ever updated by epoch-checked conditional puts.
+* Deleting a stream deletes its catalog key and enqueues a ``stream-cleanup`` item for
+  the incarnation in the same MetaStore transaction.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from tierlog.errors import TierlogError
+from tierlog.log.names import stream_dir_name
+from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
+from tierlog.storage.meta_store import CleanupItem, MetaStore
+from tierlog.tiering.settings import StreamSettings
+
+CLEANUP_QUEUE = "stream-cleanup"
+
+
+class StreamExistsError(TierlogError):
+    """A stream of that name already exists in the vhost."""
+
+
+class StreamNotFoundError(TierlogError, KeyError):
+    """No live stream of that name in the vhost."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "stream not found"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    vhost: str
+    name: str
+    incarnation: str
+    created_ns: int
+    settings: StreamSettings
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestPointer:
+    """Which root object is the committed manifest, written under which epoch."""
+
+    root_uid: str | None
+    epoch: int
+    version: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"root": self.root_uid, "epoch": self.epoch}).encode()
+
+    @staticmethod
+    def decode(value: bytes, version: int) -> ManifestPointer:
+        data = json.loads(value)
+        return ManifestPointer(root_uid=data["root"], epoch=int(data["epoch"]), version=version)
+
+
+def catalog_key(vhost: str, name: str) -> str:
+    return f"catalog/{quote(vhost, safe='')}/{quote(name, safe='')}"
+
+
+def pointer_key(incarnation: str) -> str:
+    return f"pointer/{quote(incarnation, safe='')}"
+
+
+class Catalog:
+    def __init__(self, meta: MetaStore) -> None:
+        self.meta = meta
+
+    def create(
+        self,
+        vhost: str,
+        name: str,
+        settings: StreamSettings | None = None,
+        created_ns: int | None = None,
+    ) -> StreamRecord:
+        settings = settings or StreamSettings()
+        created_ns = created_ns if created_ns is not None else time.time_ns()
+        incarnation = stream_dir_name(vhost, name, created_ns)  # validates both names
+        if self.meta.get(catalog_key(vhost, name)) is not None:
+            raise StreamExistsError(f"stream {name!r} already exists in vhost {vhost!r}")
+        # Pointer first: an orphaned pointer (crash in between) is harmless, a catalog
+        # entry without its pointer is not.
+        empty = ManifestPointer(root_uid=None, epoch=0, version=0)
+        with contextlib.suppress(AlreadyExistsError):
+            self.meta.create(pointer_key(incarnation), empty.encode(), epoch=0)
+        body = {
+            "vhost": vhost,
+            "name": name,
+            "incarnation": incarnation,
+            "created_ns": created_ns,
+            "settings": settings.to_dict(),
+        }
+        try:
+            stored = self.meta.create(catalog_key(vhost, name), json.dumps(body).encode())
+        except AlreadyExistsError as exc:
+            raise StreamExistsError(f"stream {name!r} already exists in vhost {vhost!r}") from exc
+        return self._record(stored.value, stored.version)
+
+    @staticmethod
+    def _record(value: bytes, version: int) -> StreamRecord:
+        data: dict[str, Any] = json.loads(value)
+        return StreamRecord(
+            vhost=data["vhost"],
+            name=data["name"],
+            incarnation=data["incarnation"],
+            created_ns=int(data["created_ns"]),
+            settings=StreamSettings.from_dict(data["settings"]),
+            version=version,
+        )
+
+    def get(self, vhost: str, name: str) -> StreamRecord | None:
+        stored = self.meta.get(catalog_key(vhost, name))
+        return None if stored is None else self._record(stored.value, stored.version)
+
+    def require(self, vhost: str, name: str) -> StreamRecord:
+        record = self.get(vhost, name)
+        if record is None:
+            raise StreamNotFoundError(f"no stream {name!r} in vhost {vhost!r}")
+        return record
+
+    def list(self) -> list[StreamRecord]:
+        return [self._record(v.value, v.version) for v in self.meta.list("catalog/")]
+
+    def update_settings(self, vhost: str, name: str, **changes: Any) -> StreamRecord:
+        """Change settings with a version-checked write (retried on a racing update)."""
+        for _ in range(16):
+            record = self.require(vhost, name)
+            settings = record.settings.updated(**changes)
+            body = {
+                "vhost": vhost,
+                "name": name,
+                "incarnation": record.incarnation,
+                "created_ns": record.created_ns,
+                "settings": settings.to_dict(),
+            }
+            try:
+                stored = self.meta.put_if(
+                    catalog_key(vhost, name), json.dumps(body).encode(), record.version, 0
+                )
+            except VersionConflictError:
+                continue
+            return self._record(stored.value, stored.version)
+        raise VersionConflictError(f"settings of {name!r} keep changing under us")
+
+    def delete(self, vhost: str, name: str) -> StreamRecord:
+        """Remove the stream and, in the same transaction, enqueue its cleanup."""
+        record = self.require(vhost, name)
+        payload = json.dumps({"incarnation": record.incarnation, "deleted_at": time.time()})
+        try:
+            self.meta.delete(
+                catalog_key(vhost, name),
+                expected_version=record.version,
+                cleanup=(CLEANUP_QUEUE, payload.encode()),
+            )
+        except NotFoundError as exc:
+            raise StreamNotFoundError(f"no stream {name!r} in vhost {vhost!r}") from exc
+        return record
+
+    def pending_cleanups(self) -> builtins.list[tuple[CleanupItem, str, float]]:
+        """(item, incarnation, deleted_at) for every stream still being cleaned up."""
+        out = []
+        for item in self.meta.pending(CLEANUP_QUEUE):
+            data = json.loads(item.payload)
+            out.append((item, str(data["incarnation"]), float(data["deleted_at"])))
+        return out
+
+    # --- the manifest pointer -------------------------------------------------------
+    def read_pointer(self, incarnation: str) -> ManifestPointer | None:
+        """The committed pointer, or None when the incarnation was deleted."""
+        stored = self.meta.get(pointer_key(incarnation))
+        return None if stored is None else ManifestPointer.decode(stored.value, stored.version)
+
+    def put_pointer(
+        self, incarnation: str, root_uid: str, epoch: int, expected_version: int
+    ) -> int:
+        """Conditional put (version unchanged, stored epoch <= epoch); the new version.
+
+        Raises VersionConflictError, EpochFencedError, KeyDeletedError (stream deleted)."""
+        value = ManifestPointer(root_uid=root_uid, epoch=epoch, version=0).encode()
+        return self.meta.put_if(pointer_key(incarnation), value, expected_version, epoch).version
+
+    def delete_pointer(self, incarnation: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.meta.delete(pointer_key(incarnation))

@@ -1,0 +1,59 @@
+"""Stream deletion cleanup: the durable queue's worker.
+
+``Catalog.delete`` removes the catalog entry and enqueues a cleanup item in one
+MetaStore transaction. ``run_stream_cleanups`` (run on start and whenever woken) takes
+every pending item and, idempotently: deletes the incarnation's manifest pointer (so a
+writer still tiering it gets a typed "stream deleted" error), every remote object under
+the incarnation's prefix, and the local stream directory; then completes the item.
+A crash anywhere just means the next run repeats the remaining steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+from tierlog.storage.object_store import ObjectStore
+from tierlog.tiering.catalog import Catalog
+from tierlog.tiering.keys import stream_prefix
+
+log = logging.getLogger(__name__)
+
+DELETE_BATCH = 1000
+
+
+def clean_incarnation(
+    catalog: Catalog, store: ObjectStore, prefix: str, incarnation: str, data_dir: str | None
+) -> int:
+    """Delete everything of one incarnation; returns how many objects went."""
+    catalog.delete_pointer(incarnation)
+    removed = 0
+    batch: list[str] = []
+    for meta in store.list(stream_prefix(prefix, incarnation)):
+        batch.append(meta.key)
+        if len(batch) >= DELETE_BATCH:
+            store.delete_many(batch)
+            removed += len(batch)
+            batch = []
+    if batch:
+        store.delete_many(batch)
+        removed += len(batch)
+    if data_dir is not None:
+        local = os.path.join(data_dir, incarnation)
+        if os.path.isdir(local):
+            shutil.rmtree(local)
+    return removed
+
+
+def run_stream_cleanups(
+    catalog: Catalog, store: ObjectStore, prefix: str = "", data_dir: str | None = None
+) -> list[str]:
+    """Finish every pending stream cleanup; returns the incarnations cleaned."""
+    done = []
+    for item, incarnation, _deleted_at in catalog.pending_cleanups():
+        removed = clean_incarnation(catalog, store, prefix, incarnation, data_dir)
+        catalog.meta.complete(item)
+        log.info("stream cleanup done incarnation=%s objects=%d", incarnation, removed)
+        done.append(incarnation)
+    return done

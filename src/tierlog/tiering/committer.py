@@ -1,0 +1,165 @@
+"""The manifest commit protocol with optimistic concurrency (DESIGN.md).
+
+Order of a commit: new branch objects (create-only, fresh uids) → new root under a
+fresh uid (create-only) → conditional put of the pointer (version unchanged, stored
+epoch <= ours). Data is durable in the remote tier only after the conditional put.
+After a failed or ambiguous conditional put the pointer is re-read before anything
+is deleted: if it names our new root, the commit happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tierlog.storage.errors import (
+    EpochFencedError,
+    KeyDeletedError,
+    NotFoundError,
+    StorageError,
+    TransientError,
+)
+from tierlog.tiering.catalog import Catalog, ManifestPointer
+from tierlog.tiering.deletion import DeletionQueue
+from tierlog.tiering.keys import new_uid
+from tierlog.tiering.manifest_tree import DEFAULT_M, ManifestTree
+from tierlog.tiering.remote import DeposedError, RemoteStream, StreamDeletedError, TieringError
+from tierlog.tiering.state import FragmentEntry
+
+log = logging.getLogger(__name__)
+
+
+class CommitRetryError(TieringError):
+    """The commit did not happen but may be retried (transient error, lost race)."""
+
+
+class ManifestCommitter:
+    """Holds the committed manifest (cached root) and commits new entries to it."""
+
+    def __init__(
+        self,
+        remote: RemoteStream,
+        catalog: Catalog,
+        deletions: DeletionQueue,
+        epoch: int,
+        m: int = DEFAULT_M,
+    ) -> None:
+        self.remote = remote
+        self.catalog = catalog
+        self.deletions = deletions
+        self.epoch = epoch
+        self.m = m
+        self.pointer = ManifestPointer(root_uid=None, epoch=0, version=0)
+        self.tree = self._empty_tree()
+        self.commits = 0
+        self.conflicts = 0
+        self.puts = 0
+
+    def _empty_tree(self) -> ManifestTree:
+        return ManifestTree(self.remote.prefix, self.remote.stream_dir, m=self.m, epoch=self.epoch)
+
+    @property
+    def incarnation(self) -> str:
+        return self.remote.stream_dir
+
+    def load(self) -> ManifestTree:
+        """Read the pointer and the root it names (re-reading the pointer on a 404)."""
+        for _ in range(10):
+            pointer = self.catalog.read_pointer(self.incarnation)
+            if pointer is None:
+                raise StreamDeletedError(f"stream {self.incarnation} was deleted")
+            if pointer.root_uid is None:
+                self.pointer, self.tree = pointer, self._empty_tree()
+                return self.tree
+            try:
+                data = self.remote.store.get(self.remote.root_key(bytes.fromhex(pointer.root_uid)))
+            except NotFoundError:
+                continue  # superseded and deleted under us: the pointer moved on
+            self.pointer = pointer
+            self.tree = ManifestTree.from_root(data, self.remote.prefix, m=self.m)
+            return self.tree
+        raise TransientError(f"manifest root of {self.incarnation} keeps disappearing")
+
+    def commit(self, entries: Sequence[FragmentEntry]) -> ManifestTree:
+        """Append ``entries`` (may be empty: a fencing commit) and commit the new root."""
+        if self.tree.is_empty and entries:
+            attempt = ManifestTree(
+                self.remote.prefix,
+                self.remote.stream_dir,
+                m=self.m,
+                epoch=self.epoch,
+                next_offset=self.tree.next_offset,
+            )
+        else:
+            attempt = ManifestTree.from_root(self.tree.encode_root(), self.remote.prefix, m=self.m)
+        written: list[str] = []
+        store = self.remote.store
+        try:
+            for branch in attempt.append(list(entries)):
+                store.put_if_absent(branch.key, branch.data)
+                written.append(branch.key)
+                self.puts += 1
+            uid = new_uid()
+            root_key = self.remote.root_key(uid)
+            store.put_if_absent(root_key, attempt.encode_root(self.epoch))
+            written.append(root_key)
+            self.puts += 1
+        except StorageError as exc:
+            self._discard(written)
+            raise CommitRetryError(f"writing manifest objects failed: {exc}") from exc
+        try:
+            version = self.catalog.put_pointer(
+                self.incarnation, uid.hex(), self.epoch, self.pointer.version
+            )
+        except KeyDeletedError as exc:
+            self._discard(written)
+            raise StreamDeletedError(f"stream {self.incarnation} was deleted") from exc
+        except EpochFencedError as exc:
+            self._discard(written)
+            raise DeposedError(f"{self.incarnation}: {exc}") from exc
+        except StorageError as exc:
+            # Version conflict or an ambiguous outcome: the pointer decides.
+            version = self._resolve_ambiguous(uid, written, exc)
+        old = self.pointer.root_uid
+        self.pointer = ManifestPointer(root_uid=uid.hex(), epoch=self.epoch, version=version)
+        attempt.epoch = self.epoch
+        self.tree = attempt
+        self.commits += 1
+        if old is not None:
+            self.deletions.schedule([self.remote.root_key(bytes.fromhex(old))])
+        return attempt
+
+    def _resolve_ambiguous(self, uid: bytes, written: list[str], exc: Exception) -> int:
+        pointer = None
+        for _ in range(5):
+            try:
+                pointer = self.catalog.read_pointer(self.incarnation)
+                break
+            except TransientError:
+                continue
+        else:
+            raise CommitRetryError(f"pointer unreadable after {exc}") from exc
+        if pointer is not None and pointer.root_uid == uid.hex():
+            return pointer.version  # the conditional put took effect after all
+        self._discard(written)  # never published: nobody can hold these objects
+        self.conflicts += 1
+        if pointer is None:
+            raise StreamDeletedError(f"stream {self.incarnation} was deleted") from exc
+        if pointer.epoch > self.epoch:
+            raise DeposedError(
+                f"{self.incarnation}: pointer epoch {pointer.epoch} > ours {self.epoch}"
+            ) from exc
+        before = self.tree.next_offset
+        self.load()
+        if self.tree.next_offset != before:
+            raise DeposedError(
+                f"{self.incarnation}: manifest moved from {before} to {self.tree.next_offset} "
+                "under a writer of the same epoch"
+            ) from exc
+        raise CommitRetryError(f"commit lost a race, reloaded the manifest: {exc}") from exc
+
+    def _discard(self, keys: list[str]) -> None:
+        try:
+            self.remote.store.delete_many(keys)
+        except StorageError:
+            log.warning("could not delete unpublished manifest objects %s", keys)

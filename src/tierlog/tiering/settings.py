@@ -1,0 +1,89 @@
+"""Per-stream settings as the catalog stores them, with their user-facing bounds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from tierlog.errors import ConfigError
+from tierlog.tiering.state import TieringConfig
+
+MIB = 1 << 20
+TIER_MODES = ("fragments", "segments")
+READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """Everything a stream can be configured with. ``None`` means "no limit".
+
+    ``max_bytes`` / ``max_age_seconds`` are the whole stream's retention (both tiers);
+    ``local_max_bytes`` / ``local_max_age_seconds`` only bound the local tier, which
+    may never free data that is not yet durable remotely.
+    """
+
+    max_bytes: int | None = None
+    max_age_seconds: float | None = None
+    local_max_bytes: int | None = None
+    local_max_age_seconds: float | None = None
+    max_segment_bytes: int = 500_000_000
+    max_segment_chunks: int = 256_000
+    tier_mode: str = "fragments"
+    fragment_bytes: int = 64 * MIB
+    max_fragment_age_seconds: float = 60.0
+    debounce_count: int = 5
+    debounce_seconds: float = 2.0
+    max_lag_bytes: int = 1 << 30
+    read_strategy: str = "NOT_IN_DISK"
+    manifest_fanout: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "local_max_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{name} must be a positive integer or unset, got {value!r}")
+        for name in ("max_age_seconds", "local_max_age_seconds"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} must be positive or unset, got {value!r}")
+        if not MIB <= self.fragment_bytes <= 1024 * MIB:
+            raise ConfigError(
+                f"fragment_bytes must be between 1 MiB and 1 GiB, got {self.fragment_bytes}"
+            )
+        if self.tier_mode not in TIER_MODES:
+            raise ConfigError(f"tier_mode must be one of {TIER_MODES}, got {self.tier_mode!r}")
+        if self.read_strategy not in READ_STRATEGIES:
+            raise ConfigError(
+                f"read_strategy must be one of {READ_STRATEGIES}, got {self.read_strategy!r}"
+            )
+        if self.max_segment_bytes < 4096 or self.max_segment_chunks < 1:
+            raise ConfigError("max_segment_bytes must be >= 4096 and max_segment_chunks >= 1")
+        if self.manifest_fanout < 2:
+            raise ConfigError("manifest_fanout must be >= 2")
+        if self.max_lag_bytes < self.fragment_bytes:
+            raise ConfigError("max_lag_bytes must be at least fragment_bytes")
+        # The remaining numeric checks live in TieringConfig.
+        self.tiering_config()
+
+    def tiering_config(self, **overrides: Any) -> TieringConfig:
+        base = TieringConfig(
+            fragment_bytes=self.fragment_bytes,
+            max_fragment_age=self.max_fragment_age_seconds,
+            debounce_count=self.debounce_count,
+            debounce_seconds=self.debounce_seconds,
+        )
+        return replace(base, **overrides) if overrides else base
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown stream settings: {sorted(unknown)}")
+        return cls(**data)
+
+    def updated(self, **changes: Any) -> StreamSettings:
+        return self.from_dict({**self.to_dict(), **changes})

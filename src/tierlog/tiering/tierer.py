@@ -1,0 +1,483 @@
+"""The I/O shell around the tiering state machine for one stream.
+
+``StreamTierer.start()`` resolves the manifest (follow next-offset pointers through
+fragment trailers, adopt uploaded-but-unlisted fragments under the adoption rule),
+brings the local log past the remote tail when the remote tier is ahead, makes the
+fencing commit, and then runs one event thread: committed chunks come from the log's
+commit listener, uploads run on a bounded thread pool, commits run one at a time.
+Every decision is taken by ``TieringState``; this module only carries effects out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
+from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, encode_fragment
+from tierlog.log.commit import CommitPoint
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import LogReader
+from tierlog.log.tracking import TrackingState
+from tierlog.log.writer import StreamLog
+from tierlog.storage.errors import AlreadyExistsError, StorageError
+from tierlog.storage.object_store import ObjectStore
+from tierlog.tiering.catalog import Catalog
+from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
+from tierlog.tiering.deletion import DeletionQueue
+from tierlog.tiering.manifest_tree import DEFAULT_M
+from tierlog.tiering.remote import (
+    FragmentConflictError,
+    LocalChunk,
+    RemoteFragment,
+    RemoteStream,
+    TieringError,
+    adoption_problem,
+    read_fragment_checked,
+)
+from tierlog.tiering.state import (
+    ChunkRef,
+    ChunksCommitted,
+    CommitFailed,
+    CommitSucceeded,
+    Effect,
+    Event,
+    Flush,
+    FragmentEntry,
+    FragmentPlan,
+    Halt,
+    StartCommit,
+    StartUpload,
+    Tick,
+    TieringConfig,
+    TieringState,
+    UploadFailed,
+    UploadSucceeded,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveResult:
+    next_offset: int
+    adopted: int
+    restarted_local: bool
+
+
+def local_chunks(stream_log: StreamLog, first: int, end: int) -> dict[int, LocalChunk]:
+    """The local log's chunks with ids in ``[first, end)`` (those still held)."""
+    out: dict[int, LocalChunk] = {}
+    for seg in stream_log.list_segments():
+        if seg.next_offset <= first or seg.first_offset >= end:
+            continue
+        for c in stream_log.segment_chunks(seg.first_offset):
+            if first <= c.chunk_id < end:
+                out[c.chunk_id] = LocalChunk(epoch=c.epoch, crc=c.data_crc, size=c.size)
+    return out
+
+
+class StreamTierer:
+    """Tiers one stream's committed local log to the remote tier."""
+
+    def __init__(
+        self,
+        stream_log: StreamLog,
+        store: ObjectStore,
+        catalog: Catalog,
+        deletions: DeletionQueue,
+        *,
+        prefix: str = "",
+        epoch: int = 1,
+        config: TieringConfig | None = None,
+        m: int = DEFAULT_M,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.log = stream_log
+        self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
+        self.catalog = catalog
+        self.deletions = deletions
+        self.epoch = epoch
+        self.config = config or TieringConfig()
+        self.clock = clock
+        self.committer = ManifestCommitter(self.remote, catalog, deletions, epoch, m=m)
+        self.state: TieringState | None = None
+        self.halted: str | None = None
+        self.puts = 0
+        self._events: queue.Queue[Event | None] = queue.Queue()
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.config.max_uploads + 1, thread_name_prefix="tier-upload"
+        )
+        self._thread: threading.Thread | None = None
+        self._handed = 0  # next offset of the last chunk handed to the state machine
+        self._reader: LogReader | None = None
+        self._durable = threading.Condition()
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> ResolveResult:
+        result = self.resolve()
+        assert self.state is not None
+        self._handed = self.state.committed_next
+        self.log.add_commit_listener(self._on_commit)
+        self._thread = threading.Thread(
+            target=self._run, name=f"tier-{self.remote.stream_dir}", daemon=True
+        )
+        self._thread.start()
+        self._events.put(Tick())  # pick up chunks committed before the listener existed
+        return result
+
+    def stop(self, flush: bool = True, timeout: float = 30.0) -> None:
+        """Stop tiering; with ``flush`` first cut, upload and commit everything committed."""
+        if flush and self._thread is not None and not self.halted:
+            self.flush(timeout)
+        self._stopping = True
+        with contextlib.suppress(ValueError):
+            self.log.remove_commit_listener(self._on_commit)
+        self._events.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._reader is not None:
+            self._reader.close()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Tier everything committed locally now; True once it is durable remotely."""
+        target = self.log.commit_point().next_offset
+        self._events.put(Flush())
+        return self.wait_durable(target, timeout)
+
+    def wait_durable(self, next_offset: int, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._durable:
+            while self.durable_next < next_offset and not self.halted:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._durable.wait(min(remaining, 0.5))
+                self._events.put(Flush())
+        return self.durable_next >= next_offset
+
+    # -- queries --------------------------------------------------------------------------
+    @property
+    def durable_next(self) -> int:
+        """Offsets below this are durable in the remote tier (safe to free locally)."""
+        return self.committer.tree.next_offset
+
+    @property
+    def lag_bytes(self) -> int:
+        return self.state.lag_bytes if self.state is not None else 0
+
+    def deletable_segments(self) -> list[int]:
+        """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
+        durable = self.durable_next
+        out = []
+        for seg in self.log.list_segments():
+            if seg.sealed and seg.next_offset <= durable:
+                out.append(seg.first_offset)
+            else:
+                break
+        return out
+
+    # -- resolution -----------------------------------------------------------------------
+    def resolve(self) -> ResolveResult:
+        tree = self.committer.load()
+        next_offset = tree.next_offset
+        adopted: list[FragmentEntry] = []
+        last_fragment: tuple[int, int] | None = None
+        while True:
+            fragment = read_fragment_checked(self.remote, next_offset)
+            if fragment is None:
+                break
+            t = fragment.trailer
+            held = local_chunks(self.log, t.first_offset, t.next_offset)
+            problem = adoption_problem(fragment, self.epoch, held)
+            if problem is not None:
+                raise FragmentConflictError(problem)
+            adopted.append(fragment.entry())
+            last_fragment = (t.segment_first_offset, t.seq_no)
+            next_offset = t.next_offset
+        if last_fragment is None and not tree.is_empty:
+            last_fragment = self._last_fragment_position(tree.next_offset)
+        restarted = False
+        if next_offset > self.log.next_offset:
+            self._restart_local(next_offset, last_fragment)
+            restarted = True
+            last_fragment = None  # the local log continues in a new segment
+        elif next_offset < self.log.first_offset:
+            raise FragmentConflictError(
+                f"local log starts at {self.log.first_offset} but the remote tier ends at "
+                f"{next_offset}: offsets in between are lost"
+            )
+        self._fencing_commit(adopted)
+        self.state = TieringState(
+            self.config, committed_next=next_offset, last_fragment=last_fragment
+        )
+        return ResolveResult(next_offset, len(adopted), restarted)
+
+    def _fencing_commit(self, adopted: list[FragmentEntry], attempts: int = 8) -> None:
+        """Commit our epoch (and what resolution adopted) before uploading anything."""
+        for attempt in range(attempts):
+            try:
+                self.committer.commit(adopted)
+                return
+            except CommitRetryError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(self.config.retry_max, self.config.retry_base * 2**attempt))
+
+    def _last_fragment_position(self, next_offset: int) -> tuple[int, int] | None:
+        tree = self.committer.tree
+        loc = tree.locate_offset(next_offset - 1, self.remote.load)
+        fragment = read_fragment_checked(self.remote, loc.entry.first_offset)
+        if fragment is None:
+            return None
+        return (fragment.trailer.segment_first_offset, fragment.trailer.seq_no)
+
+    def _restart_local(self, next_offset: int, last: tuple[int, int] | None) -> None:
+        """The remote tier is ahead: continue the local log past it, with the tracking
+        state replayed from the remote tail's segment."""
+        tracking = self._remote_tracking(next_offset)
+        epoch = max(self.epoch, self.log.max_epoch + 1)
+        log.warning(
+            "remote tier of %s ends at %d, local log at %d: restarting local log, epoch %d",
+            self.remote.stream_dir,
+            next_offset,
+            self.log.next_offset,
+            epoch,
+        )
+        self.log.restart_at(next_offset, epoch, tracking.to_bytes())
+
+    def _remote_tracking(self, next_offset: int) -> TrackingState:
+        tracking = TrackingState()
+        tree = self.committer.tree
+        if tree.next_offset == 0 and next_offset == 0:
+            return tracking
+        # Walk back to the first fragment of the last segment, then replay forward.
+        first = self._fragment_starting_before(next_offset)
+        if first is None:
+            return tracking
+        segment = first.trailer.segment_first_offset
+        chain = [first]
+        while chain[-1].trailer.seq_no > 0 and chain[-1].trailer.first_offset > segment:
+            prev = self._fragment_starting_before(chain[-1].trailer.first_offset)
+            if prev is None or prev.trailer.segment_first_offset != segment:
+                break
+            chain.append(prev)
+        for fragment in reversed(chain):
+            key = self.remote.fragment_key(fragment.trailer.first_offset)
+            data = memoryview(self.remote.store.get(key))
+            for i in range(len(fragment.index)):
+                _info, position = fragment.index.chunk(i)
+                header = decode_header(data, position)
+                start = position + header.data_start
+                body = data[start : start + header.data_length]
+                if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
+                    tracking.replace_with_snapshot(single_entry_body(body, header.num_entries))
+                elif header.chunk_type == ChunkType.TRACKING_DELTA:
+                    entries = single_entry_body(body, header.num_entries)
+                    tracking.apply_delta(header.chunk_id, entries)
+                elif header.trailer_length:
+                    end = start + header.data_length
+                    tracking.apply_delta(header.chunk_id, data[end : end + header.trailer_length])
+        return tracking
+
+    def _fragment_starting_before(self, offset: int) -> RemoteFragment | None:
+        """The remote fragment holding ``offset - 1`` (manifest or adopted chain)."""
+        target = offset - 1
+        if target < 0:
+            return None
+        tree = self.committer.tree
+        if not tree.is_empty and target < tree.next_offset:
+            loc = tree.locate_offset(target, self.remote.load)
+            return read_fragment_checked(self.remote, loc.entry.first_offset)
+        # Beyond the manifest: follow next pointers from its end.
+        at = tree.next_offset
+        found = None
+        while at <= target:
+            fragment = read_fragment_checked(self.remote, at)
+            if fragment is None:
+                return found
+            found = fragment
+            at = fragment.trailer.next_offset
+        return found
+
+    # -- the event loop -------------------------------------------------------------------
+    def _on_commit(self, point: CommitPoint) -> None:
+        self._events.put(Tick())
+
+    def _run(self) -> None:
+        state = self.state
+        assert state is not None
+        while True:
+            deadline = state.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self.clock())
+            try:
+                wait = min(timeout, 1.0) if timeout is not None else 1.0
+                event = self._events.get(timeout=wait)
+            except queue.Empty:
+                event = Tick()
+            if event is None:
+                return
+            try:
+                chunks = self._new_chunks()
+                now = self.clock()
+                effects: list[Effect] = []
+                if chunks:
+                    effects += state.handle(ChunksCommitted(tuple(chunks)), now)
+                effects += state.handle(event, now)
+                self._carry_out(effects)
+            except Exception as exc:  # never let the tiering thread die silently
+                log.exception("tiering %s failed", self.remote.stream_dir)
+                self._halt(f"internal error: {exc}")
+                return
+            if self.halted:
+                return
+
+    def _new_chunks(self) -> list[ChunkRef]:
+        """Chunks committed locally since the last call (headers only: one pread each)."""
+        if self._reader is None:
+            self._reader = LogReader(self.log, OffsetSpec.offset(self._handed), user_only=False)
+        out: list[ChunkRef] = []
+        reader = self._reader
+        while True:
+            chunk = reader.read_chunk(load=False)
+            if chunk is None:
+                return out
+            h = chunk.header
+            if h.next_offset <= self._handed:
+                continue
+            out.append(
+                ChunkRef(
+                    chunk_id=h.chunk_id,
+                    next_offset=h.next_offset,
+                    timestamp=h.timestamp,
+                    epoch=h.epoch,
+                    segment=reader.segment.first_offset,
+                    position=chunk.position,
+                    size=h.total_size,
+                    data_crc=h.data_crc,
+                    chunk_type=h.chunk_type,
+                )
+            )
+            self._handed = h.next_offset
+
+    def _carry_out(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, StartUpload):
+                self._pool.submit(self._upload, effect.plan)
+            elif isinstance(effect, StartCommit):
+                self._pool.submit(self._commit, effect)
+            elif isinstance(effect, Halt):
+                self._halt(effect.reason)
+
+    def _halt(self, reason: str) -> None:
+        if self.halted is None:
+            self.halted = reason
+            log.error("tiering of %s stopped: %s", self.remote.stream_dir, reason)
+        with self._durable:
+            self._durable.notify_all()
+
+    def _post(self, event: Event) -> None:
+        if not self._stopping or isinstance(event, (CommitSucceeded, CommitFailed)):
+            self._events.put(event)
+
+    # -- effects (run on the pool) ----------------------------------------------------------
+    def _upload(self, plan: FragmentPlan) -> None:
+        try:
+            parts, entry = self._build_fragment(plan)
+            key = self.remote.fragment_key(plan.first_offset)
+            try:
+                self.remote.store.put_if_absent(key, b"".join(parts))
+                self.puts += 1
+            except AlreadyExistsError:
+                entry = self._adopt_existing(plan)
+            self._post(UploadSucceeded(plan.plan_id, entry))
+        except FragmentConflictError as exc:
+            self._post(UploadFailed(plan.plan_id, str(exc), retryable=False))
+        except (StorageError, OSError) as exc:
+            self._post(UploadFailed(plan.plan_id, str(exc)))
+
+    def _build_fragment(
+        self, plan: FragmentPlan
+    ) -> tuple[list[bytes | bytearray | memoryview], FragmentEntry]:
+        first = plan.chunks[0]
+        span = plan.chunks[-1].position + plan.chunks[-1].size - first.position
+        raw = memoryview(self.log.read_chunk_bytes(plan.segment, first.position, span))
+        buffers: list[bytes | bytearray | memoryview] = []
+        infos: list[ChunkInfo] = []
+        for c in plan.chunks:
+            at = c.position - first.position
+            buf = raw[at : at + c.size]
+            header = decode_header(buf)
+            if header.chunk_id != c.chunk_id or header.data_crc != c.data_crc:
+                raise OSError(f"chunk {c.chunk_id} changed on disk under the tierer")
+            buffers.append(buf)
+            infos.append(
+                ChunkInfo(
+                    chunk_id=c.chunk_id,
+                    timestamp=c.timestamp,
+                    epoch=c.epoch,
+                    size=c.size,
+                    num_records=c.next_offset - c.chunk_id,
+                    crc=c.data_crc,
+                    chunk_type=c.chunk_type,
+                    num_entries=header.num_entries,
+                )
+            )
+        placement = FragmentPlacement(
+            seq_no=plan.seq, segment_first_offset=plan.segment, segment_position=first.position
+        )
+        parts, _trailer = encode_fragment(placement, buffers, infos)
+        return parts, plan.entry()
+
+    def _adopt_existing(self, plan: FragmentPlan) -> FragmentEntry:
+        """The key exists (an earlier attempt, or a crashed writer's upload)."""
+        fragment = read_fragment_checked(self.remote, plan.first_offset)
+        if fragment is None:
+            raise StorageError(f"fragment {plan.first_offset} vanished after AlreadyExists")
+        t = fragment.trailer
+        held = local_chunks(self.log, t.first_offset, t.next_offset)
+        problem = adoption_problem(fragment, self.epoch, held)
+        if problem is not None:
+            raise FragmentConflictError(problem)
+        if t.next_offset > self.log.commit_point().next_offset:
+            raise FragmentConflictError(
+                f"fragment {t.first_offset} ends at {t.next_offset}, past the local commit"
+            )
+        return fragment.entry()
+
+    def _commit(self, effect: StartCommit) -> None:
+        try:
+            self.committer.commit(effect.entries)
+            event: Event = CommitSucceeded(effect.commit_id)
+        except CommitRetryError as exc:
+            event = CommitFailed(effect.commit_id, str(exc))
+        except TieringError as exc:
+            event = CommitFailed(effect.commit_id, str(exc), deposed=True)
+        except StorageError as exc:
+            event = CommitFailed(effect.commit_id, str(exc))
+        self._events.put(event)
+        with self._durable:
+            self._durable.notify_all()
+
+    def status(self) -> dict[str, object]:
+        tree = self.committer.tree
+        return {
+            "remote_first_offset": tree.first_offset,
+            "tiered_next_offset": tree.next_offset,
+            "remote_bytes": tree.header().total_bytes,
+            "remote_fragments": tree.header().total_fragments,
+            "manifest_height": tree.height,
+            "upload_lag_bytes": self.lag_bytes,
+            "halted": self.halted,
+            "manifest_commits": self.committer.commits,
+            "manifest_conflicts": self.committer.conflicts,
+        }
