@@ -40,8 +40,13 @@ class TrackingState:
 
 def read_tracking(stream_dir: Path) -> TrackingState:
     """Rebuild producer sequences and consumer offsets from the stream directory's chunks."""
-    # TODO(lead): wire to tierlog.log tracking API
-    raise NotImplementedError("TODO(lead): wire to tierlog.log tracking API")
+    from tierlog.log.reader import LogView
+
+    view = LogView(str(stream_dir))  # read-only: repairs nothing
+    return TrackingState(
+        {k.decode(): seq for k, (_, seq) in view.tracking.sequences.items()},
+        {k.decode(): off for k, off in view.tracking.offsets.items()},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -207,6 +207,7 @@ class StreamTierer:
         if last_fragment is None and not tree.is_empty:
             last_fragment = self._last_fragment_position(tree.next_offset)
         restarted = False
+        self.log.set_stream_first_offset(tree.first_offset if not tree.is_empty else 0)
         if next_offset > self.log.next_offset:
             self._restart_local(next_offset, last_fragment)
             restarted = True

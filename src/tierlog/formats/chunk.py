@@ -1,0 +1,454 @@
+"""Osiris chunks: the 48-byte header, simple and sub-batch entries, record iteration.
+
+A chunk is the unit tierlog writes, reads, replicates and tiers; its bytes are
+exactly those RabbitMQ's Osiris writes, so chunks go to stream-protocol consumers
+and to the remote tier without re-encoding. All integers are big-endian.
+
+Header (48 bytes): magic 5 / version 0 (one byte, 0x50), chunk type u8, number of
+entries u16, number of records u32, timestamp i64 (ms), epoch u64, chunk id (first
+offset) u64, CRC-32 of the entry data u32, data length u32, trailer length u32,
+bloom filter size u8, 3 reserved bytes. Then the bloom filter, the entry data and
+the trailer (tracking entries for user chunks).
+
+Entries: simple ``0:1, Len:31, Data``; sub-batch ``1:1, Compression:3, 0:4,
+NumRecords:16, UncompressedLen:32, Len:32, Data`` where the uncompressed data is a
+sequence of ``Len:32, Data`` records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from tierlog.formats.compression import decompress
+from tierlog.formats.errors import (
+    BadMagicError,
+    CrcMismatchError,
+    FormatError,
+    InvalidSizeError,
+    TruncatedError,
+)
+
+HEADER_SIZE = 48
+MAGIC = 5
+VERSION = 0
+MAGIC_VERSION = (MAGIC << 4) | VERSION  # 0x50
+MAX_SIMPLE_ENTRY_BYTES = (1 << 31) - 1
+MAX_ENTRIES_PER_CHUNK = 0xFFFF
+MAX_SUB_BATCH_RECORDS = 0xFFFF
+SIMPLE_ENTRY_HEADER_SIZE = 4
+SUB_BATCH_HEADER_SIZE = 11
+
+_HEADER = struct.Struct(">BBHIqQQIIIB3x")
+_U32 = struct.Struct(">I")
+_SUB_BATCH = struct.Struct(">BHII")
+assert _HEADER.size == HEADER_SIZE
+assert _SUB_BATCH.size == SUB_BATCH_HEADER_SIZE
+
+
+class ChunkType(IntEnum):
+    """What a chunk's entries are: user records or tracking state."""
+
+    USER = 0
+    TRACKING_DELTA = 1
+    TRACKING_SNAPSHOT = 2
+
+
+_CHUNK_TYPES = frozenset(int(t) for t in ChunkType)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
+    """The decoded 48-byte chunk header."""
+
+    chunk_type: int
+    num_entries: int
+    num_records: int
+    timestamp: int
+    epoch: int
+    chunk_id: int
+    data_crc: int
+    data_length: int
+    trailer_length: int
+    bloom_size: int
+
+    @property
+    def total_size(self) -> int:
+        """Size of the whole chunk in bytes: header, bloom filter, data and trailer."""
+        return HEADER_SIZE + self.bloom_size + self.data_length + self.trailer_length
+
+    @property
+    def next_offset(self) -> int:
+        """The offset right after this chunk's last record (tracking chunks take offsets too)."""
+        return self.chunk_id + self.num_records
+
+    @property
+    def data_start(self) -> int:
+        """Where the entry data starts, relative to the start of the chunk."""
+        return HEADER_SIZE + self.bloom_size
+
+    def encode(self) -> bytes:
+        """The header's 48 bytes."""
+        return _HEADER.pack(
+            MAGIC_VERSION,
+            self.chunk_type,
+            self.num_entries,
+            self.num_records,
+            self.timestamp,
+            self.epoch,
+            self.chunk_id,
+            self.data_crc,
+            self.data_length,
+            self.trailer_length,
+            self.bloom_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SubBatch:
+    """A pre-encoded sub-batch entry, passed through verbatim (as clients send it)."""
+
+    compression: int
+    num_records: int
+    uncompressed_length: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.compression <= 7:
+            raise InvalidSizeError(f"sub-batch compression code {self.compression} not in 0..7")
+        if not 0 <= self.num_records <= MAX_SUB_BATCH_RECORDS:
+            raise InvalidSizeError(f"sub-batch record count {self.num_records} not in 0..65535")
+        if not 0 <= self.uncompressed_length <= 0xFFFFFFFF:
+            raise InvalidSizeError(f"sub-batch uncompressed length {self.uncompressed_length}")
+        if len(self.data) > 0xFFFFFFFF:
+            raise InvalidSizeError("sub-batch data longer than 2^32-1 bytes")
+
+
+Entry = bytes | SubBatch
+"""One entry of an append: plain record bytes or a pre-encoded sub-batch."""
+
+
+def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> ChunkHeader:
+    """Decode the chunk header at ``offset``; reject truncation, bad magic and bad types."""
+    if len(buf) - offset < HEADER_SIZE:
+        raise TruncatedError(f"chunk header needs {HEADER_SIZE} bytes, got {len(buf) - offset}")
+    (
+        magic,
+        chunk_type,
+        num_entries,
+        num_records,
+        timestamp,
+        epoch,
+        chunk_id,
+        crc,
+        data_length,
+        trailer_length,
+        bloom_size,
+    ) = _HEADER.unpack_from(buf, offset)
+    if magic != MAGIC_VERSION:
+        raise BadMagicError(f"chunk magic/version byte is {magic:#04x}, expected 0x50")
+    if chunk_type not in _CHUNK_TYPES:
+        raise FormatError(f"unknown chunk type {chunk_type}")
+    if num_entries == 0 and data_length != 0:
+        raise InvalidSizeError("chunk has data but no entries")
+    if data_length < num_entries * SIMPLE_ENTRY_HEADER_SIZE:
+        raise InvalidSizeError(f"{num_entries} entries cannot fit in {data_length} data bytes")
+    return ChunkHeader(
+        chunk_type,
+        num_entries,
+        num_records,
+        timestamp,
+        epoch,
+        chunk_id,
+        crc,
+        data_length,
+        trailer_length,
+        bloom_size,
+    )
+
+
+def make_header(
+    chunk_type: int,
+    chunk_id: int,
+    epoch: int,
+    timestamp: int,
+    data: bytes | memoryview,
+    num_entries: int,
+    num_records: int,
+    trailer_length: int = 0,
+    bloom_size: int = 0,
+) -> ChunkHeader:
+    """Build the header for ``data`` (the CRC is computed here, over the entry data only)."""
+    if not 0 <= num_entries <= MAX_ENTRIES_PER_CHUNK:
+        raise InvalidSizeError(f"{num_entries} entries do not fit in one chunk")
+    if len(data) > 0xFFFFFFFF or trailer_length > 0xFFFFFFFF or not 0 <= bloom_size <= 255:
+        raise InvalidSizeError("chunk section too large")
+    return ChunkHeader(
+        int(chunk_type),
+        num_entries,
+        num_records,
+        timestamp,
+        epoch,
+        chunk_id,
+        zlib.crc32(data),
+        len(data),
+        trailer_length,
+        bloom_size,
+    )
+
+
+def encode_chunk(
+    chunk_type: int,
+    chunk_id: int,
+    epoch: int,
+    timestamp: int,
+    entries: Sequence[Entry],
+    trailer: bytes = b"",
+    bloom: bytes = b"",
+) -> bytes:
+    """Encode a whole chunk from its entries (convenient; the writer uses the parts)."""
+    data, num_entries, num_records = encode_entries(entries)
+    header = make_header(
+        chunk_type,
+        chunk_id,
+        epoch,
+        timestamp,
+        data,
+        num_entries,
+        num_records,
+        len(trailer),
+        len(bloom),
+    )
+    return b"".join((header.encode(), bloom, data, trailer))
+
+
+def encode_records(records: Sequence[bytes]) -> bytes:
+    """Encode plain records as simple entries, in one C-level pass (the append hot path)."""
+    lengths = map(_U32.pack, map(len, records))
+    return b"".join(itertools.chain.from_iterable(zip(lengths, records, strict=True)))
+
+
+def encode_entries(entries: Sequence[Entry]) -> tuple[bytes, int, int]:
+    """Encode entries; return (entry data, number of entries, number of records)."""
+    if not any(isinstance(e, SubBatch) for e in entries):
+        if entries and max(map(len, entries)) > MAX_SIMPLE_ENTRY_BYTES:  # type: ignore[arg-type]
+            raise InvalidSizeError("simple entry longer than 2^31-1 bytes")
+        return encode_records(entries), len(entries), len(entries)  # type: ignore[arg-type]
+    parts: list[bytes] = []
+    num_records = 0
+    for entry in entries:
+        if isinstance(entry, SubBatch):
+            parts.append(encode_sub_batch_header(entry))
+            parts.append(entry.data)
+            num_records += entry.num_records
+        else:
+            if len(entry) > MAX_SIMPLE_ENTRY_BYTES:
+                raise InvalidSizeError("simple entry longer than 2^31-1 bytes")
+            parts.append(_U32.pack(len(entry)))
+            parts.append(entry)
+            num_records += 1
+    return b"".join(parts), len(entries), num_records
+
+
+def encode_sub_batch_header(entry: SubBatch) -> bytes:
+    """The 11-byte header of a sub-batch entry."""
+    return _SUB_BATCH.pack(
+        0x80 | (entry.compression << 4),
+        entry.num_records,
+        entry.uncompressed_length,
+        len(entry.data),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedChunk:
+    """A validated chunk: header plus views of its sections (no copies)."""
+
+    header: ChunkHeader
+    bloom: memoryview
+    data: memoryview
+    trailer: memoryview
+
+
+def decode_chunk(
+    buf: bytes | bytearray | memoryview, offset: int = 0, verify_crc: bool = True
+) -> DecodedChunk:
+    """Decode and validate the chunk at ``offset`` (sizes and, by default, the data CRC)."""
+    header = decode_header(buf, offset)
+    end = offset + header.total_size
+    if len(buf) < end:
+        raise TruncatedError(f"chunk {header.chunk_id} needs {header.total_size} bytes")
+    view = memoryview(buf)
+    start = offset + header.data_start
+    data = view[start : start + header.data_length]
+    if verify_crc:
+        check_crc(header, data)
+    return DecodedChunk(
+        header,
+        view[offset + HEADER_SIZE : start],
+        data,
+        view[start + header.data_length : end],
+    )
+
+
+def check_crc(header: ChunkHeader, data: bytes | memoryview) -> None:
+    """Raise CrcMismatchError when ``data`` does not match the header's CRC."""
+    crc = zlib.crc32(data)
+    if crc != header.data_crc:
+        raise CrcMismatchError(
+            f"chunk {header.chunk_id}: data CRC {crc:#010x} != header {header.data_crc:#010x}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SubBatchView:
+    """A sub-batch entry as found in a chunk (its data is a view into the chunk)."""
+
+    compression: int
+    num_records: int
+    uncompressed_length: int
+    data: memoryview
+
+
+def iter_entries(data: bytes | memoryview, num_entries: int) -> Iterator[memoryview | SubBatchView]:
+    """Yield each entry: a memoryview for simple entries, a SubBatchView for sub-batches."""
+    view = memoryview(data)
+    end = len(view)
+    pos = 0
+    for _ in range(num_entries):
+        if pos + SIMPLE_ENTRY_HEADER_SIZE > end:
+            raise TruncatedError("entry header runs past the chunk data")
+        first = view[pos]
+        if first & 0x80:
+            if pos + SUB_BATCH_HEADER_SIZE > end:
+                raise TruncatedError("sub-batch header runs past the chunk data")
+            kind, count, uncompressed, length = _SUB_BATCH.unpack_from(view, pos)
+            pos += SUB_BATCH_HEADER_SIZE
+            if pos + length > end:
+                raise TruncatedError("sub-batch body runs past the chunk data")
+            yield SubBatchView((kind >> 4) & 0x7, count, uncompressed, view[pos : pos + length])
+        else:
+            (length,) = _U32.unpack_from(view, pos)
+            pos += SIMPLE_ENTRY_HEADER_SIZE
+            if pos + length > end:
+                raise TruncatedError("entry body runs past the chunk data")
+            yield view[pos : pos + length]
+        pos += length
+    if pos != end:
+        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+
+
+def iter_records(
+    chunk_id: int, data: bytes | memoryview, num_entries: int
+) -> Iterator[tuple[int, memoryview]]:
+    """Yield (offset, record bytes) for every record of a user chunk, oldest first.
+
+    A tight loop over the chunk's bytes; sub-batches are decompressed (when the codec
+    is available) and their records get consecutive offsets.
+    """
+    view = memoryview(data)
+    unpack = _U32.unpack_from
+    end = len(view)
+    pos = 0
+    offset = chunk_id
+    for _ in range(num_entries):
+        if pos + 4 > end:
+            raise TruncatedError("entry header runs past the chunk data")
+        (word,) = unpack(view, pos)
+        if word < 0x80000000:
+            pos += 4
+            nxt = pos + word
+            if nxt > end:
+                raise TruncatedError("entry body runs past the chunk data")
+            yield offset, view[pos:nxt]
+            offset += 1
+            pos = nxt
+            continue
+        if pos + SUB_BATCH_HEADER_SIZE > end:
+            raise TruncatedError("sub-batch header runs past the chunk data")
+        kind, count, uncompressed, length = _SUB_BATCH.unpack_from(view, pos)
+        pos += SUB_BATCH_HEADER_SIZE
+        if pos + length > end:
+            raise TruncatedError("sub-batch body runs past the chunk data")
+        body = decompress((kind >> 4) & 0x7, view[pos : pos + length], uncompressed)
+        yield from iter_sub_batch_records(offset, body, count)
+        offset += count
+        pos += length
+    if pos != end:
+        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+
+
+def iter_sub_batch_records(
+    first_offset: int, body: bytes | memoryview, num_records: int
+) -> Iterator[tuple[int, memoryview]]:
+    """Yield (offset, record) for the ``Len:32, Data`` records of a decompressed sub-batch."""
+    view = memoryview(body)
+    unpack = _U32.unpack_from
+    end = len(view)
+    pos = 0
+    for offset in range(first_offset, first_offset + num_records):
+        if pos + 4 > end:
+            raise TruncatedError("sub-batch record header runs past its body")
+        (length,) = unpack(view, pos)
+        pos += 4
+        nxt = pos + length
+        if nxt > end:
+            raise TruncatedError("sub-batch record runs past its body")
+        yield offset, view[pos:nxt]
+        pos = nxt
+    if pos != end:
+        raise InvalidSizeError(f"sub-batch has {end - pos} bytes after its last record")
+
+
+def check_entries(data: bytes | memoryview, num_entries: int, num_records: int) -> None:
+    """Check that ``num_entries`` entries exactly fill ``data`` and hold ``num_records``."""
+    view = memoryview(data)
+    unpack = _U32.unpack_from
+    end = len(view)
+    pos = 0
+    records = 0
+    for _ in range(num_entries):
+        if pos + 4 > end:
+            raise TruncatedError("entry header runs past the chunk data")
+        (word,) = unpack(view, pos)
+        if word < 0x80000000:
+            pos += 4 + word
+            records += 1
+        else:
+            if pos + SUB_BATCH_HEADER_SIZE > end:
+                raise TruncatedError("sub-batch header runs past the chunk data")
+            _, count, _, length = _SUB_BATCH.unpack_from(view, pos)
+            pos += SUB_BATCH_HEADER_SIZE + length
+            records += count
+        if pos > end:
+            raise TruncatedError("entry body runs past the chunk data")
+    if pos != end:
+        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+    if records != num_records:
+        raise InvalidSizeError(f"entries hold {records} records, header says {num_records}")
+
+
+def simple_entry(data: bytes) -> bytes:
+    """One simple entry (length prefix + data), as used by tracking chunks."""
+    if len(data) > MAX_SIMPLE_ENTRY_BYTES:
+        raise InvalidSizeError("simple entry longer than 2^31-1 bytes")
+    return _U32.pack(len(data)) + data
+
+
+def single_entry_body(data: bytes | memoryview, num_entries: int) -> memoryview:
+    """The body of a chunk whose data is exactly one simple entry (tracking chunks)."""
+    view = memoryview(data)
+    if num_entries != 1:
+        raise InvalidSizeError(f"tracking chunk has {num_entries} entries, expected 1")
+    if len(view) < 4:
+        raise TruncatedError("tracking entry header truncated")
+    (length,) = _U32.unpack_from(view, 0)
+    if length & 0x80000000:
+        raise FormatError("tracking chunk entry is a sub-batch")
+    if 4 + length != len(view):
+        raise InvalidSizeError("tracking entry length does not match the chunk data length")
+    return view[4:]

@@ -1,0 +1,388 @@
+"""Readers of a stream log: attach at an offset spec, iterate committed chunks and records.
+
+A reader preads the segment files itself, so readers run in any thread while the
+writer appends. It sees committed chunks only (the writer's published commit point)
+and, by default, user chunks only (tracking chunks are skipped, as consumers expect).
+Chunks are handed out as one buffer with memoryviews into it (no per-record copies)
+plus their file position and size for ``os.sendfile``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from typing import Literal, Protocol
+
+from tierlog.formats.chunk import (
+    HEADER_SIZE,
+    ChunkHeader,
+    ChunkType,
+    check_crc,
+    decode_header,
+    iter_records,
+)
+from tierlog.formats.errors import FormatError
+from tierlog.formats.segment import FILE_HEADER_SIZE
+from tierlog.log.commit import CommitPoint
+from tierlog.log.errors import CorruptChunkError, LogClosedError
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.recovery import recover
+from tierlog.log.segment_files import IndexView, SegmentRef, pread_exact
+
+_U32 = struct.Struct(">I")
+
+
+class LogSource(Protocol):
+    """What a reader needs from a log: its segments and its commit point."""
+
+    def segment_refs(self) -> tuple[SegmentRef, ...]: ...
+
+    def commit_point(self) -> CommitPoint: ...
+
+    def wait_for_commit(self, next_offset: int, timeout: float | None = None) -> CommitPoint: ...
+
+    def trusted_from(self) -> int:
+        """Chunk ids from here on had their CRC checked by this process (recovery or write)."""
+        ...
+
+
+class LogView:
+    """A read-only view of a stream directory: nothing is repaired or written.
+
+    The good prefix found by recovery counts as committed. Used by ``tierlog dump``
+    and by tools reading another process's (or RabbitMQ's) stream directory.
+    """
+
+    def __init__(self, stream_dir: str) -> None:
+        recovered = recover(stream_dir, repair=False)
+        self.stream_dir = stream_dir
+        self.notes = tuple(recovered.notes)
+        self._refs = tuple(s.ref for s in recovered.segments)
+        last = recovered.last_chunk
+        tail = recovered.segments[-1]
+        self._commit = CommitPoint(
+            last.chunk_id if last else -1, recovered.next_offset, tail.ref.first_offset, tail.size
+        )
+        self.tracking = recovered.tracking
+        self._trusted = tail.ref.first_offset  # recovery CRC-checked the tail segment
+
+    def segment_refs(self) -> tuple[SegmentRef, ...]:
+        return self._refs
+
+    def commit_point(self) -> CommitPoint:
+        return self._commit
+
+    def wait_for_commit(self, next_offset: int, timeout: float | None = None) -> CommitPoint:
+        return self._commit
+
+    def trusted_from(self) -> int:
+        return self._trusted
+
+    def producer_sequence(self, producer: str | bytes) -> int | None:
+        """A producer's last publishing id as a restarted writer would see it, or None."""
+        ident = producer.encode("utf-8") if isinstance(producer, str) else producer
+        known = self.tracking.sequences.get(ident)
+        return known[1] if known else None
+
+    def query_offset(self, consumer: str | bytes) -> int | None:
+        """A consumer's stored offset as a restarted writer would see it, or None."""
+        ident = consumer.encode("utf-8") if isinstance(consumer, str) else consumer
+        return self.tracking.offsets.get(ident)
+
+
+class ChunkRead:
+    """One chunk handed to a consumer.
+
+    ``raw`` holds the whole chunk (header to trailer) when it was loaded; for
+    ``os.sendfile`` use ``segment_path``, ``position`` and ``header.total_size``.
+    """
+
+    __slots__ = ("header", "position", "raw", "segment_path", "skip_below")
+
+    def __init__(
+        self,
+        header: ChunkHeader,
+        segment_path: str,
+        position: int,
+        raw: memoryview | None,
+        skip_below: int,
+    ) -> None:
+        self.header = header
+        self.segment_path = segment_path
+        self.position = position
+        self.raw = raw
+        self.skip_below = skip_below
+
+    @property
+    def size(self) -> int:
+        return self.header.total_size
+
+    @property
+    def data(self) -> memoryview:
+        """The entry data (a view into ``raw``)."""
+        if self.raw is None:
+            raise ValueError("chunk was read without its data (load=False)")
+        start = self.header.data_start
+        return self.raw[start : start + self.header.data_length]
+
+    @property
+    def trailer(self) -> memoryview:
+        if self.raw is None:
+            raise ValueError("chunk was read without its data (load=False)")
+        return self.raw[self.header.data_start + self.header.data_length :]
+
+    def records(self) -> Iterator[tuple[int, memoryview]]:
+        """(offset, record) for every record, skipping offsets the reader attached past."""
+        return self.records_from(self.header.data_start, self.header.chunk_id)
+
+    def records_from(self, position: int, offset: int) -> Iterator[tuple[int, memoryview]]:
+        """Records of the entries starting at byte ``position`` of the chunk (at ``offset``)."""
+        if self.raw is None:
+            raise ValueError("chunk was read without its data (load=False)")
+        header = self.header
+        end = header.data_start + header.data_length
+        data = self.raw[position:end]
+        entries = header.num_entries - _count_entries(self.raw[header.data_start : position])
+        try:
+            if offset >= self.skip_below:
+                yield from iter_records(offset, data, entries)
+            else:
+                skip = self.skip_below
+                for at, record in iter_records(offset, data, entries):
+                    if at >= skip:
+                        yield at, record
+        except FormatError as exc:
+            raise CorruptChunkError(
+                f"{self.segment_path}: chunk {header.chunk_id} at {self.position}: {exc}"
+            ) from exc
+
+
+def _count_entries(data: memoryview) -> int:
+    """How many whole entries ``data`` (a prefix of a chunk's entry data) holds."""
+    count = 0
+    pos = 0
+    while pos < len(data):
+        (word,) = _U32.unpack_from(data, pos)
+        if word & 0x80000000:
+            pos += 11 + _U32.unpack_from(data, pos + 7)[0]
+        else:
+            pos += 4 + word
+        count += 1
+    return count
+
+
+class LogReader:
+    """Iterates a log's committed chunks from an offset spec; one reader per thread.
+
+    ``verify_crc``: check each loaded chunk's data CRC unless this process already
+    did (recovery checks the whole tail segment on open; the writer computed the CRC
+    of everything it wrote), so every chunk is verified once per process and bit rot
+    in older sealed segments is never served. ``verify_crc="always"`` checks on every
+    read, ``False`` never (clients of the stream protocol check CRCs themselves).
+    """
+
+    def __init__(
+        self,
+        source: LogSource,
+        spec: OffsetSpec | None = None,
+        *,
+        verify_crc: bool | Literal["always"] = True,
+        user_only: bool = True,
+    ) -> None:
+        self._source = source
+        self._verify = verify_crc
+        self._user_only = user_only
+        ref, position, chunk_id, skip_below = resolve(source, spec or OffsetSpec.next())
+        self._ref = ref
+        self._fd = os.open(ref.segment_path, os.O_RDONLY)
+        self._pos = position
+        self._next = chunk_id
+        self._skip_below = skip_below
+        self._closed = False
+
+    @property
+    def next_offset(self) -> int:
+        """The chunk id the reader expects next."""
+        return self._next
+
+    @property
+    def segment(self) -> SegmentRef:
+        return self._ref
+
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self._closed:
+            os.close(self._fd)
+            self._closed = True
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read_chunk(self, load: bool = True) -> ChunkRead | None:
+        """The next committed chunk, or None when the reader has caught up.
+
+        With ``load=False`` only the header is read (for ``os.sendfile`` users) and
+        the CRC is not checked.
+        """
+        if self._closed:
+            raise LogClosedError("reader is closed")
+        while True:
+            commit = self._source.commit_point()
+            if self._next > commit.chunk_id:
+                return None
+            head = pread_exact(self._fd, HEADER_SIZE, self._pos)
+            if not head:
+                if not self._advance_segment():
+                    return None
+                continue
+            try:
+                header = decode_header(head)
+            except FormatError as exc:
+                raise self._corrupt(exc) from exc
+            if header.chunk_id != self._next and not (
+                self._pos == FILE_HEADER_SIZE and header.chunk_id > self._next
+            ):
+                raise self._corrupt(f"chunk id {header.chunk_id}, expected {self._next}")
+            if header.chunk_id > commit.chunk_id:
+                return None
+            position = self._pos
+            total = header.total_size
+            self._pos = position + total
+            self._next = header.next_offset
+            if self._user_only and header.chunk_type != ChunkType.USER:
+                continue
+            raw = None
+            if load:
+                data = pread_exact(self._fd, total, position)
+                if len(data) != total:
+                    raise self._corrupt(f"chunk {header.chunk_id} is truncated", position)
+                raw = memoryview(data)
+                if self._verify == "always" or (
+                    self._verify and header.chunk_id < self._source.trusted_from()
+                ):
+                    start = header.data_start
+                    try:
+                        check_crc(header, raw[start : start + header.data_length])
+                    except FormatError as exc:
+                        raise self._corrupt(exc, position) from exc
+            return ChunkRead(header, self._ref.segment_path, position, raw, self._skip_below)
+
+    def chunks(self) -> Iterator[ChunkRead]:
+        """Committed chunks until the reader has caught up (does not wait)."""
+        while (chunk := self.read_chunk()) is not None:
+            yield chunk
+
+    def records(self) -> Iterator[tuple[int, memoryview]]:
+        """(offset, record bytes) of committed user records until caught up (does not wait).
+
+        Simple entries are walked inline (one unpack and one memoryview slice per
+        record); chunks with sub-batches or records to skip go through ChunkRead.records.
+        """
+        unpack = _U32.unpack_from
+        while (chunk := self.read_chunk()) is not None:
+            header = chunk.header
+            raw = chunk.raw
+            assert raw is not None
+            pos = header.data_start
+            end = pos + header.data_length
+            offset = header.chunk_id
+            if offset < self._skip_below or header.num_entries != header.num_records:
+                yield from chunk.records()
+                continue
+            while pos < end:
+                (length,) = unpack(raw, pos)
+                if length >= 0x80000000:  # a sub-batch after all: the general path
+                    rest = ChunkRead(header, chunk.segment_path, chunk.position, raw, 0)
+                    yield from rest.records_from(pos, offset)
+                    offset = header.next_offset
+                    break
+                pos += 4
+                stop = pos + length
+                if stop > end:
+                    raise self._corrupt(f"chunk {header.chunk_id}: bad entry", chunk.position)
+                yield offset, raw[pos:stop]
+                offset += 1
+                pos = stop
+            if offset != header.next_offset:
+                raise self._corrupt(f"chunk {header.chunk_id}: bad record count", chunk.position)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until a chunk at or after the reader's position is committed."""
+        commit = self._source.wait_for_commit(self._next, timeout)
+        return commit.chunk_id >= self._next
+
+    def _advance_segment(self) -> bool:
+        for ref in self._source.segment_refs():
+            if ref.first_offset <= self._ref.first_offset:
+                continue
+            try:
+                fd = os.open(ref.segment_path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            os.close(self._fd)
+            self._fd = fd
+            self._ref = ref
+            self._pos = FILE_HEADER_SIZE
+            return True
+        return False
+
+    def _corrupt(self, reason: object, position: int | None = None) -> CorruptChunkError:
+        pos = self._pos if position is None else position
+        return CorruptChunkError(f"{self._ref.segment_path} at {pos}: {reason}")
+
+
+def resolve(source: LogSource, spec: OffsetSpec) -> tuple[SegmentRef, int, int, int]:
+    """Where a reader attaches: (segment, file position, chunk id, skip records below)."""
+    refs = source.segment_refs()
+    commit = source.commit_point()
+    if spec.kind == "first":
+        first = refs[0]
+        return first, FILE_HEADER_SIZE, first.first_offset, 0
+    if spec.kind == "next":
+        return _at_next(refs, commit)
+    if spec.kind == "last":
+        for ref in reversed(refs):
+            index = IndexView.load(ref.index_path)
+            count = index.limit_to(commit.chunk_id)
+            for n in range(count - 1, -1, -1):
+                record = index.record(n)
+                if record.chunk_type == ChunkType.USER:
+                    return ref, record.position, record.chunk_id, 0
+        return _at_next(refs, commit)
+    if spec.kind == "offset":
+        offset = spec.value
+        if offset >= commit.next_offset:
+            ref, pos, chunk_id, _ = _at_next(refs, commit)
+            return ref, pos, chunk_id, offset
+        if offset <= refs[0].first_offset:
+            return refs[0], FILE_HEADER_SIZE, refs[0].first_offset, offset
+        ref = [r for r in refs if r.first_offset <= offset][-1]
+        index = IndexView.load(ref.index_path)
+        below = index.last_at_or_below(offset, index.limit_to(commit.chunk_id))
+        if below is None:
+            return ref, FILE_HEADER_SIZE, ref.first_offset, offset
+        return ref, below.position, below.chunk_id, offset
+    # timestamp: first chunk whose timestamp is >= the spec's
+    for ref in refs:
+        index = IndexView.load(ref.index_path)
+        count = index.limit_to(commit.chunk_id)
+        if count and index.record(count - 1).timestamp >= spec.value:
+            found = index.first_with_timestamp(spec.value, count)
+            assert found is not None
+            return ref, found.position, found.chunk_id, 0
+    return _at_next(refs, commit)
+
+
+def _at_next(refs: tuple[SegmentRef, ...], commit: CommitPoint) -> tuple[SegmentRef, int, int, int]:
+    for ref in refs:
+        if ref.first_offset == commit.segment_first_offset:
+            return ref, commit.end_position, commit.next_offset, 0
+    last = refs[-1]
+    return last, FILE_HEADER_SIZE, max(last.first_offset, commit.next_offset), 0

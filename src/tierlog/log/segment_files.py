@@ -1,0 +1,332 @@
+"""Segment and index files on disk: listing, scanning, index search, raw chunk reads.
+
+Everything here reads with ``os.pread`` on file descriptors, so any number of
+threads may use it concurrently with the single writer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from tierlog.formats.chunk import (
+    HEADER_SIZE,
+    ChunkHeader,
+    ChunkType,
+    check_crc,
+    check_entries,
+    decode_header,
+    single_entry_body,
+)
+from tierlog.formats.errors import FormatError, TruncatedError
+from tierlog.formats.segment import (
+    FILE_HEADER_SIZE,
+    INDEX_HEADER,
+    INDEX_RECORD_SIZE,
+    IndexRecord,
+    check_index_header,
+    check_segment_header,
+    index_file_name,
+    iter_index_records,
+    segment_file_name,
+    unpack_index_field,
+)
+from tierlog.formats.tracking import decode_delta, decode_snapshot
+
+_FILE_NAME = re.compile(r"^([0-9]{20})\.(segment|index)$")
+_READ_BLOCK = 1 << 20
+
+
+class SegmentRef(NamedTuple):
+    """A segment's identity: its first offset (the file name) and its two paths."""
+
+    first_offset: int
+    segment_path: str
+    index_path: str
+
+
+class ChunkInfo(NamedTuple):
+    """Where a chunk is and what it holds (what tiering needs per chunk).
+
+    ``size`` is the whole chunk: header, bloom filter, data and trailer.
+    """
+
+    chunk_id: int
+    timestamp: int
+    epoch: int
+    position: int
+    size: int
+    num_records: int
+    chunk_type: int
+    data_crc: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.chunk_id + self.num_records
+
+    @property
+    def end_position(self) -> int:
+        return self.position + self.size
+
+    def index_record(self) -> IndexRecord:
+        return IndexRecord(
+            self.chunk_id, self.timestamp, self.epoch, self.position, self.chunk_type
+        )
+
+
+def chunk_info(header: ChunkHeader, position: int) -> ChunkInfo:
+    """The ChunkInfo of a decoded header found at ``position``."""
+    return ChunkInfo(
+        header.chunk_id,
+        header.timestamp,
+        header.epoch,
+        position,
+        header.total_size,
+        header.num_records,
+        header.chunk_type,
+        header.data_crc,
+    )
+
+
+def segment_ref(stream_dir: str, first_offset: int) -> SegmentRef:
+    return SegmentRef(
+        first_offset,
+        os.path.join(stream_dir, segment_file_name(first_offset)),
+        os.path.join(stream_dir, index_file_name(first_offset)),
+    )
+
+
+def list_files(stream_dir: str) -> tuple[list[int], set[int], set[int]]:
+    """(sorted first offsets of all segment/index files, offsets with a segment, with an index)."""
+    segments: set[int] = set()
+    indexes: set[int] = set()
+    for name in os.listdir(stream_dir):
+        match = _FILE_NAME.match(name)
+        if not match:
+            continue
+        offset = int(match.group(1))
+        (segments if match.group(2) == "segment" else indexes).add(offset)
+    return sorted(segments | indexes), segments, indexes
+
+
+def pread_exact(fd: int, size: int, position: int) -> bytes:
+    """Read exactly ``size`` bytes at ``position`` (short only at end of file)."""
+    data = os.pread(fd, size, position)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, position + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def read_chunk_bytes(segment_path: str, position: int, size: int) -> bytes:
+    """A chunk's raw bytes (header to trailer) with one pread."""
+    fd = os.open(segment_path, os.O_RDONLY)
+    try:
+        data = pread_exact(fd, size, position)
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        raise TruncatedError(f"{segment_path}: chunk at {position} is shorter than {size} bytes")
+    return data
+
+
+class ScanResult(NamedTuple):
+    """The valid prefix of a segment file and why the scan stopped."""
+
+    chunks: list[ChunkInfo]
+    valid_end: int
+    file_size: int
+    header_ok: bool
+    damage: str | None
+
+
+def scan_segment(
+    path: str,
+    first_offset: int,
+    verify_crc: bool = True,
+    index: list[IndexRecord] | None = None,
+) -> ScanResult:
+    """Walk a segment's chunks from the start; stop at the first invalid one.
+
+    A chunk is valid when its header decodes, it lies wholly inside the file, its
+    chunk id continues the previous chunk (the first one equals the file name's
+    offset) and its epoch does not go down. With ``verify_crc`` its data CRC must
+    match, its entries must exactly fill the data and add up to its record count, and
+    its tracking content (tracking chunks, user-chunk trailers) must decode and its
+    reserved header bytes must be zero. Where ``index`` (the segment's existing index
+    records) has a record for the chunk, it must agree with the header: header fields
+    outside the CRC (type, timestamp, epoch) are cross-checked that way.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        head = pread_exact(fd, FILE_HEADER_SIZE, 0)
+        try:
+            check_segment_header(head)
+        except FormatError as exc:
+            return ScanResult([], 0, size, False, f"segment header: {exc}")
+        chunks: list[ChunkInfo] = []
+        pos = FILE_HEADER_SIZE
+        expected = first_offset
+        epoch = 0
+        damage: str | None = None
+        buf = b""
+        buf_pos = 0
+        while pos < size:
+            if pos + HEADER_SIZE > buf_pos + len(buf):
+                buf = pread_exact(fd, _READ_BLOCK, pos)
+                buf_pos = pos
+            try:
+                header = decode_header(buf, pos - buf_pos)
+            except FormatError as exc:
+                damage = f"chunk header at {pos}: {exc}"
+                break
+            end = pos + header.total_size
+            if end > size:
+                damage = f"chunk {header.chunk_id} at {pos} runs past the end of the file"
+                break
+            if header.chunk_id != expected:
+                damage = f"chunk id {header.chunk_id} at {pos}, expected {expected}"
+                break
+            if header.epoch < epoch:
+                damage = f"chunk {header.chunk_id} epoch {header.epoch} below {epoch}"
+                break
+            info = chunk_info(header, pos)
+            n = len(chunks)
+            if index is not None and n < len(index) and index[n] != info.index_record():
+                damage = f"chunk {header.chunk_id} at {pos} disagrees with its index record"
+                break
+            if buf[pos - buf_pos + 45 : pos - buf_pos + 48] != b"\x00\x00\x00":
+                damage = f"chunk {header.chunk_id} at {pos} has non-zero reserved bytes"
+                break
+            if verify_crc:
+                if end > buf_pos + len(buf):
+                    buf = pread_exact(fd, max(_READ_BLOCK, header.total_size), pos)
+                    buf_pos = pos
+                try:
+                    validate_chunk(header, memoryview(buf)[pos - buf_pos : end - buf_pos])
+                except FormatError as exc:
+                    damage = f"chunk {header.chunk_id} at {pos}: {exc}"
+                    break
+            chunks.append(info)
+            expected = header.next_offset
+            epoch = header.epoch
+            pos = end
+        return ScanResult(chunks, pos, size, True, damage)
+    finally:
+        os.close(fd)
+
+
+def validate_chunk(header: ChunkHeader, chunk: memoryview) -> None:
+    """Full validation of one chunk's bytes: CRC, entry structure, tracking content."""
+    start = header.data_start
+    data = chunk[start : start + header.data_length]
+    check_crc(header, data)
+    check_entries(data, header.num_entries, header.num_records)
+    if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
+        decode_snapshot(single_entry_body(data, header.num_entries))
+    elif header.chunk_type == ChunkType.TRACKING_DELTA:
+        decode_delta(single_entry_body(data, header.num_entries))
+    elif header.trailer_length:
+        decode_delta(chunk[start + header.data_length :])
+
+
+def read_header_at(fd: int, position: int) -> ChunkHeader:
+    """Decode the chunk header at ``position`` of an open segment."""
+    return decode_header(pread_exact(fd, HEADER_SIZE, position))
+
+
+def index_chunks(segment_path: str, index_path: str) -> list[ChunkInfo]:
+    """All chunks of a segment, from its index plus one header read per chunk."""
+    records = list(iter_index_records(read_file(index_path)))
+    fd = os.open(segment_path, os.O_RDONLY)
+    try:
+        return [chunk_info(read_header_at(fd, r.position), r.position) for r in records]
+    finally:
+        os.close(fd)
+
+
+def encode_index(chunks: list[ChunkInfo]) -> bytes:
+    """A whole index file for ``chunks``."""
+    return INDEX_HEADER + b"".join(c.index_record().encode() for c in chunks)
+
+
+class IndexView:
+    """The whole records of an index file's bytes, for binary and backward searches."""
+
+    __slots__ = ("buf", "count")
+
+    def __init__(self, buf: bytes) -> None:
+        check_index_header(buf)
+        self.buf = buf
+        self.count = (len(buf) - FILE_HEADER_SIZE) // INDEX_RECORD_SIZE
+        # all-zero records (never valid) end the usable part
+        while self.count and self.record(self.count - 1) == IndexRecord(0, 0, 0, 0, 0):
+            self.count -= 1
+
+    @classmethod
+    def load(cls, index_path: str) -> IndexView:
+        return cls(read_file(index_path))
+
+    def record(self, n: int) -> IndexRecord:
+        return unpack_index_field(self.buf, n)
+
+    def __iter__(self) -> Iterator[IndexRecord]:
+        for n in range(self.count):
+            yield self.record(n)
+
+    def limit_to(self, max_chunk_id: int) -> int:
+        """Number of leading records whose chunk id is <= ``max_chunk_id``."""
+        lo, hi = 0, self.count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.record(mid).chunk_id <= max_chunk_id:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def last_at_or_below(self, offset: int, count: int) -> IndexRecord | None:
+        """The last of the first ``count`` records whose chunk id is <= ``offset``."""
+        lo, hi = 0, count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.record(mid).chunk_id <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.record(lo - 1) if lo else None
+
+    def first_with_timestamp(self, timestamp: int, count: int) -> IndexRecord | None:
+        """The first of the first ``count`` records whose timestamp is >= ``timestamp``."""
+        lo, hi = 0, count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.record(mid).timestamp < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.record(lo) if lo < count else None
+
+
+def fsync_dir(path: str) -> None:
+    """Make file creations and deletions in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
