@@ -13,6 +13,7 @@ import pytest
 
 from tierlog.formats.fragment import decode_index, decode_trailer, index_range
 from tierlog.log.config import LogConfig
+from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
@@ -22,10 +23,10 @@ from tierlog.storage.meta_store import MetaStore, Versioned
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 from tierlog.tiering.catalog import Catalog, StreamRecord
+from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.keys import data_prefix
 from tierlog.tiering.manifest_tree import ManifestTree
-from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.remote import FragmentConflictError, StreamDeletedError
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer
@@ -133,7 +134,9 @@ def test_tiers_everything_and_bytes_are_identical(world: World) -> None:
     deletable = tierer.deletable_segments()
     segments = world.log.list_segments()
     assert deletable and segments[-1].first_offset not in deletable
-    assert all(s.next_offset <= tierer.durable_next for s in segments if s.first_offset in deletable)
+    assert all(
+        s.next_offset <= tierer.durable_next for s in segments if s.first_offset in deletable
+    )
 
 
 def test_restart_resumes_without_duplicates(world: World) -> None:
@@ -353,3 +356,44 @@ def test_remote_ahead_of_local_restarts_local_log(world: World) -> None:
     assert world.log.producer_sequence("p1") == 7
     world.append(5)
     assert fresh.flush()
+
+
+def test_backpressure_refuses_appends_until_tiering_catches_up(
+    tmp_path: Path, fs_store: ObjectStore, meta: MetaStore
+) -> None:
+    world = World(tmp_path, fs_store, meta)
+    try:
+        tierer = StreamTierer(
+            world.log,
+            world.store,
+            world.catalog,
+            world.deletions,
+            config=SMALL,
+            m=4,
+            max_lag_bytes=20_000,
+        )
+        world.tierers.append(tierer)
+        tierer.start()
+        # The remote tier stops accepting fragments: lag builds up.
+        world.store.fail_nth("put_if_absent", 1, key_prefix="stream/", times=10**9)
+        refused = None
+        for _ in range(200):
+            try:
+                world.log.append([os.urandom(1000) for _ in range(5)])
+            except BackPressureError as exc:
+                refused = exc
+                break
+            time.sleep(0.005)
+        assert refused is not None and refused.retry_after > 0
+        assert tierer.backpressure_active and tierer.status()["backpressure_active"]
+        before = world.log.next_offset
+        with pytest.raises(BackPressureError):
+            world.log.append([b"x"])
+        assert world.log.next_offset == before  # nothing written while refused
+        # The store recovers; tiering catches up and appends are accepted again.
+        world.store.clear_faults()
+        assert tierer.flush(timeout=30)
+        world.log.append([b"accepted again"])
+        assert not tierer.backpressure_active
+    finally:
+        world.close()

@@ -45,3 +45,13 @@ class CorruptChunkError(LogError):
 
 class LogClosedError(LogError):
     """The log or reader was closed."""
+
+
+class BackPressureError(LogError):
+    """Appends are refused for now: too much committed data is not yet tiered, or the
+    disk is nearly full. Retryable: nothing was written; try again after
+    ``retry_after`` seconds (the server throttles publishers instead of failing them)."""
+
+    def __init__(self, message: str, retry_after: float = 0.1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

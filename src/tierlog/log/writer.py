@@ -293,6 +293,9 @@ class StreamLog:
         anything is written.
         """
         self._check_open()
+        gate = getattr(self, "_append_gate", None)
+        if gate is not None:
+            gate()  # may raise BackPressureError: nothing is written
         entries = list(entries)
         plain = self._check_sizes(entries)
         written: tuple[int, ...] = ()
@@ -570,6 +573,11 @@ class StreamLog:
             int(chunk_type),
             header.data_crc,
         )
+
+    def set_append_gate(self, gate: Callable[[], None] | None) -> None:
+        """Install a check run before every append (tiering's back-pressure): it raises
+        ``BackPressureError`` to refuse the append before anything is written."""
+        self._append_gate = gate
 
     def set_stream_first_offset(self, offset: int) -> None:
         """Tell the log where the whole stream (all tiers) starts.

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
 from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, encode_fragment
 from tierlog.log.commit import CommitPoint
+from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.tracking import TrackingState
@@ -99,6 +101,8 @@ class StreamTierer:
         config: TieringConfig | None = None,
         m: int = DEFAULT_M,
         clock: Callable[[], float] = time.monotonic,
+        max_lag_bytes: int | None = None,
+        min_free_disk_bytes: int = 0,
     ) -> None:
         self.log = stream_log
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
@@ -120,6 +124,10 @@ class StreamTierer:
         self._reader: LogReader | None = None
         self._durable = threading.Condition()
         self._stopping = False
+        self.max_lag_bytes = max_lag_bytes
+        self.min_free_disk_bytes = min_free_disk_bytes
+        self.backpressure_active = False  # the alarm: publishers are being throttled
+        self.backpressure_events = 0
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -127,6 +135,7 @@ class StreamTierer:
         assert self.state is not None
         self._handed = self.state.committed_next
         self.log.add_commit_listener(self._on_commit)
+        self.log.set_append_gate(self._append_gate)
         self._thread = threading.Thread(
             target=self._run, name=f"tier-{self.remote.stream_dir}", daemon=True
         )
@@ -139,6 +148,7 @@ class StreamTierer:
         if flush and self._thread is not None and not self.halted:
             self.flush(timeout)
         self._stopping = True
+        self.log.set_append_gate(None)
         with contextlib.suppress(ValueError):
             self.log.remove_commit_listener(self._on_commit)
         self._events.put(None)
@@ -164,6 +174,25 @@ class StreamTierer:
                 self._durable.wait(min(remaining, 0.5))
                 self._events.put(Flush())
         return self.durable_next >= next_offset
+
+    def _append_gate(self) -> None:
+        """Back-pressure (DESIGN.md): refuse appends while too much committed data is not
+        yet durable remotely, or while free disk is below the floor."""
+        reason = None
+        if self.max_lag_bytes is not None and self.lag_bytes > self.max_lag_bytes:
+            reason = f"{self.lag_bytes} bytes not yet tiered (limit {self.max_lag_bytes})"
+        elif self.min_free_disk_bytes:
+            free = shutil.disk_usage(self.log.stream_dir).free
+            if free < self.min_free_disk_bytes:
+                reason = f"free disk {free} below floor {self.min_free_disk_bytes}"
+        if reason is None:
+            self.backpressure_active = False
+            return
+        if not self.backpressure_active:
+            log.warning("back-pressure on %s: %s", self.remote.stream_dir, reason)
+        self.backpressure_active = True
+        self.backpressure_events += 1
+        raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
 
     # -- queries --------------------------------------------------------------------------
     @property
@@ -479,6 +508,8 @@ class StreamTierer:
             "manifest_height": tree.height,
             "upload_lag_bytes": self.lag_bytes,
             "halted": self.halted,
+            "backpressure_active": self.backpressure_active,
+            "backpressure_events": self.backpressure_events,
             "manifest_commits": self.committer.commits,
             "manifest_conflicts": self.committer.conflicts,
         }
