@@ -370,3 +370,22 @@ def test_replayed_chunks_are_idempotent() -> None:
     state.handle(ChunksCommitted((chunk,)), 0)
     state.handle(ChunksCommitted((chunk,)), 0)
     assert state.lag_bytes == 10
+
+
+def test_rate_limiter_spaces_reservations_at_the_rate() -> None:
+    from tierlog.tiering.rate_limit import RateLimiter
+
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    limiter = RateLimiter(1000.0, clock=lambda: now[0], sleep=sleep)
+    assert limiter.acquire(500) == 0.0  # the first reservation goes at once
+    assert limiter.acquire(500) == pytest.approx(0.5)
+    assert limiter.acquire(1000) == pytest.approx(0.5)
+    assert sum(slept) == pytest.approx(1.0)  # 2000 bytes at 1000 B/s: 2 s, first free
+    with pytest.raises(ValueError):
+        RateLimiter(0)

@@ -35,6 +35,7 @@ from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.manifest_tree import DEFAULT_M
+from tierlog.tiering.rate_limit import RateLimiter
 from tierlog.tiering.remote import (
     FragmentConflictError,
     LocalChunk,
@@ -103,6 +104,7 @@ class StreamTierer:
         clock: Callable[[], float] = time.monotonic,
         max_lag_bytes: int | None = None,
         min_free_disk_bytes: int = 0,
+        upload_bytes_per_second: float | None = None,
     ) -> None:
         self.log = stream_log
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
@@ -128,6 +130,7 @@ class StreamTierer:
         self.min_free_disk_bytes = min_free_disk_bytes
         self.backpressure_active = False  # the alarm: publishers are being throttled
         self.backpressure_events = 0
+        self._limiter = RateLimiter(upload_bytes_per_second) if upload_bytes_per_second else None
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -424,8 +427,11 @@ class StreamTierer:
         try:
             parts, entry = self._build_fragment(plan)
             key = self.remote.fragment_key(plan.first_offset)
+            body = b"".join(parts)
+            if self._limiter is not None:
+                self._limiter.acquire(len(body))
             try:
-                self.remote.store.put_if_absent(key, b"".join(parts))
+                self.remote.store.put_if_absent(key, body)
                 self.puts += 1
             except AlreadyExistsError:
                 entry = self._adopt_existing(plan)
