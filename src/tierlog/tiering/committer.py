@@ -10,6 +10,7 @@ is deleted: if it names our new root, the commit happened.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 from tierlog.storage.errors import (
@@ -54,6 +55,7 @@ class ManifestCommitter:
         self.commits = 0
         self.conflicts = 0
         self.puts = 0
+        self._lock = threading.RLock()
 
     def _empty_tree(self) -> ManifestTree:
         return ManifestTree(self.remote.prefix, self.remote.stream_dir, m=self.m, epoch=self.epoch)
@@ -80,8 +82,16 @@ class ManifestCommitter:
             return self.tree
         raise TransientError(f"manifest root of {self.incarnation} keeps disappearing")
 
-    def commit(self, entries: Sequence[FragmentEntry]) -> ManifestTree:
-        """Append ``entries`` (may be empty: a fencing commit) and commit the new root."""
+    def commit(self, entries: Sequence[FragmentEntry], trim_to: int | None = None) -> ManifestTree:
+        """Append ``entries`` (may be empty: a fencing commit) and commit the new root.
+
+        With ``trim_to`` (remote retention) whole fragments ending at or before it are
+        removed in the same commit; they and superseded branches go on the
+        pending-deletion list once the commit took effect. Commits are serialised."""
+        with self._lock:
+            return self._commit(entries, trim_to)
+
+    def _commit(self, entries: Sequence[FragmentEntry], trim_to: int | None) -> ManifestTree:
         if self.tree.is_empty and entries:
             attempt = ManifestTree(
                 self.remote.prefix,
@@ -94,8 +104,14 @@ class ManifestCommitter:
             attempt = ManifestTree.from_root(self.tree.encode_root(), self.remote.prefix, m=self.m)
         written: list[str] = []
         store = self.remote.store
+        retired: list[str] = []
         try:
-            for branch in attempt.append(list(entries)):
+            branches = attempt.append(list(entries))
+            if trim_to is not None:
+                trimmed = attempt.trim_front(trim_to, self.remote.load)
+                branches = [*branches, *trimmed.writes]
+                retired = trimmed.deletes
+            for branch in branches:
                 store.put_if_absent(branch.key, branch.data)
                 written.append(branch.key)
                 self.puts += 1
@@ -126,7 +142,8 @@ class ManifestCommitter:
         self.tree = attempt
         self.commits += 1
         if old is not None:
-            self.deletions.schedule([self.remote.root_key(bytes.fromhex(old))])
+            retired.append(self.remote.root_key(bytes.fromhex(old)))
+        self.deletions.schedule(retired)
         return attempt
 
     def _resolve_ambiguous(self, uid: bytes, written: list[str], exc: Exception) -> int:

@@ -45,6 +45,12 @@ from tierlog.tiering.remote import (
     adoption_problem,
     read_fragment_checked,
 )
+from tierlog.tiering.retention import (
+    RetentionPolicy,
+    describe_segments,
+    local_segments_to_free,
+    remote_trim_offset,
+)
 from tierlog.tiering.state import (
     ChunkRef,
     ChunksCommitted,
@@ -105,6 +111,8 @@ class StreamTierer:
         max_lag_bytes: int | None = None,
         min_free_disk_bytes: int = 0,
         upload_bytes_per_second: float | None = None,
+        retention: RetentionPolicy | None = None,
+        retention_interval: float = 10.0,
     ) -> None:
         self.log = stream_log
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
@@ -131,6 +139,11 @@ class StreamTierer:
         self.backpressure_active = False  # the alarm: publishers are being throttled
         self.backpressure_events = 0
         self._limiter = RateLimiter(upload_bytes_per_second) if upload_bytes_per_second else None
+        self.retention = retention or RetentionPolicy()
+        self.retention_interval = retention_interval
+        self._next_retention = 0.0
+        self._retention_running = threading.Lock()
+        self.retention_trims = 0
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -359,6 +372,7 @@ class StreamTierer:
                 event = Tick()
             if event is None:
                 return
+            self._maybe_retention()
             try:
                 chunks = self._new_chunks()
                 now = self.clock()
@@ -421,6 +435,72 @@ class StreamTierer:
     def _post(self, event: Event) -> None:
         if not self._stopping or isinstance(event, (CommitSucceeded, CommitFailed)):
             self._events.put(event)
+
+    # -- retention ----------------------------------------------------------------------
+    def set_retention(self, policy: RetentionPolicy) -> None:
+        self.retention = policy
+        self._next_retention = 0.0
+
+    def _maybe_retention(self) -> None:
+        now = self.clock()
+        if now < self._next_retention or self._stopping:
+            return
+        self._next_retention = now + self.retention_interval
+        if self._retention_running.acquire(blocking=False):
+            self._pool.submit(self._run_retention)
+
+    def _run_retention(self) -> None:
+        try:
+            self.apply_retention()
+        except Exception:
+            log.exception("remote retention of %s failed", self.remote.stream_dir)
+        finally:
+            self._retention_running.release()
+
+    def apply_retention(self, now_ms: int | None = None) -> int | None:
+        """Trim the remote tier by the stream's retention (idle streams too); delete
+        objects whose grace passed. Returns the new first offset if it trimmed."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        trimmed = None
+        if self.retention.active and not self.halted:
+            tree = self.committer.tree
+            trim_to = remote_trim_offset(tree, self.remote.load, self.retention, now_ms)
+            if trim_to is not None and trim_to > tree.first_offset:
+                self.committer.commit([], trim_to=trim_to)
+                self.retention_trims += 1
+                trimmed = self.committer.tree.first_offset
+                self.log.set_stream_first_offset(trimmed)
+                log.info("retention trimmed %s to %d", self.remote.stream_dir, trimmed)
+        self.deletions.run_due(self.remote.store)
+        return trimmed
+
+    def local_segments_to_free(
+        self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
+    ) -> list[int]:
+        """Local segments that local retention may delete now (DESIGN.md's rule)."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+
+        def newest(first: int) -> int:
+            chunks = self.log.segment_chunks(first)
+            return chunks[-1].timestamp if chunks else 0
+
+        segments = describe_segments(
+            [(s.first_offset, s.next_offset, s.size, s.sealed) for s in self.log.list_segments()],
+            newest,
+        )
+        tree = self.committer.tree
+        return local_segments_to_free(
+            segments, tree.next_offset, tree.first_offset, max_bytes, max_age_seconds, now_ms
+        )
+
+    def apply_local_retention(
+        self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
+    ) -> list[int]:
+        """Free local segments; call it on the log's writer thread."""
+        freed = self.local_segments_to_free(max_bytes, max_age_seconds, now_ms)
+        for first in freed:
+            self.log.delete_segment(first)
+        return freed
 
     # -- effects (run on the pool) ----------------------------------------------------------
     def _upload(self, plan: FragmentPlan) -> None:
