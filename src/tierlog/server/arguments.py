@@ -1,0 +1,95 @@
+"""Stream arguments of Create (and the admin API) mapped onto StreamSettings.
+
+RabbitMQ's names keep their meaning: ``max-length-bytes`` and ``max-age`` are the whole
+stream's retention (both tiers), ``stream-max-segment-size-bytes`` the local segment
+size. tierlog's own settings use ``x-tierlog-*`` names (see docs/server.md). A leading
+``x-`` on RabbitMQ names is accepted. Arguments RabbitMQ knows but tierlog has no use
+for (cluster size, leader locator, filter size) are accepted and ignored; anything
+else is rejected so a typo never goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tierlog.errors import ConfigError
+from tierlog.tiering.settings import StreamSettings
+
+_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([YMDhms]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from RabbitMQ's ``max-age`` syntax: ``7D``, ``12h``, ``30m``, ``10s``, ``1Y``."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigError(f"cannot parse duration {text!r} (use e.g. 7D, 12h, 30m, 10s)")
+    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if value <= 0:
+        raise ConfigError(f"duration {text!r} must be positive")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not an integer") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a number") from None
+
+
+_ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "max-length-bytes": ("max_bytes", _int),
+    "max-age": ("max_age_seconds", parse_duration),
+    "stream-max-segment-size-bytes": ("max_segment_bytes", _int),
+    "x-tierlog-local-max-bytes": ("local_max_bytes", _int),
+    "x-tierlog-local-max-age": ("local_max_age_seconds", parse_duration),
+    "x-tierlog-max-segment-chunks": ("max_segment_chunks", _int),
+    "x-tierlog-tier-mode": ("tier_mode", str),
+    "x-tierlog-fragment-bytes": ("fragment_bytes", _int),
+    "x-tierlog-max-fragment-age": ("max_fragment_age_seconds", parse_duration),
+    "x-tierlog-debounce-count": ("debounce_count", _int),
+    "x-tierlog-debounce-seconds": ("debounce_seconds", _float),
+    "x-tierlog-max-lag-bytes": ("max_lag_bytes", _int),
+    "x-tierlog-read-strategy": ("read_strategy", str),
+    "x-tierlog-manifest-fanout": ("manifest_fanout", _int),
+}
+"""Argument name → (StreamSettings field, parser)."""
+
+IGNORED_ARGUMENTS = frozenset(
+    {"queue-leader-locator", "initial-cluster-size", "stream-filter-size-bytes"}
+)
+
+
+def settings_changes(arguments: Mapping[str, str]) -> dict[str, Any]:
+    """StreamSettings field changes for stream arguments; ConfigError on a bad one."""
+    changes: dict[str, Any] = {}
+    for raw_name, raw_value in arguments.items():
+        name = raw_name
+        if name.startswith("x-") and not name.startswith("x-tierlog-"):
+            name = name[2:]
+        if name in IGNORED_ARGUMENTS:
+            continue
+        spec = _ARGUMENTS.get(name)
+        if spec is None:
+            raise ConfigError(f"unknown stream argument {raw_name!r}")
+        field_name, parse = spec
+        changes[field_name] = parse(str(raw_value))
+    return changes
+
+
+def settings_from_arguments(
+    arguments: Mapping[str, str], base: StreamSettings | None = None
+) -> StreamSettings:
+    """StreamSettings for Create: ``base`` (defaults) updated with the arguments."""
+    base = base or StreamSettings()
+    changes = settings_changes(arguments)
+    return base.updated(**changes) if changes else base

@@ -1,0 +1,532 @@
+"""The streams registry: catalog entries, their open local logs, and group commit.
+
+Each stream has one writer thread (a single-worker executor): every mutating call on
+its StreamLog runs there, as the log requires. Publish frames and StoreOffset
+commands queue up on the event loop while the writer is busy; the next group takes
+them all (up to ``group_commit_max_frames``), appends consecutive frames of the same
+producer as one chunk, fsyncs once, and the loop then sends one PublishConfirm per
+frame. Readers (subscriptions) read the segment files from the loop thread.
+
+Back-pressure: a stream is *congested* when its queued bytes exceed a bound or the
+tiering lag (``LagProvider``: committed bytes not yet in the remote tier, default 0)
+exceeds the stream's ``max_lag_bytes``. Connections publishing to a congested stream
+stop reading their socket until it is not congested any more (counted, never silent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import struct
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tierlog.errors import ConfigError, TierlogError
+from tierlog.formats.chunk import Entry, SubBatch
+from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.formats.protocol.publish import PublishBatch
+from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
+from tierlog.log.writer import StreamLog
+from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
+from tierlog.server.config import ServerConfig
+from tierlog.server.metrics import ServerMetrics
+from tierlog.tiering.catalog import Catalog, StreamExistsError, StreamRecord
+from tierlog.tiering.settings import StreamSettings
+
+log = logging.getLogger("tierlog.server.broker")
+
+_SUBBATCH = struct.Struct(">BHII")
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
+"""Queued publish bytes per stream above which publishers are paused."""
+LAG_POLL_SECONDS = 0.5
+
+LagProvider = Callable[[StreamRecord], int]
+"""Committed bytes of a stream not yet durable in the remote tier (tiering supplies it)."""
+
+
+class RemoteStatusProvider(Protocol):
+    """Remote-tier fields of a stream's status (tiering fills them in later)."""
+
+    def remote_status(self, record: StreamRecord) -> dict[str, Any]: ...
+
+
+class NoRemoteStatus:
+    """The default until tiering runs: every remote field present, unknown (None)."""
+
+    def remote_status(self, record: StreamRecord) -> dict[str, Any]:
+        return {
+            "bytes": None,
+            "fragments": None,
+            "first_offset": None,
+            "tiered_offset": None,
+            "manifest_depth": None,
+            "upload_lag_bytes": None,
+        }
+
+
+def no_lag(record: StreamRecord) -> int:
+    return 0
+
+
+class StreamUnavailableError(TierlogError):
+    """The stream is closed or being deleted."""
+
+
+class StreamListener(Protocol):
+    """A connection that uses a stream and must hear when it goes away."""
+
+    def stream_unavailable(self, stream: StreamHandle) -> None: ...
+
+    def resume_publishing(self, stream: StreamHandle) -> None: ...
+
+
+Done = Callable[[int], None]
+"""Called on the event loop with a response code once an operation is durable."""
+
+
+@dataclass(slots=True)
+class _PublishOp:
+    batch: PublishBatch
+    reference: str | None
+    done: Done
+    size: int
+
+
+@dataclass(slots=True)
+class _StoreOffsetOp:
+    reference: str
+    offset: int
+    size: int = 64
+
+
+_Op = _PublishOp | _StoreOffsetOp
+
+
+@dataclass(slots=True)
+class _GroupResult:
+    codes: list[int]
+    chunks: int = 0
+    duplicates: int = 0
+    error: str = ""
+
+
+def entries_of(batch: PublishBatch) -> list[Entry]:
+    """The log's entries for a Publish frame: record bytes, or sub-batches passed verbatim."""
+    raw = batch.entries
+    if batch.record_counts is None:
+        if isinstance(raw, tuple):
+            return [e[4:] for e in raw]
+        return [bytes(e[4:]) for e in raw]
+    entries: list[Entry] = []
+    for e in raw:
+        if e[0] & 0x80:
+            type_byte, records, uncompressed, _length = _SUBBATCH.unpack_from(e, 0)
+            entries.append(
+                SubBatch((type_byte >> 4) & 0x07, records, uncompressed, bytes(e[_SUBBATCH.size :]))
+            )
+        else:
+            entries.append(bytes(e[4:]))
+    return entries
+
+
+@dataclass(eq=False)
+class StreamHandle:
+    """One open stream: catalog record, writer log, queue, readers' notifier."""
+
+    record: StreamRecord
+    log: StreamLog
+    broker: Broker
+    executor: ThreadPoolExecutor
+    notifier: CommitNotifier = field(default_factory=CommitNotifier)
+    pending: list[_Op] = field(default_factory=list)
+    pending_bytes: int = 0
+    writing: bool = False
+    closed: bool = False
+    tier_lag: int = 0
+    listeners: set[StreamListener] = field(default_factory=set)
+    blocked: set[StreamListener] = field(default_factory=set)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _source: LocalChunkSource | None = None
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+        self._source = LocalChunkSource(self.log, self.notifier)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def vhost(self) -> str:
+        return self.record.vhost
+
+    @property
+    def settings(self) -> StreamSettings:
+        return self.record.settings
+
+    @property
+    def source(self) -> ChunkSource:
+        """Where subscriptions read from (the cross-tier reader replaces this later)."""
+        assert self._source is not None
+        return self._source
+
+    def first_offset(self) -> int:
+        return self.log.segment_refs()[0].first_offset
+
+    @property
+    def congested(self) -> bool:
+        return (
+            self.pending_bytes > MAX_QUEUED_BYTES
+            or self.tier_lag > self.record.settings.max_lag_bytes
+        )
+
+    # ----------------------------------------------------------------- submitting
+
+    def submit_publish(self, batch: PublishBatch, reference: str | None, done: Done) -> None:
+        if self.closed:
+            done(ResponseCode.STREAM_DOES_NOT_EXIST)
+            return
+        size = len(batch.entry_data()) if batch._data is not None else 16 * batch.num_entries
+        self.pending.append(_PublishOp(batch, reference, done, size))
+        self.pending_bytes += size
+        self._kick()
+
+    def submit_store_offset(self, reference: str, offset: int) -> None:
+        if self.closed:
+            return
+        self.pending.append(_StoreOffsetOp(reference, offset))
+        self._kick()
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is written and committed."""
+        while self.pending or self.writing:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def _kick(self) -> None:
+        if self.writing or not self.pending or self.closed:
+            return
+        limit = self.broker.config.log.group_commit_max_frames
+        ops, self.pending = self.pending[:limit], self.pending[limit:]
+        self.pending_bytes -= sum(op.size for op in ops)
+        self.writing = True
+        self._idle.clear()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.executor, self._write_group, ops)
+        future.add_done_callback(lambda f: self._group_done(ops, f))
+
+    def _write_group(self, ops: Sequence[_Op]) -> _GroupResult:
+        """Writer thread: append every op (same-producer runs as one chunk), fsync once."""
+        result = _GroupResult([ResponseCode.OK] * len(ops))
+        i = 0
+        n = len(ops)
+        try:
+            while i < n:
+                op = ops[i]
+                if isinstance(op, _StoreOffsetOp):
+                    try:
+                        self.log.store_offset(op.reference, op.offset)
+                    except (InvalidAppendError, ValueError) as exc:
+                        log.warning(
+                            "event=store_offset_rejected stream=%s error=%r", self.name, exc
+                        )
+                    i += 1
+                    continue
+                j = i + 1
+                while j < n and isinstance(ops[j], _PublishOp) and ops[j].reference == op.reference:
+                    j += 1
+                self._append_run(ops, i, j, result)
+                i = j
+            self.log.sync()
+        except (OSError, LogError) as exc:
+            log.error("event=write_failed stream=%s error=%r", self.name, exc)
+            result.error = repr(exc)
+            for k in range(len(ops)):
+                result.codes[k] = ResponseCode.INTERNAL_ERROR
+        return result
+
+    def _append_run(self, ops: Sequence[_Op], lo: int, hi: int, result: _GroupResult) -> None:
+        run = [op for op in ops[lo:hi] if isinstance(op, _PublishOp)]
+        reference = run[0].reference
+        try:
+            self._append(run, reference, result)
+            return
+        except (RecordTooLargeError, InvalidAppendError, ValueError):
+            if len(run) == 1:
+                result.codes[lo] = ResponseCode.PRECONDITION_FAILED
+                return
+        for k, op in enumerate(run):  # isolate the frame that cannot be written
+            try:
+                self._append([op], reference, result)
+            except (RecordTooLargeError, InvalidAppendError, ValueError):
+                result.codes[lo + k] = ResponseCode.PRECONDITION_FAILED
+
+    def _append(self, run: list[_PublishOp], reference: str | None, result: _GroupResult) -> None:
+        if reference is None and all(op.batch.record_counts is None for op in run):
+            self._append_plain(run, result)
+            return
+        entries: list[Entry] = []
+        ids: list[int] = []
+        for op in run:
+            entries += entries_of(op.batch)
+            if reference is not None:
+                ids += op.batch.publishing_ids
+        if reference is None:
+            appended = self.log.append(entries)
+        else:
+            appended = self.log.append(entries, reference, ids)
+        result.chunks += len(appended.chunk_ids)
+        result.duplicates += len(appended.dropped)
+
+    def _append_plain(self, run: list[_PublishOp], result: _GroupResult) -> None:
+        """Unnamed publishers, simple entries only: the log's ``append_records`` fast path,
+        one chunk per run of frames that fits ``max_chunk_bytes``."""
+        limit = self.log.config.max_chunk_bytes
+        records: list[bytes] = []
+        size = 0
+        for op in run:
+            if records and size + op.size > limit:
+                self.log.append_records(records)
+                result.chunks += 1
+                records, size = [], 0
+            records += entries_of(op.batch)  # type: ignore[arg-type]
+            size += op.size
+        if records:
+            self.log.append_records(records)
+            result.chunks += 1
+
+    def _group_done(self, ops: Sequence[_Op], future: asyncio.Future[_GroupResult]) -> None:
+        self.writing = False
+        metrics = self.broker.metrics
+        try:
+            result = future.result()
+        except Exception as exc:  # the executor itself failed
+            log.error("event=group_failed stream=%s error=%r", self.name, exc)
+            result = _GroupResult([ResponseCode.INTERNAL_ERROR] * len(ops))
+        metrics.fsyncs.inc()
+        metrics.group_frames.observe(len(ops))
+        metrics.chunks_written.inc(result.chunks)
+        metrics.duplicate_messages.inc(result.duplicates)
+        for op, code in zip(ops, result.codes, strict=True):
+            if isinstance(op, _PublishOp):
+                op.done(code)
+        self.notifier.notify()
+        if self.pending and not self.closed:
+            self._kick()
+        else:
+            self._idle.set()
+        self.update_throttle()
+
+    # ----------------------------------------------------------------- back-pressure
+
+    def block(self, listener: StreamListener) -> None:
+        if listener not in self.blocked:
+            self.blocked.add(listener)
+            self.broker.metrics.throttle_events.inc()
+            self.broker.metrics.throttled.set(1, stream=self.name)
+
+    def update_throttle(self) -> None:
+        if self.blocked and not self.congested:
+            blocked, self.blocked = self.blocked, set()
+            self.broker.metrics.throttled.set(0, stream=self.name)
+            for listener in blocked:
+                listener.resume_publishing(self)
+
+    # ----------------------------------------------------------------- status
+
+    def status(self) -> dict[str, Any]:
+        refs = self.log.segment_refs()
+        local_bytes = 0
+        for ref in refs:
+            with contextlib.suppress(FileNotFoundError):
+                local_bytes += os.path.getsize(ref.segment_path) + os.path.getsize(ref.index_path)
+        commit = self.log.commit_point()
+        remote = self.broker.remote_status.remote_status(self.record)
+        if remote.get("upload_lag_bytes") is None:
+            remote = {**remote, "upload_lag_bytes": self.tier_lag}
+        return {
+            "vhost": self.vhost,
+            "name": self.name,
+            "incarnation": self.record.incarnation,
+            "created_ns": self.record.created_ns,
+            "local": {
+                "bytes": local_bytes,
+                "segments": len(refs),
+                "first_offset": refs[0].first_offset,
+                "committed_chunk_id": commit.chunk_id,
+                "committed_offset": commit.next_offset - 1,
+                "next_offset": commit.next_offset,
+                "epoch": self.log.epoch,
+            },
+            "remote": remote,
+            "settings": self.settings.to_dict(),
+            "publishers_throttled": bool(self.blocked),
+            "queued_bytes": self.pending_bytes,
+        }
+
+    # ----------------------------------------------------------------- closing
+
+    async def close(self, *, notify: bool) -> None:
+        """Stop accepting work, finish the queue, close the log and the writer thread."""
+        if self.closed:
+            return
+        await self.flush()
+        self.closed = True
+        self.notifier.close()
+        if notify:
+            for listener in list(self.listeners):
+                listener.stream_unavailable(self)
+        self.listeners.clear()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, self.log.close)
+        self.executor.shutdown(wait=True)
+
+
+class Broker:
+    """All streams of this server, opened from the catalog."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        catalog: Catalog,
+        metrics: ServerMetrics,
+        *,
+        lag_provider: LagProvider = no_lag,
+        remote_status: RemoteStatusProvider | None = None,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.metrics = metrics
+        self.lag_provider = lag_provider
+        self.remote_status: RemoteStatusProvider = remote_status or NoRemoteStatus()
+        self.streams_dir = config.storage.streams_dir
+        self._streams: dict[tuple[str, str], StreamHandle] = {}
+        self.connections: set[Any] = set()
+        self._lock = asyncio.Lock()
+        self._lag_task: asyncio.Task[None] | None = None
+        metrics.streams.source = lambda: [((), float(len(self._streams)))]
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        os.makedirs(self.streams_dir, exist_ok=True)
+        for record in self.catalog.list():
+            try:
+                await self._open(record)
+            except (TierlogError, OSError) as exc:
+                log.error("event=stream_open_failed stream=%s error=%r", record.name, exc)
+        self._lag_task = asyncio.create_task(self._poll_lag())
+
+    async def close(self) -> None:
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+        for handle in list(self._streams.values()):
+            await handle.close(notify=False)
+        self._streams.clear()
+
+    async def _open(self, record: StreamRecord) -> StreamHandle:
+        settings = record.settings
+        config = self.config.log.log_config(
+            settings.max_segment_bytes, settings.max_segment_chunks, self.config.server.frame_max
+        )
+        path = os.path.join(self.streams_dir, record.incarnation)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"writer-{record.name}")
+        loop = asyncio.get_running_loop()
+
+        def open_log() -> StreamLog:
+            if os.path.isdir(path):
+                return StreamLog.open(path, config)
+            return StreamLog.create(
+                self.streams_dir, record.vhost, record.name, config, created_ns=record.created_ns
+            )
+
+        try:
+            stream_log = await loop.run_in_executor(executor, open_log)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        handle = StreamHandle(record, stream_log, self, executor)
+        self._streams[(record.vhost, record.name)] = handle
+        log.info(
+            "event=stream_opened stream=%s incarnation=%s next_offset=%d",
+            record.name,
+            record.incarnation,
+            stream_log.next_offset,
+        )
+        return handle
+
+    # ----------------------------------------------------------------- streams
+
+    def get(self, vhost: str, name: str) -> StreamHandle | None:
+        return self._streams.get((vhost, name))
+
+    def streams(self) -> list[StreamHandle]:
+        return list(self._streams.values())
+
+    async def create_stream(self, vhost: str, name: str, settings: StreamSettings) -> StreamHandle:
+        """Create in the catalog then on disk; StreamExistsError if it exists."""
+        async with self._lock:
+            if (vhost, name) in self._streams:
+                raise StreamExistsError(f"stream {name!r} already exists")
+            record = self.catalog.create(vhost, name, settings)
+            try:
+                return await self._open(record)
+            except BaseException:
+                self.catalog.delete(vhost, name)
+                raise
+
+    async def delete_stream(self, vhost: str, name: str) -> StreamRecord:
+        """Close the stream (telling its users), delete it from the catalog, then its files.
+
+        The catalog delete enqueues the incarnation's cleanup (remote objects); the local
+        directory goes here at once.
+        """
+        async with self._lock:
+            record = self.catalog.require(vhost, name)
+            handle = self._streams.pop((vhost, name), None)
+            if handle is not None:
+                await handle.close(notify=True)
+            self.catalog.delete(vhost, name)
+            path = os.path.join(self.streams_dir, record.incarnation)
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: shutil.rmtree(path, ignore_errors=True)
+            )
+            log.info("event=stream_deleted stream=%s incarnation=%s", name, record.incarnation)
+            return record
+
+    def update_settings(self, vhost: str, name: str, changes: dict[str, Any]) -> StreamRecord:
+        """Change retention / tier settings (segment size applies from the next open)."""
+        handle = self.get(vhost, name)
+        if handle is None:
+            return self.catalog.require(vhost, name)
+        try:
+            handle.record.settings.updated(**changes)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from exc
+        record = self.catalog.update_settings(vhost, name, **changes)
+        handle.record = record
+        handle.update_throttle()
+        return record
+
+    # ----------------------------------------------------------------- back-pressure
+
+    async def _poll_lag(self) -> None:
+        while True:
+            await asyncio.sleep(LAG_POLL_SECONDS)
+            for handle in list(self._streams.values()):
+                self.refresh_lag(handle)
+
+    def refresh_lag(self, handle: StreamHandle) -> None:
+        try:
+            handle.tier_lag = int(self.lag_provider(handle.record))
+        except Exception as exc:
+            log.error("event=lag_provider_failed stream=%s error=%r", handle.name, exc)
+            return
+        handle.update_throttle()

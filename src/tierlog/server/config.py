@@ -1,0 +1,222 @@
+"""The server's configuration: a typed TOML file plus ``TIERLOG_*`` environment overrides.
+
+Every value has a default, so ``tierlog serve`` with no file runs the embedded setup:
+data under ``./tierlog-data``, a filesystem object store and an SQLite MetaStore
+inside it. An environment variable ``TIERLOG_<SECTION>_<KEY>`` (e.g.
+``TIERLOG_SERVER_PORT=5553``) overrides the file; ``TIERLOG_USERS`` takes
+``name:password,name:password``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from tierlog.errors import ConfigError
+from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
+from tierlog.log.config import LogConfig
+
+DEFAULT_STREAM_PORT = 5552
+DEFAULT_ADMIN_PORT = 15552
+DEFAULT_FRAME_MAX = 1_048_576
+DEFAULT_HEARTBEAT_S = 60
+DELIVER_OVERHEAD = 13 + 48
+"""Deliver frame prefix (v2 at most) and chunk header around a chunk's data."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSection:
+    """Listening sockets and protocol limits. Port 0 picks a free port."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_STREAM_PORT
+    admin_host: str = "127.0.0.1"
+    admin_port: int = DEFAULT_ADMIN_PORT
+    advertised_host: str = ""
+    """Host announced in Metadata; empty = the address the client connected to."""
+    advertised_port: int = 0
+    frame_max: int = DEFAULT_FRAME_MAX
+    heartbeat: int = DEFAULT_HEARTBEAT_S
+    initial_credit_cap: int = 0xFFFF
+    use_uvloop: bool = True
+    use_sendfile: bool = True
+    """Send local chunks with loop.sendfile when the event loop supports it (not uvloop)."""
+    ready_file: str = ""
+    """When set, the bound ports are written there as JSON once the server listens."""
+    log_format: str = "kv"
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSection:
+    """Where data lives. Empty URIs default to locations under ``data_dir``."""
+
+    data_dir: str = "./tierlog-data"
+    object_store: str = ""
+    meta_store: str = ""
+
+    def resolved(self) -> StorageSection:
+        """Absolute data dir and concrete store URIs."""
+        data_dir = os.path.abspath(self.data_dir)
+        return StorageSection(
+            data_dir=data_dir,
+            object_store=self.object_store or f"file://{os.path.join(data_dir, 'objects')}",
+            meta_store=self.meta_store or f"sqlite://{os.path.join(data_dir, 'meta.db')}",
+        )
+
+    @property
+    def streams_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.data_dir), "streams")
+
+
+@dataclass(frozen=True, slots=True)
+class LogSection:
+    """Local log limits and group commit (every group is fsynced before it is confirmed).
+
+    ``max_chunk_bytes`` 0 means: as large as fits one Deliver frame of the server's
+    ``frame_max`` (clients negotiate at most that), so a group commit of many Publish
+    frames never produces a chunk a consumer cannot receive.
+    """
+
+    max_chunk_bytes: int = 0
+    group_commit_max_frames: int = 256
+    epoch: int = 1
+
+    def log_config(
+        self, max_segment_bytes: int, max_segment_chunks: int, frame_max: int
+    ) -> LogConfig:
+        """The LogConfig of a stream: fsync is driven by the broker (one per group)."""
+        chunk = self.max_chunk_bytes or frame_max - DELIVER_OVERHEAD
+        return LogConfig(
+            max_segment_bytes=max_segment_bytes,
+            max_segment_chunks=max_segment_chunks,
+            max_chunk_bytes=chunk,
+            max_record_bytes=chunk - SUB_BATCH_HEADER_SIZE,
+            fsync="never",
+            epoch=self.epoch,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSection:
+    """PLAIN users; users in ``loopback_users`` may only connect from loopback."""
+
+    users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})
+    loopback_users: tuple[str, ...] = ("guest",)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    server: ServerSection = field(default_factory=ServerSection)
+    storage: StorageSection = field(default_factory=StorageSection)
+    log: LogSection = field(default_factory=LogSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+
+    def validate(self) -> ServerConfig:
+        s = self.server
+        for name in ("port", "admin_port", "advertised_port"):
+            value = getattr(s, name)
+            if not 0 <= value <= 65535:
+                raise ConfigError(f"server.{name} must be 0..65535, got {value}")
+        if not 1024 <= s.frame_max <= 0xFFFFFFFF:
+            raise ConfigError("server.frame_max must be >= 1024")
+        if s.heartbeat < 0:
+            raise ConfigError("server.heartbeat must be >= 0")
+        if s.log_format not in ("kv", "json"):
+            raise ConfigError("server.log_format must be 'kv' or 'json'")
+        if self.log.group_commit_max_frames < 1:
+            raise ConfigError("log.group_commit_max_frames must be >= 1")
+        self.log.log_config(500_000_000, 256_000, s.frame_max)  # validates chunk limits
+        if not self.auth.users:
+            raise ConfigError("auth.users must name at least one user")
+        return self
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "server": ServerSection,
+    "storage": StorageSection,
+    "log": LogSection,
+    "auth": AuthSection,
+}
+
+
+def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
+    where = f"{section}.{key}"
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{where} must be a boolean, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be an integer, got {value!r}") from None
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ConfigError(f"{where} must be a list of strings, got {value!r}")
+    if isinstance(default, Mapping):
+        if isinstance(value, str):
+            pairs = [p.split(":", 1) for p in value.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise ConfigError(f"{where} must look like 'user:password,user:password'")
+            return {k.strip(): v for k, v in pairs}
+        if isinstance(value, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return dict(value)
+        raise ConfigError(f"{where} must be a table of user = password")
+    raise ConfigError(f"{where}: unsupported type")  # pragma: no cover
+
+
+def _apply(config: ServerConfig, section: str, values: Mapping[str, Any]) -> ServerConfig:
+    current = getattr(config, section)
+    known = {f.name for f in fields(current)}
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {section}.{key}")
+        changes[key] = _coerce(section, key, value, getattr(current, key))
+    return replace(config, **{section: replace(current, **changes)})
+
+
+def load_config(path: str | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Defaults, then the TOML file (if any), then ``TIERLOG_*`` variables; validated."""
+    config = ServerConfig()
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
+        for section, values in data.items():
+            if section not in _SECTIONS or not isinstance(values, dict):
+                raise ConfigError(f"unknown config section [{section}]")
+            config = _apply(config, section, values)
+    env = os.environ if environ is None else environ
+    for name, value in env.items():
+        if not name.startswith("TIERLOG_"):
+            continue
+        rest = name[len("TIERLOG_") :].lower()
+        if rest == "users":
+            config = _apply(config, "auth", {"users": value})
+            continue
+        section, _, key = rest.partition("_")
+        if section in _SECTIONS and key:
+            config = _apply(config, section, {key: value})
+    return config.validate()

@@ -1,0 +1,148 @@
+"""One consumer subscription: a cursor, credit, and the task that delivers chunks.
+
+Credit is counted in chunks, as in RabbitMQ: each Deliver uses one credit; Credit
+frames add more. The task reads the next chunk from its ``ChunkCursor`` while it has
+credit, waits on the stream's commit notifier when caught up, and waits for the
+socket to drain when the client reads slowly (no unbounded buffering).
+
+Overtaken by retention: by default the client gets a MetadataUpdate for the stream
+and the subscription ends (the protocol has no better frame); with the subscription
+property ``x-tierlog-overtaken=skip`` it silently continues from the first available
+offset, as RabbitMQ does. Both are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.server.chunk_source import (
+    ChunkCursor,
+    ChunkSource,
+    DeliverableChunk,
+    OvertakenError,
+    SourceClosedError,
+)
+from tierlog.server.metrics import ServerMetrics
+
+log = logging.getLogger("tierlog.server.subscriptions")
+
+OVERTAKEN_PROPERTY = "x-tierlog-overtaken"
+OVERTAKEN_ACTIONS = ("notify", "skip")
+MAX_CREDIT = 0xFFFF * 16
+
+
+class DeliverySink(Protocol):
+    """The connection side of a subscription."""
+
+    async def deliver(self, subscription_id: int, chunk: DeliverableChunk) -> None: ...
+
+    def subscription_overtaken(self, subscription: Subscription) -> None: ...
+
+    def subscription_failed(self, subscription: Subscription, reason: str) -> None: ...
+
+
+class Subscription:
+    """A running subscription; ``start()`` launches its delivery task."""
+
+    def __init__(
+        self,
+        subscription_id: int,
+        stream_name: str,
+        source: ChunkSource,
+        spec: OffsetSpec,
+        credit: int,
+        sink: DeliverySink,
+        metrics: ServerMetrics,
+        *,
+        overtaken: str = "notify",
+        want_file: bool = False,
+    ) -> None:
+        self.id = subscription_id
+        self.stream_name = stream_name
+        self.source = source
+        self.spec = spec
+        self.credit = credit
+        self.overtaken_action = overtaken
+        self._sink = sink
+        self._metrics = metrics
+        self._want_file = want_file
+        self._credit_event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.cursor: ChunkCursor = source.attach(spec, want_file=want_file)
+        self.delivered_chunks = 0
+
+    def start(self) -> None:
+        self._metrics.subscriptions.inc()
+        self._task = asyncio.create_task(self._run(), name=f"subscription-{self.id}")
+
+    def add_credit(self, credit: int) -> None:
+        self.credit = min(self.credit + credit, MAX_CREDIT)
+        self._credit_event.set()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._metrics.subscriptions.dec()
+        self.cursor.close()
+
+    def stop_nowait(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            self._metrics.subscriptions.dec()
+        self.cursor.close()
+
+    async def _run(self) -> None:
+        metrics = self._metrics
+        try:
+            while True:
+                while self.credit <= 0:
+                    self._credit_event.clear()
+                    await self._credit_event.wait()
+                try:
+                    chunk = await self.cursor.read()
+                except OvertakenError as exc:
+                    if not self._handle_overtaken(exc):
+                        return
+                    continue
+                if chunk is None:
+                    await self.cursor.wait()
+                    continue
+                self.credit -= 1
+                await self._sink.deliver(self.id, chunk)
+                self.delivered_chunks += 1
+                metrics.delivered_chunks.inc()
+                metrics.delivered_messages.inc(chunk.num_records)
+                metrics.delivered_bytes.inc(chunk.wire_size)
+        except SourceClosedError:
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("event=subscription_failed subscription=%d", self.id)
+            self._sink.subscription_failed(self, repr(exc))
+
+    def _handle_overtaken(self, exc: OvertakenError) -> bool:
+        """True to continue (skip), False when the subscription ends."""
+        self._metrics.overtaken.inc(action=self.overtaken_action)
+        log.warning(
+            "event=consumer_overtaken stream=%s subscription=%d position=%d first=%d action=%s",
+            self.stream_name,
+            self.id,
+            exc.position,
+            exc.first_offset,
+            self.overtaken_action,
+        )
+        if self.overtaken_action == "skip":
+            self.cursor.close()
+            self.cursor = self.source.attach(OffsetSpec.first(), want_file=self._want_file)
+            return True
+        self._sink.subscription_overtaken(self)
+        return False
