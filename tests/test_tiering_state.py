@@ -42,14 +42,16 @@ from tierlog.tiering.state import (
 )
 
 
-def make_chunk(chunk_id: int, records: int, size: int, segment: int, ts: int) -> ChunkRef:
+def make_chunk(
+    chunk_id: int, records: int, size: int, segment: int, ts: int, position: int = 0
+) -> ChunkRef:
     return ChunkRef(
         chunk_id=chunk_id,
         next_offset=chunk_id + records,
         timestamp=ts,
         epoch=1,
         segment=segment,
-        position=0,
+        position=position,
         size=size,
         data_crc=chunk_id,
         chunk_type=0,
@@ -65,9 +67,13 @@ class TieringMachine(RuleBasedStateMachine):
         fragment_bytes=st.integers(40, 400),
         max_uploads=st.integers(1, 4),
         debounce_count=st.integers(1, 5),
+        segment_bytes=st.none() | st.integers(100, 2000),
     )
-    def setup(self, fragment_bytes: int, max_uploads: int, debounce_count: int) -> None:
+    def setup(
+        self, fragment_bytes: int, max_uploads: int, debounce_count: int, segment_bytes: int | None
+    ) -> None:
         self.config = TieringConfig(
+            segment_bytes=segment_bytes,
             fragment_bytes=fragment_bytes,
             max_fragment_age=5.0,
             max_uploads=max_uploads,
@@ -125,7 +131,9 @@ class TieringMachine(RuleBasedStateMachine):
                 self.segment = self.log[-1].next_offset
                 roll = False
             start = self.log[-1].next_offset if self.log else 0
-            chunk = make_chunk(start, records, size, self.segment, int(self.now * 1000))
+            prev = self.log[-1] if self.log and self.log[-1].segment == self.segment else None
+            position = prev.position + prev.size if prev else 8
+            chunk = make_chunk(start, records, size, self.segment, int(self.now * 1000), position)
             self.log.append(chunk)
             new.append(chunk)
         self.feed(ChunksCommitted(tuple(new)))
@@ -389,3 +397,31 @@ def test_rate_limiter_spaces_reservations_at_the_rate() -> None:
     assert sum(slept) == pytest.approx(1.0)  # 2000 bytes at 1000 B/s: 2 s, first free
     with pytest.raises(ValueError):
         RateLimiter(0)
+
+
+def test_segment_tail_goes_into_the_last_fragment_instead_of_a_runt() -> None:
+    cfg = TieringConfig(fragment_bytes=100, segment_bytes=450, max_uploads=10)
+    state = TieringState(cfg, committed_next=0)
+    # 10-byte chunks from file position 8; the segment rolls after the chunk crossing 450.
+    chunks = [make_chunk(i, 1, 10, 0, 0, 8 + 10 * i) for i in range(45)]
+    effects = state.handle(ChunksCommitted(tuple(chunks)), 0)
+    sizes = [e.plan.data_size for e in effects if isinstance(e, StartUpload)]
+    # Full-size fragments until a full one would leave less than half a fragment; that
+    # last one takes the segment's remainder (up to 1.5x) instead of leaving a runt.
+    assert sizes == [100, 100, 100, 150]
+    effects = state.handle(ChunksCommitted((make_chunk(45, 1, 10, 45, 0, 8),)), 0)
+    assert not [e for e in effects if isinstance(e, StartUpload)]  # new segment: waits
+
+
+def test_debounce_waits_for_uploads_that_would_complete_the_count() -> None:
+    cfg = TieringConfig(fragment_bytes=10, max_uploads=5, debounce_count=3, debounce_seconds=2)
+    state = TieringState(cfg, committed_next=0)
+    effects = state.handle(ChunksCommitted(tuple(make_chunk(i, 1, 10, 0, 0) for i in range(3))), 0)
+    p0, p1, p2 = (e.plan for e in effects if isinstance(e, StartUpload))
+    state.handle(UploadSucceeded(p0.plan_id, p0.entry()), 0.0)
+    assert state.next_deadline() == pytest.approx(4.0)  # two uploads still in flight
+    assert state.handle(Tick(), 3.0) == []
+    (commit,) = state.handle(UploadSucceeded(p1.plan_id, p1.entry()), 3.1) or [None]
+    assert commit is None
+    (commit,) = state.handle(UploadSucceeded(p2.plan_id, p2.entry()), 3.2)
+    assert isinstance(commit, StartCommit) and len(commit.entries) == 3

@@ -108,6 +108,9 @@ class TieringConfig:
     debounce_seconds: float = 2.0
     retry_base: float = 0.5
     retry_max: float = 30.0
+    # The local log's segment size: lets the cutter give a segment's last fragment the
+    # segment's small remainder instead of cutting a runt fragment (fewer PUTs).
+    segment_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # Users are held to 1 MiB .. 1 GiB by the stream settings; the machine itself
@@ -346,6 +349,7 @@ class TieringState:
         cfg = self.config
         while self._pending:
             first, first_seen = self._pending[0]
+            limit = self._size_limit(first)
             take = 0
             size = 0
             full = False
@@ -353,12 +357,12 @@ class TieringState:
                 if chunk.segment != first.segment:
                     full = True  # a segment roll ends the fragment
                     break
-                if take and size + chunk.size > cfg.fragment_bytes:
+                if take and size + chunk.size > limit:
                     full = True
                     break
                 take += 1
                 size += chunk.size
-            if size >= cfg.fragment_bytes:
+            if size >= limit:
                 full = True
             aged = now - first_seen >= cfg.max_fragment_age
             if not (full or aged or self._flush):
@@ -366,6 +370,16 @@ class TieringState:
             chunks = tuple(self._pending.popleft()[0] for _ in range(take))
             self._plans.append(_PlanState(plan=self._new_plan(chunks)))
             self._cut_next = chunks[-1].next_offset
+
+    def _size_limit(self, first: ChunkRef) -> int:
+        """Target size of a fragment starting at ``first``: the configured size, or up to
+        1.5x for a segment's last fragment when the segment's remainder after a
+        full-size fragment would be under half a fragment (no runt fragments)."""
+        target = self.config.fragment_bytes
+        segment_bytes = self.config.segment_bytes
+        if segment_bytes is not None and first.position + target + target // 2 >= segment_bytes:
+            return target + target // 2
+        return target
 
     def _new_plan(self, chunks: tuple[ChunkRef, ...]) -> FragmentPlan:
         segment = chunks[0].segment
@@ -467,9 +481,19 @@ class TieringState:
         return run
 
     def _debounce_deadline(self, run: list[_PlanState]) -> float:
-        if len(run) >= self.config.debounce_count or self._flush:
+        """Commit at ``debounce_count`` fragments or ``debounce_seconds`` after the oldest
+        uploaded one; when uploads still in flight would complete the count, wait for them
+        up to twice the time (uploads that finish together otherwise commit in short runs)."""
+        cfg = self.config
+        if len(run) >= cfg.debounce_count or self._flush:
             return 0.0
-        return min(p.uploaded_at for p in run) + self.config.debounce_seconds
+        wait = cfg.debounce_seconds
+        following = self._plans[len(run) : len(run) + cfg.debounce_count - len(run)]
+        if len(following) == cfg.debounce_count - len(run) and all(
+            p.status is PlanStatus.UPLOADING for p in following
+        ):
+            wait *= 2
+        return min(p.uploaded_at for p in run) + wait
 
     def _maybe_commit(self, now: float, effects: list[Effect]) -> None:
         if self._commit is not None or now < self._commit_retry_at:

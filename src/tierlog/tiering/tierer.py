@@ -19,10 +19,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
-from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, encode_fragment
+from tierlog.formats.fragment import (
+    HEADER_SIZE,
+    ChunkInfo,
+    FragmentPlacement,
+    encode_fragment,
+    fragment_size,
+)
 from tierlog.log.commit import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
@@ -119,7 +125,10 @@ class StreamTierer:
         self.catalog = catalog
         self.deletions = deletions
         self.epoch = epoch
-        self.config = config or TieringConfig()
+        config = config or TieringConfig()
+        if config.segment_bytes is None:
+            config = replace(config, segment_bytes=stream_log.config.max_segment_bytes)
+        self.config = config
         self.clock = clock
         self.committer = ManifestCommitter(self.remote, catalog, deletions, epoch, m=m)
         self.state: TieringState | None = None
@@ -505,9 +514,8 @@ class StreamTierer:
     # -- effects (run on the pool) ----------------------------------------------------------
     def _upload(self, plan: FragmentPlan) -> None:
         try:
-            parts, entry = self._build_fragment(plan)
+            body, entry = self._build_fragment(plan)
             key = self.remote.fragment_key(plan.first_offset)
-            body = b"".join(parts)
             if self._limiter is not None:
                 self._limiter.acquire(len(body))
             try:
@@ -521,12 +529,23 @@ class StreamTierer:
         except (StorageError, OSError) as exc:
             self._post(UploadFailed(plan.plan_id, str(exc)))
 
-    def _build_fragment(
-        self, plan: FragmentPlan
-    ) -> tuple[list[bytes | bytearray | memoryview], FragmentEntry]:
+    def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
+        """The whole fragment object in one buffer: the chunk bytes are read straight
+        into place (one pread, no join copy), then header, index and trailer around."""
         first = plan.chunks[0]
         span = plan.chunks[-1].position + plan.chunks[-1].size - first.position
-        raw = memoryview(self.log.read_chunk_bytes(plan.segment, first.position, span))
+        body = bytearray(fragment_size(span, len(plan.chunks)))
+        raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
+        path = next(
+            s.segment_path for s in self.log.list_segments() if s.first_offset == plan.segment
+        )
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [raw], first.position)
+        finally:
+            os.close(fd)
+        if got != span:
+            raise OSError(f"segment {plan.segment}: short read of {got} of {span} bytes")
         buffers: list[bytes | bytearray | memoryview] = []
         infos: list[ChunkInfo] = []
         for c in plan.chunks:
@@ -552,7 +571,12 @@ class StreamTierer:
             seq_no=plan.seq, segment_first_offset=plan.segment, segment_position=first.position
         )
         parts, _trailer = encode_fragment(placement, buffers, infos)
-        return parts, plan.entry()
+        head, index, trailer = parts[0], parts[-2], parts[-1]
+        body[:HEADER_SIZE] = head
+        at = HEADER_SIZE + span
+        body[at : at + len(index)] = index
+        body[at + len(index) :] = trailer
+        return body, plan.entry()
 
     def _adopt_existing(self, plan: FragmentPlan) -> FragmentEntry:
         """The key exists (an earlier attempt, or a crashed writer's upload)."""
