@@ -24,7 +24,9 @@ from tierlog.server.broker import Broker, LagProvider, RemoteStatusProvider, no_
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.metrics import ServerMetrics
+from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore, open_meta_store
+from tierlog.storage.object_store import ObjectStore, open_object_store
 from tierlog.tiering.catalog import Catalog
 
 log = logging.getLogger("tierlog.server")
@@ -83,6 +85,8 @@ class Server:
         self.storage = config.storage.resolved()
         self.metrics = ServerMetrics()
         self.meta: MetaStore | None = None
+        self.object_store: ObjectStore | None = None
+        self.tiering: TieringService | None = None
         self.broker: Broker | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
@@ -96,12 +100,25 @@ class Server:
         os.makedirs(self.storage.data_dir, exist_ok=True)
         self.meta = open_meta_store(self.storage.meta_store)
         catalog = Catalog(self.meta)
+        lag_provider, remote_status = self._lag_provider, self._remote_status
+        if self.config.tier.enabled:
+            loop = asyncio.get_running_loop()
+            self.object_store = await loop.run_in_executor(
+                None, open_object_store, self.storage.object_store
+            )
+            self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)
+            await self.tiering.start()
+            if lag_provider is no_lag:
+                lag_provider = self.tiering.lag
+            if remote_status is None:
+                remote_status = self.tiering
         self.broker = Broker(
             self.config,
             catalog,
             self.metrics,
-            lag_provider=self._lag_provider,
-            remote_status=self._remote_status,
+            lag_provider=lag_provider,
+            remote_status=remote_status,
+            lifecycle=self.tiering,
         )
         await self.broker.start()
         loop = asyncio.get_running_loop()
@@ -154,6 +171,10 @@ class Server:
             await self._runner.cleanup()
         if self.broker is not None:
             await self.broker.close()
+        if self.tiering is not None:
+            await self.tiering.close()
+        if self.object_store is not None:
+            self.object_store.close()
         if self.meta is not None:
             self.meta.close()
         log.info("event=stopped")

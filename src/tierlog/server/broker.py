@@ -77,6 +77,14 @@ class StreamUnavailableError(TierlogError):
     """The stream is closed or being deleted."""
 
 
+class StreamLifecycle(Protocol):
+    """Told when a stream is opened and before it is closed (tiering hooks in here)."""
+
+    async def opened(self, handle: StreamHandle) -> None: ...
+
+    async def closing(self, handle: StreamHandle, *, flush: bool) -> None: ...
+
+
 class StreamListener(Protocol):
     """A connection that uses a stream and must hear when it goes away."""
 
@@ -398,8 +406,10 @@ class Broker:
         *,
         lag_provider: LagProvider = no_lag,
         remote_status: RemoteStatusProvider | None = None,
+        lifecycle: StreamLifecycle | None = None,
     ) -> None:
         self.config = config
+        self.lifecycle = lifecycle
         self.catalog = catalog
         self.metrics = metrics
         self.lag_provider = lag_provider
@@ -428,6 +438,9 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lag_task
         for handle in list(self._streams.values()):
+            if self.lifecycle is not None:
+                await handle.flush()  # queued publishes first, then the final tiering
+                await self.lifecycle.closing(handle, flush=True)
             await handle.close(notify=False)
         self._streams.clear()
 
@@ -454,6 +467,8 @@ class Broker:
             raise
         handle = StreamHandle(record, stream_log, self, executor)
         self._streams[(record.vhost, record.name)] = handle
+        if self.lifecycle is not None:
+            await self.lifecycle.opened(handle)
         log.info(
             "event=stream_opened stream=%s incarnation=%s next_offset=%d",
             record.name,
@@ -492,6 +507,8 @@ class Broker:
             record = self.catalog.require(vhost, name)
             handle = self._streams.pop((vhost, name), None)
             if handle is not None:
+                if self.lifecycle is not None:
+                    await self.lifecycle.closing(handle, flush=False)
                 await handle.close(notify=True)
             self.catalog.delete(vhost, name)
             path = os.path.join(self.streams_dir, record.incarnation)

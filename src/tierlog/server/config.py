@@ -109,11 +109,28 @@ class AuthSection:
 
 
 @dataclass(frozen=True, slots=True)
+class TierSection:
+    """Tiering of every stream to the object store (per-stream knobs live in the
+    stream's settings: fragment size, debounce, retention, local limits)."""
+
+    enabled: bool = True
+    prefix: str = ""  # key prefix inside the object store
+    epoch: int = 1  # this node's writer epoch (until leases exist)
+    max_uploads: int = 4
+    upload_bytes_per_second: int = 0  # 0: unlimited
+    delete_grace_seconds: float = 600.0
+    retention_interval_seconds: float = 10.0
+    local_retention_interval_seconds: float = 5.0
+    min_free_disk_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     storage: StorageSection = field(default_factory=StorageSection)
     log: LogSection = field(default_factory=LogSection)
     auth: AuthSection = field(default_factory=AuthSection)
+    tier: TierSection = field(default_factory=TierSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -132,6 +149,16 @@ class ServerConfig:
         self.log.log_config(500_000_000, 256_000, s.frame_max)  # validates chunk limits
         if not self.auth.users:
             raise ConfigError("auth.users must name at least one user")
+        t = self.tier
+        if t.epoch < 1 or t.max_uploads < 1 or t.upload_bytes_per_second < 0:
+            raise ConfigError("tier.epoch and tier.max_uploads must be >= 1, rates >= 0")
+        for name in (
+            "delete_grace_seconds",
+            "retention_interval_seconds",
+            "local_retention_interval_seconds",
+        ):
+            if getattr(t, name) < 0:
+                raise ConfigError(f"tier.{name} must be >= 0")
         return self
 
 
@@ -140,6 +167,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "storage": StorageSection,
     "log": LogSection,
     "auth": AuthSection,
+    "tier": TierSection,
 }
 
 
@@ -151,6 +179,13 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false"):
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{where} must be a boolean, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
     if isinstance(default, int):
         if isinstance(value, bool):
             raise ConfigError(f"{where} must be an integer, got {value!r}")

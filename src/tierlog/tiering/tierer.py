@@ -450,6 +450,10 @@ class StreamTierer:
         self.retention = policy
         self._next_retention = 0.0
 
+    def set_retention_if_changed(self, policy: RetentionPolicy) -> None:
+        if policy != self.retention:
+            self.set_retention(policy)
+
     def _maybe_retention(self) -> None:
         now = self.clock()
         if now < self._next_retention or self._stopping:

@@ -1,0 +1,152 @@
+"""The server tiers what it stores: data reaches the object store, local segments are
+freed once durable, status and metrics show it, a clean stop makes the final commit,
+and deleting a stream removes its remote objects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+
+from tests.test_server_inprocess import AsyncRawClient
+from tierlog.formats.protocol import commands as c
+from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
+from tierlog.server.app import Server
+from tierlog.server.config import ServerConfig, ServerSection, StorageSection, TierSection
+from tierlog.storage.fs_object_store import FsObjectStore
+
+
+def config(tmp_path: Path) -> ServerConfig:
+    return replace(
+        ServerConfig(),
+        server=replace(ServerSection(), port=0, admin_port=0, heartbeat=0),
+        storage=StorageSection(data_dir=str(tmp_path / "data")),
+        tier=replace(
+            TierSection(),
+            delete_grace_seconds=0.0,
+            retention_interval_seconds=0.1,
+            local_retention_interval_seconds=0.1,
+        ),
+    )
+
+
+STREAM_ARGS = {
+    "x-tierlog-fragment-bytes": str(1 << 20),
+    "x-tierlog-max-fragment-age": "1s",
+    "x-tierlog-debounce-seconds": "0.05",
+    "stream-max-segment-size-bytes": "65536",
+    "x-tierlog-local-max-bytes": "1",
+}
+
+
+async def publish(client: AsyncRawClient, name: str, frames: int) -> None:
+    await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", name))
+    for k in range(frames):
+        client.send(
+            encode_publish(1, [(k * 20 + i + 1, bytes([k % 256]) * 1000) for i in range(20)])
+        )
+        await client.expect(PublishConfirm)
+
+
+async def status(server: Server, name: str) -> dict:
+    async with aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{server.admin_port}/api/streams/{name}"
+        async with http.get(url) as response:
+            assert response.status == 200
+            return await response.json()
+
+
+async def wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_server_tiers_frees_local_and_restarts(tmp_path: Path) -> None:
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        response = await client.request(c.CreateRequest(client.next_corr(), "orders", STREAM_ARGS))
+        assert response.response_code == ResponseCode.OK
+        await publish(client, "orders", 30)  # ~600 KB: several 64 KiB segments
+
+        async def tiered() -> bool:
+            s = await status(server, "orders")
+            return s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+
+        await wait_for(tiered)
+
+        async def freed() -> bool:
+            s = await status(server, "orders")
+            return s["local"]["segments"] == 1 and s["local"]["first_offset"] > 0
+
+        await wait_for(freed)  # local retention freed everything durable
+        s = await status(server, "orders")
+        assert s["remote"]["tiering"] == "running"
+        assert s["remote"]["fragments"] >= 1 and s["remote"]["bytes"] > 500_000
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{server.admin_port}/metrics"
+            async with http.get(url) as response:
+                metrics = await response.text()
+        assert 'tierlog_object_store_requests_total{op="put_if_absent",outcome="ok"}' in metrics
+        assert "tierlog_manifest_commits_total" in metrics
+        client.close()
+        next_offset = s["local"]["next_offset"]
+    finally:
+        await server.stop()
+
+    # Restart: the manifest resumes where it was; a last publish is tiered on stop.
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        s = await status(server, "orders")
+        assert s["remote"]["tiered_offset"] == next_offset
+        client = await AsyncRawClient.connect(server.stream_port)
+        await publish(client, "orders", 1)
+        client.close()
+    finally:
+        await server.stop()  # clean shutdown: flush + final manifest commit
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        s = await status(server, "orders")
+        assert s["remote"]["tiered_offset"] == s["local"]["next_offset"] > next_offset
+    finally:
+        await server.stop()
+
+
+async def test_deleting_a_stream_removes_its_remote_objects(tmp_path: Path) -> None:
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        await client.request(c.CreateRequest(client.next_corr(), "gone", STREAM_ARGS))
+        await publish(client, "gone", 5)
+        s0 = await status(server, "gone")
+        incarnation = s0["incarnation"]
+        store = FsObjectStore(tmp_path / "data" / "objects")
+
+        async def tiered() -> bool:
+            s = await status(server, "gone")
+            return s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+
+        await wait_for(tiered)
+        assert list(store.list(f"stream/{incarnation}/"))
+        response = await client.request(c.DeleteRequest(client.next_corr(), "gone"))
+        assert response.response_code == ResponseCode.OK
+
+        async def cleaned() -> bool:
+            return not list(store.list(f"stream/{incarnation}/"))
+
+        await wait_for(cleaned)
+        client.close()
+    finally:
+        await server.stop()
