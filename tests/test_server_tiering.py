@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
+import pytest
 
+from tests.plugins.seaweed import SeaweedServer
 from tests.test_server_inprocess import AsyncRawClient
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
@@ -18,6 +21,7 @@ from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
 from tierlog.server.app import Server
 from tierlog.server.config import ServerConfig, ServerSection, StorageSection, TierSection
 from tierlog.storage.fs_object_store import FsObjectStore
+from tierlog.storage.object_store import open_object_store
 
 
 def config(tmp_path: Path) -> ServerConfig:
@@ -150,3 +154,45 @@ async def test_deleting_a_stream_removes_its_remote_objects(tmp_path: Path) -> N
         client.close()
     finally:
         await server.stop()
+
+
+@pytest.mark.s3
+@pytest.mark.etcd
+async def test_server_on_s3_and_etcd_by_config(
+    tmp_path: Path, seaweed: SeaweedServer, etcd_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
+    prefix = f"srv-{uuid.uuid4().hex}"
+    base = config(tmp_path)
+    cfg = replace(
+        base,
+        storage=replace(
+            base.storage,
+            object_store=f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}"
+            f"&region={seaweed.region}",
+            meta_store=f"etcd://{etcd_server}/{prefix}",
+        ),
+    )
+    server = Server(cfg)
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        await client.request(c.CreateRequest(client.next_corr(), "s3orders", STREAM_ARGS))
+        await publish(client, "s3orders", 10)
+
+        async def tiered() -> bool:
+            s = await status(server, "s3orders")
+            return s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+
+        await wait_for(tiered)
+        s = await status(server, "s3orders")
+        client.close()
+    finally:
+        await server.stop()
+    store = open_object_store(cfg.storage.object_store)
+    try:
+        keys = [m.key for m in store.list(f"stream/{s['incarnation']}/data/")]
+        assert keys and all(k.endswith(".fragment") for k in keys)
+    finally:
+        store.close()
