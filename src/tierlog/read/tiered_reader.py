@@ -1,0 +1,608 @@
+"""The cross-tier reader: one stream, any offset spec, chunks from whichever tier holds them.
+
+A ``TieredReader`` keeps one position (the next chunk id) and one cursor at a time: a
+``LogReader`` on the local segment files, or a remote cursor walking fragments of the
+committed manifest (binary search of the cached root, branch loads as needed, the fragment
+index with one ranged GET, then the chunk bytes through an adaptive ``RangeStream``). Before
+each chunk it checks that the position is still available (retention raises
+``OffsetOvertakenError``, never skips) and that the cursor is still the right one for the
+stream's ``ReadStrategy``; otherwise it re-decides with ``choose_tier``. So reading continues
+across fragment boundaries, from the remote tier into the local one, and from a local
+segment that local retention freed into the remote tier. Chunk bytes are the bytes the
+local log wrote; remote chunks are CRC-checked before they are served.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+
+from tierlog.errors import ConfigError
+from tierlog.formats.chunk import ChunkHeader, ChunkType, check_crc, decode_header
+from tierlog.formats.errors import FormatError
+from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
+from tierlog.formats.fragment import FragmentIndex
+from tierlog.log.errors import CorruptChunkError
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import ChunkRead, LogReader, LogSource
+from tierlog.log.segment_files import IndexView
+from tierlog.read.errors import (
+    FragmentExpiredError,
+    NotHeldLocallyError,
+    OffsetOvertakenError,
+    OffsetUnavailableError,
+    ReadError,
+    RemoteDataCorruptError,
+)
+from tierlog.read.manifest_source import ManifestSource
+from tierlog.read.prefetch import Prefetcher, RangeStream, Span
+from tierlog.read.strategies import (
+    ReadStrategy,
+    TierView,
+    choose_tier,
+    default_hot_bytes,
+    hot_tail_start,
+)
+from tierlog.tiering.manifest_tree import (
+    FragmentLocation,
+    ManifestTree,
+    OffsetBeyondEndError,
+    OffsetTrimmedError,
+)
+
+_U32 = struct.Struct(">I")
+Tier = Literal["local", "remote"]
+
+_default_prefetcher: Prefetcher | None = None
+_default_lock = threading.Lock()
+
+
+def default_prefetcher() -> Prefetcher:
+    """The process-wide prefetcher (default settings), made on first use."""
+    global _default_prefetcher
+    with _default_lock:
+        if _default_prefetcher is None:
+            _default_prefetcher = Prefetcher()
+        return _default_prefetcher
+
+
+class TieredChunk(ChunkRead):
+    """A chunk and the tier it came from.
+
+    Local chunks: ``segment_path`` / ``position`` / ``size`` locate it for ``os.sendfile``.
+    Remote chunks: ``segment_path`` is the fragment's object key and ``position`` the
+    chunk's byte position in the fragment; ``raw`` always holds the whole chunk.
+    """
+
+    __slots__ = ("tier",)
+
+    def __init__(
+        self,
+        header: ChunkHeader,
+        segment_path: str,
+        position: int,
+        raw: memoryview,
+        skip_below: int,
+        tier: Tier,
+    ) -> None:
+        super().__init__(header, segment_path, position, raw, skip_below)
+        self.tier: Tier = tier
+
+
+class _RemoteCursor:
+    """Chunks of consecutive fragments of one manifest snapshot, from ``chunk_id`` up to
+    (not including) ``until``."""
+
+    def __init__(
+        self,
+        manifest: ManifestSource,
+        prefetcher: Prefetcher,
+        tree: ManifestTree,
+        chunk_id: int,
+        until: int,
+        verify_crc: bool,
+    ) -> None:
+        self._manifest = manifest
+        self._tree = tree
+        self._until = until
+        self._verify = verify_crc
+        self._enter(manifest.locate_offset(tree, chunk_id))
+        i = bisect.bisect_right(self._ids, chunk_id) - 1
+        if i < 0 or self._ids[i] != chunk_id:
+            raise RemoteDataCorruptError(f"{self.key}: no chunk starts at {chunk_id}")
+        self._i = i
+        first = self._loc
+        self._stream: RangeStream = prefetcher.open(
+            manifest.store, self._spans(first, self._positions[i])
+        )
+
+    def _enter(self, loc: FragmentLocation) -> None:
+        index: FragmentIndex = self._manifest.fragment_index(loc)
+        records = index.records
+        self._loc = loc
+        self.key = loc.key
+        self._ids: list[int] = records["chunk_id"].astype(np.int64).tolist()
+        self._sizes: list[int] = records["size"].astype(np.int64).tolist()
+        self._positions: list[int] = records["position"].astype(np.int64).tolist()
+        self._i = 0
+
+    def _spans(self, first: FragmentLocation, position: int) -> Iterator[Span]:
+        yield first.key, position, FRAGMENT_HEADER_SIZE + first.entry.data_size
+        loc = first
+        while loc.next_offset < self._until:
+            loc = self._manifest.locate_offset(self._tree, loc.next_offset)
+            yield loc.key, FRAGMENT_HEADER_SIZE, FRAGMENT_HEADER_SIZE + loc.entry.data_size
+
+    @property
+    def stream(self) -> RangeStream:
+        return self._stream
+
+    def next_chunk(self) -> tuple[ChunkHeader, memoryview, str, int] | None:
+        """The next chunk, or None at ``until`` / the end of the snapshot."""
+        if self._i >= len(self._ids):
+            nxt = self._loc.next_offset
+            if nxt >= self._until or nxt >= self._tree.next_offset:
+                return None
+            self._enter(self._manifest.locate_offset(self._tree, nxt))
+        i = self._i
+        chunk_id = self._ids[i]
+        if chunk_id >= self._until:
+            return None
+        size = self._sizes[i]
+        raw = self._stream.read(size)
+        try:
+            header = decode_header(raw)
+            if header.chunk_id != chunk_id or header.total_size != size:
+                raise RemoteDataCorruptError(
+                    f"{self.key}: chunk at {self._positions[i]} is {header.chunk_id} "
+                    f"({header.total_size} bytes), the index says {chunk_id} ({size} bytes)"
+                )
+            if self._verify:
+                start = header.data_start
+                check_crc(header, raw[start : start + header.data_length])
+        except FormatError as exc:
+            raise RemoteDataCorruptError(f"{self.key}: chunk {chunk_id}: {exc}") from exc
+        self._i = i + 1
+        return header, raw, self.key, self._positions[i]
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class TieredReader:
+    """Iterates a stream's committed chunks across the local and the remote tier.
+
+    ``local`` is the local log (None on a node that reads the remote tier only);
+    ``manifest`` the committed manifest (None: local only, like ``DISABLE``). Offsets
+    below the stream's first available offset raise ``OffsetOvertakenError``.
+    """
+
+    def __init__(
+        self,
+        local: LogSource | None,
+        manifest: ManifestSource | None,
+        spec: OffsetSpec | None = None,
+        *,
+        strategy: ReadStrategy = ReadStrategy.NOT_IN_DISK,
+        prefetcher: Prefetcher | None = None,
+        verify_crc: bool = True,
+        user_only: bool = True,
+        hot_bytes: int | None = None,
+    ) -> None:
+        if local is None and manifest is None:
+            raise ConfigError("a tiered reader needs a local log, a manifest or both")
+        if manifest is None and strategy is not ReadStrategy.DISABLE:
+            strategy = ReadStrategy.DISABLE
+        self._local = local
+        self._manifest = manifest
+        self._strategy = strategy
+        self._prefetcher = prefetcher
+        self._verify = verify_crc
+        self._user_only = user_only
+        self._hot_bytes = hot_bytes if hot_bytes is not None else default_hot_bytes()
+        self._local_cursor: LogReader | None = None
+        self._remote_cursor: _RemoteCursor | None = None
+        self._closed = False
+        self.local_chunks = 0  # chunks read from each tier (tracking chunks included)
+        self.remote_chunks = 0
+        self._next, self._skip_below = self._resolve(spec or OffsetSpec.next())
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def next_offset(self) -> int:
+        """The chunk id the reader expects next."""
+        return self._next
+
+    @property
+    def strategy(self) -> ReadStrategy:
+        return self._strategy
+
+    @property
+    def tier(self) -> Tier | None:
+        """The tier of the current cursor (None between cursors)."""
+        if self._local_cursor is not None:
+            return "local"
+        return "remote" if self._remote_cursor is not None else None
+
+    @property
+    def range_stream(self) -> RangeStream | None:
+        """The current remote cursor's range stream (for statistics)."""
+        return self._remote_cursor.stream if self._remote_cursor is not None else None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._drop_cursors()
+            self._closed = True
+
+    def __enter__(self) -> TieredReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read_chunk(self) -> TieredChunk | None:
+        """The next committed chunk (user chunks only by default), or None when caught up."""
+        if self._closed:
+            raise ReadError("reader is closed")
+        while True:
+            got = self._next_any()
+            if got is None:
+                return None
+            header, raw, path, position, tier = got
+            if header.chunk_id < self._next:
+                raise OffsetUnavailableError(
+                    f"{path}: chunk {header.chunk_id} but the reader is at {self._next}"
+                )
+            self._next = header.next_offset
+            if tier == "local":
+                self.local_chunks += 1
+            else:
+                self.remote_chunks += 1
+            if self._user_only and header.chunk_type != ChunkType.USER:
+                continue
+            return TieredChunk(header, path, position, raw, self._skip_below, tier)
+
+    def chunks(self) -> Iterator[TieredChunk]:
+        """Committed chunks until caught up (does not wait)."""
+        while (chunk := self.read_chunk()) is not None:
+            yield chunk
+
+    def records(self) -> Iterator[tuple[int, memoryview]]:
+        """(offset, record bytes) of committed user records until caught up (does not wait)."""
+        unpack = _U32.unpack_from
+        while (chunk := self.read_chunk()) is not None:
+            header = chunk.header
+            raw = chunk.raw
+            assert raw is not None
+            pos = header.data_start
+            end = pos + header.data_length
+            offset = header.chunk_id
+            if offset < self._skip_below or header.num_entries != header.num_records:
+                yield from _records(chunk)
+                continue
+            while pos < end:
+                (length,) = unpack(raw, pos)
+                if length >= 0x80000000:  # a sub-batch after all: the general path
+                    rest = ChunkRead(header, chunk.segment_path, chunk.position, raw, 0)
+                    yield from _records(rest, pos, offset)
+                    offset = header.next_offset
+                    break
+                pos += 4
+                stop = pos + length
+                if stop > end:
+                    raise _corrupt(chunk, "bad entry length")
+                yield offset, raw[pos:stop]
+                offset += 1
+                pos = stop
+            if offset != header.next_offset:
+                raise _corrupt(chunk, "bad record count")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until a chunk at or after the reader's position is committed."""
+        if self._local is not None:
+            commit = self._local.wait_for_commit(self._next, timeout)
+            return commit.chunk_id >= self._next
+        assert self._manifest is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._manifest.refresh().next_offset <= self._next:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+    # -- one chunk from whichever tier -------------------------------------------------------
+    def _next_any(self) -> tuple[ChunkHeader, memoryview, str, int, Tier] | None:
+        for _ in range(1000):
+            self._check_available()
+            if self._local_cursor is not None:
+                if self._still_local():
+                    chunk = self._local_cursor.read_chunk()
+                    if chunk is None:
+                        return None
+                    assert chunk.raw is not None
+                    return chunk.header, chunk.raw, chunk.segment_path, chunk.position, "local"
+                self._drop_cursors()
+            if self._remote_cursor is not None:
+                try:
+                    got = self._remote_cursor.next_chunk()
+                except FragmentExpiredError as exc:
+                    self._expired(exc)
+                if got is not None:
+                    header, raw, key, position = got
+                    return header, raw, key, position, "remote"
+                self._drop_cursors()
+            choice = choose_tier(self._strategy, self._next, self._view())
+            if choice.tier == "end":
+                return None
+            if choice.tier == "local":
+                self._open_local()
+            else:
+                self._open_remote(choice.remote_until)
+        raise ReadError(f"reader at {self._next} cannot settle on a tier")
+
+    def _open_local(self) -> None:
+        assert self._local is not None
+        try:
+            self._local_cursor = LogReader(
+                self._local,
+                OffsetSpec.offset(self._next),
+                verify_crc=self._verify,
+                user_only=False,
+            )
+        except FileNotFoundError:
+            self._local_cursor = None  # freed under us: the next round goes remote
+
+    def _open_remote(self, until: int) -> None:
+        assert self._manifest is not None
+        tree = self._manifest.tree()
+        try:
+            self._remote_cursor = _RemoteCursor(
+                self._manifest,
+                self._prefetcher or default_prefetcher(),
+                tree,
+                self._next,
+                until,
+                self._verify,
+            )
+        except OffsetTrimmedError as exc:
+            raise OffsetOvertakenError(self._next, tree.first_offset) from exc
+        except FragmentExpiredError as exc:
+            self._expired(exc)
+
+    def _expired(self, exc: FragmentExpiredError) -> None:
+        """A fragment or branch 404ed: overtaken if retention moved past us, else re-raise."""
+        self._drop_cursors()
+        assert self._manifest is not None
+        self._manifest.forget(exc.key)
+        tree = self._manifest.refresh()
+        first = self._manifest.first_offset()
+        if first is not None and self._next < first:
+            raise OffsetOvertakenError(self._next, tree.first_offset) from exc
+        raise exc
+
+    def _still_local(self) -> bool:
+        """Whether the local cursor may serve the next chunk: its segment still exists
+        (retention frees it once tiered) and, with FORCE, the offset is not tiered."""
+        assert self._local is not None
+        if self._next < self._local.segment_refs()[0].first_offset:
+            return False
+        if self._strategy is ReadStrategy.FORCE and self._manifest is not None:
+            return self._next >= self._manifest.tree().next_offset
+        return True
+
+    def _check_available(self) -> None:
+        first = self._first_available()
+        if self._next < first:
+            raise OffsetOvertakenError(self._next, first)
+
+    def _drop_cursors(self) -> None:
+        if self._local_cursor is not None:
+            self._local_cursor.close()
+            self._local_cursor = None
+        if self._remote_cursor is not None:
+            self._remote_cursor.close()
+            self._remote_cursor = None
+
+    def _view(self) -> TierView:
+        local_first: int | None = None
+        local_next = 0
+        hot_from = 0
+        if self._local is not None:
+            local_first = self._local.segment_refs()[0].first_offset
+            local_next = self._local.commit_point().next_offset
+            if self._strategy is ReadStrategy.NOT_IN_MEM:
+                hot_from = hot_tail_start(self._local, self._hot_bytes)
+        remote_first = remote_next = 0
+        if self._manifest is not None and self._strategy is not ReadStrategy.DISABLE:
+            tree = self._manifest.tree()
+            if self._next >= tree.next_offset and (local_first is None or self._next < local_first):
+                tree = self._manifest.refresh()  # follow growth
+            remote_first, remote_next = tree.first_offset, tree.next_offset
+        return TierView(local_first, local_next, remote_first, remote_next, hot_from)
+
+    # -- attaching ---------------------------------------------------------------------------
+    def _first_available(self) -> int:
+        """The stream's first offset: the manifest's, unless nothing was ever tiered."""
+        if self._manifest is not None:
+            first = self._manifest.first_offset()
+            if first is not None:
+                return first
+        if self._local is not None:
+            return self._local.segment_refs()[0].first_offset
+        return 0
+
+    def _end_offset(self) -> int:
+        if self._local is not None:
+            return self._local.commit_point().next_offset
+        assert self._manifest is not None
+        return self._manifest.refresh().next_offset
+
+    def _resolve(self, spec: OffsetSpec) -> tuple[int, int]:
+        """(chunk id to start at, skip records below)."""
+        end = self._end_offset()
+        if spec.kind == "next":
+            return end, 0
+        first = self._first_available()
+        disable = self._strategy is ReadStrategy.DISABLE
+        local_first = self._local.segment_refs()[0].first_offset if self._local else None
+        if spec.kind == "first":
+            if disable and local_first is not None:
+                return max(first, local_first), 0
+            return first, 0
+        if spec.kind == "offset":
+            n = spec.value
+            if n < first:
+                raise OffsetOvertakenError(n, first)
+            if n >= end:
+                return end, n
+            found = self._local_chunk_containing(n)
+            if found is not None:
+                return found, n
+            if disable:
+                raise NotHeldLocallyError(n, local_first)
+            return self._remote_chunk_containing(n), n
+        if spec.kind == "last":
+            found = self._local_last_user(first)
+            if found is None and not disable:
+                found = self._remote_last_user(local_first)
+            return (end if found is None else found), 0
+        # timestamp: the first chunk whose timestamp is >= the spec's
+        ts = spec.value
+        found = self._local_first_at(ts, first)
+        if found is not None and (disable or local_first is None or found > local_first):
+            return found, 0
+        if found is not None and local_first is not None and local_first <= first:
+            return found, 0
+        if not disable:
+            remote = self._remote_first_at(ts)
+            if remote is not None:
+                return max(remote, first), 0
+        return (end if found is None else found), 0
+
+    def _local_chunk_containing(self, n: int) -> int | None:
+        if self._local is None:
+            return None
+        refs = self._local.segment_refs()
+        commit = self._local.commit_point()
+        if not refs[0].first_offset <= n < commit.next_offset:
+            return None
+        ref = [r for r in refs if r.first_offset <= n][-1]
+        try:
+            index = IndexView.load(ref.index_path)
+        except FileNotFoundError:
+            return None
+        below = index.last_at_or_below(n, index.limit_to(commit.chunk_id))
+        return ref.first_offset if below is None else below.chunk_id
+
+    def _local_last_user(self, first: int) -> int | None:
+        if self._local is None:
+            return None
+        commit = self._local.commit_point()
+        for ref in reversed(self._local.segment_refs()):
+            try:
+                index = IndexView.load(ref.index_path)
+            except FileNotFoundError:
+                return None
+            for n in range(index.limit_to(commit.chunk_id) - 1, -1, -1):
+                record = index.record(n)
+                if record.chunk_id < first:
+                    return None
+                if record.chunk_type == ChunkType.USER:
+                    return record.chunk_id
+        return None
+
+    def _local_first_at(self, ts: int, first: int) -> int | None:
+        if self._local is None:
+            return None
+        commit = self._local.commit_point()
+        for ref in self._local.segment_refs():
+            try:
+                index = IndexView.load(ref.index_path)
+            except FileNotFoundError:
+                continue
+            count = index.limit_to(commit.chunk_id)
+            if count and index.record(count - 1).timestamp >= ts:
+                found = index.first_with_timestamp(ts, count)
+                assert found is not None
+                return max(found.chunk_id, first)
+        return None
+
+    def _remote_tree(self, offset: int) -> ManifestTree:
+        assert self._manifest is not None
+        tree = self._manifest.tree()
+        return self._manifest.refresh() if offset >= tree.next_offset else tree
+
+    def _remote_chunk_containing(self, n: int) -> int:
+        if self._manifest is None:
+            raise OffsetUnavailableError(f"offset {n} is not held locally and there is no manifest")
+        tree = self._remote_tree(n)
+        try:
+            loc = self._manifest.locate_offset(tree, n)
+        except OffsetTrimmedError as exc:
+            raise OffsetOvertakenError(n, tree.first_offset) from exc
+        except OffsetBeyondEndError as exc:
+            raise OffsetUnavailableError(f"offset {n} is in neither tier") from exc
+        index = self._manifest.fragment_index(loc)
+        i = index.find_offset(n)
+        assert i is not None
+        return int(index.records["chunk_id"][i])
+
+    def _remote_last_user(self, local_first: int | None) -> int | None:
+        if self._manifest is None:
+            return None
+        tree = self._manifest.tree()
+        top = tree.next_offset if local_first is None else min(tree.next_offset, local_first)
+        at = top - 1
+        while at >= tree.first_offset and not tree.is_empty:
+            loc = self._manifest.locate_offset(tree, at)
+            index = self._manifest.fragment_index(loc)
+            records = index.records
+            users = np.nonzero(
+                (records["chunk_type"] == ChunkType.USER) & (records["chunk_id"] <= at)
+            )[0]
+            if len(users):
+                return int(records["chunk_id"][users[-1]])
+            at = loc.entry.first_offset - 1
+        return None
+
+    def _remote_first_at(self, ts: int) -> int | None:
+        assert self._manifest is not None
+        tree = self._manifest.tree()
+        if tree.is_empty:
+            return None
+        loc = self._manifest.locate_timestamp(tree, ts)
+        if loc is None:
+            return None
+        index = self._manifest.fragment_index(loc)
+        i = index.find_timestamp(ts)
+        if i is None:
+            return loc.next_offset if loc.next_offset < tree.next_offset else None
+        return int(index.records["chunk_id"][i])
+
+
+def _records(
+    chunk: ChunkRead, position: int | None = None, offset: int | None = None
+) -> Iterator[tuple[int, memoryview]]:
+    """The general record walk of ``ChunkRead`` with remote corruption typed as such."""
+    try:
+        if position is None or offset is None:
+            yield from chunk.records()
+        else:
+            yield from chunk.records_from(position, offset)
+    except CorruptChunkError as exc:
+        if isinstance(chunk, TieredChunk) and chunk.tier == "remote":
+            raise RemoteDataCorruptError(str(exc)) from exc
+        raise
+
+
+def _corrupt(chunk: TieredChunk, reason: str) -> Exception:
+    message = f"{chunk.segment_path} at {chunk.position}: chunk {chunk.header.chunk_id}: {reason}"
+    if chunk.tier == "remote":
+        return RemoteDataCorruptError(message)
+    return CorruptChunkError(message)
