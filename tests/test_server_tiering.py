@@ -196,3 +196,71 @@ async def test_server_on_s3_and_etcd_by_config(
         assert keys and all(k.endswith(".fragment") for k in keys)
     finally:
         store.close()
+
+
+async def rstream_consume(
+    port: int, stream: str, spec: object, count: int
+) -> list[tuple[int, bytes]]:
+    from rstream.consumer import Consumer, MessageContext
+
+    got: list[tuple[int, bytes]] = []
+    done = asyncio.Event()
+
+    async def on_message(msg: object, ctx: MessageContext) -> None:
+        got.append((ctx.offset, bytes(msg)))  # type: ignore[call-overload]
+        if len(got) >= count:
+            done.set()
+
+    consumer = Consumer("127.0.0.1", port=port, username="guest", password="guest")
+    await consumer.start()
+    try:
+        await consumer.subscribe(stream, on_message, offset_specification=spec)  # type: ignore[arg-type]
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await consumer.close()
+    return got
+
+
+async def test_rstream_consumes_from_first_after_local_segments_were_freed(
+    tmp_path: Path,
+) -> None:
+    from rstream import ConsumerOffsetSpecification, OffsetType
+
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        await client.request(c.CreateRequest(client.next_corr(), "cold", STREAM_ARGS))
+        await publish(client, "cold", 30)
+        client.close()
+
+        async def freed() -> bool:
+            s = await status(server, "cold")
+            return (
+                s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+                and s["local"]["segments"] == 1
+                and s["local"]["first_offset"] > 0
+            )
+
+        await wait_for(freed)
+        s = await status(server, "cold")
+        local_first = s["local"]["first_offset"]
+        total = 30 * 20
+        got = await rstream_consume(
+            server.stream_port, "cold", ConsumerOffsetSpecification(OffsetType.FIRST), total
+        )
+        assert len(got) == total
+        assert [body for _, body in got] == [
+            bytes([k % 256]) * 1000 for k in range(30) for _ in range(20)
+        ]
+        assert got[0][0] == 0 < local_first  # the oldest records came from the remote tier
+        offsets = [o for o, _ in got]
+        assert offsets == sorted(offsets) and len(set(offsets)) == total
+        # An absolute offset in the freed range attaches in the remote tier too.
+        mid = offsets[total // 3]
+        at = await rstream_consume(
+            server.stream_port, "cold", ConsumerOffsetSpecification(OffsetType.OFFSET, mid), 10
+        )
+        assert at[0][0] == mid and at[:10] == got[total // 3 : total // 3 + 10]
+    finally:
+        await server.stop()

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import operator
 import os
 import shutil
 import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tierlog.errors import ConfigError, TierlogError
-from tierlog.formats.chunk import Entry, SubBatch
+from tierlog.formats.chunk import MAX_ENTRIES_PER_CHUNK, Entry, SubBatch
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
@@ -77,6 +79,10 @@ class StreamUnavailableError(TierlogError):
     """The stream is closed or being deleted."""
 
 
+if TYPE_CHECKING:
+    from tierlog.server.tiered_source import TieredChunkSource
+
+
 class StreamLifecycle(Protocol):
     """Told when a stream is opened and before it is closed (tiering hooks in here)."""
 
@@ -123,6 +129,17 @@ class _GroupResult:
     error: str = ""
 
 
+def _drop_duplicates(batch: PublishBatch, last: int) -> list[int]:
+    """Indexes of the messages to keep: publishing ids above ``last`` and above every
+    earlier id of the batch (what Osiris keeps); the others are confirmed as duplicates."""
+    kept: list[int] = []
+    for i, pid in enumerate(batch.publishing_ids):
+        if pid > last:
+            kept.append(i)
+            last = pid
+    return kept
+
+
 def entries_of(batch: PublishBatch) -> list[Entry]:
     """The log's entries for a Publish frame: record bytes, or sub-batches passed verbatim."""
     raw = batch.entries
@@ -159,11 +176,15 @@ class StreamHandle:
     listeners: set[StreamListener] = field(default_factory=set)
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    _source: LocalChunkSource | None = None
+    _source: LocalChunkSource | TieredChunkSource | None = None
 
     def __post_init__(self) -> None:
         self._idle.set()
         self._source = LocalChunkSource(self.log, self.notifier)
+
+    def use_source(self, source: TieredChunkSource) -> None:
+        """Serve subscriptions from ``source`` (the cross-tier reader) from now on."""
+        self._source = source
 
     @property
     def name(self) -> str:
@@ -184,7 +205,9 @@ class StreamHandle:
         return self._source
 
     def first_offset(self) -> int:
-        return self.log.segment_refs()[0].first_offset
+        """The stream's first offset across tiers."""
+        assert self._source is not None
+        return self._source.first_offset()
 
     @property
     def congested(self) -> bool:
@@ -261,52 +284,105 @@ class StreamHandle:
     def _append_run(self, ops: Sequence[_Op], lo: int, hi: int, result: _GroupResult) -> None:
         run = [op for op in ops[lo:hi] if isinstance(op, _PublishOp)]
         reference = run[0].reference
+        written = [0]  # frames of the run already durable-written (never appended twice)
         try:
-            self._append(run, reference, result)
+            self._append(run, reference, result, written)
             return
         except (RecordTooLargeError, InvalidAppendError, ValueError):
-            if len(run) == 1:
-                result.codes[lo] = ResponseCode.PRECONDITION_FAILED
+            if len(run) - written[0] == 1:
+                result.codes[lo + written[0]] = ResponseCode.PRECONDITION_FAILED
                 return
-        for k, op in enumerate(run):  # isolate the frame that cannot be written
+        for k in range(written[0], len(run)):  # isolate the frame that cannot be written
             try:
-                self._append([op], reference, result)
+                self._append([run[k]], reference, result, [0])
             except (RecordTooLargeError, InvalidAppendError, ValueError):
                 result.codes[lo + k] = ResponseCode.PRECONDITION_FAILED
 
-    def _append(self, run: list[_PublishOp], reference: str | None, result: _GroupResult) -> None:
-        if reference is None and all(op.batch.record_counts is None for op in run):
-            self._append_plain(run, result)
-            return
-        entries: list[Entry] = []
-        ids: list[int] = []
-        for op in run:
-            entries += entries_of(op.batch)
-            if reference is not None:
-                ids += op.batch.publishing_ids
-        if reference is None:
-            appended = self.log.append(entries)
-        else:
-            appended = self.log.append(entries, reference, ids)
-        result.chunks += len(appended.chunk_ids)
-        result.duplicates += len(appended.dropped)
-
-    def _append_plain(self, run: list[_PublishOp], result: _GroupResult) -> None:
-        """Unnamed publishers, simple entries only: the log's ``append_records`` fast path,
-        one chunk per run of frames that fits ``max_chunk_bytes``."""
+    def _append(
+        self,
+        run: list[_PublishOp],
+        reference: str | None,
+        result: _GroupResult,
+        written: list[int],
+    ) -> None:
+        """Append a run of frames as pre-encoded chunks (``StreamLog.append_encoded``):
+        frames are concatenated up to ``max_chunk_bytes``; with a ``reference``,
+        publishing ids not above the producer's sequence are dropped first (a frame
+        that is all new, the usual case, is checked in C and passed on as it is).
+        ``written[0]`` counts the frames whose chunk is written."""
         limit = self.log.config.max_chunk_bytes
-        records: list[bytes] = []
-        size = 0
-        for op in run:
-            if records and size + op.size > limit:
-                self.log.append_records(records)
+        last = -1
+        if reference is not None:
+            known = self.log.producer_sequence(reference)
+            last = -1 if known is None else known
+        parts: list[bytes] = []
+        size = entries = records = 0
+        first_id = last_id = -1
+        pending = 0  # frames in ``parts``
+
+        def flush() -> None:
+            nonlocal parts, size, entries, records, pending
+            if parts:
+                data = parts[0] if len(parts) == 1 else b"".join(parts)
+                if reference is None:
+                    self.log.append_encoded(data, entries, records)
+                else:
+                    self.log.append_encoded(
+                        data,
+                        entries,
+                        records,
+                        producer=reference,
+                        first_publishing_id=first_id,
+                        last_publishing_id=last_id,
+                    )
                 result.chunks += 1
-                records, size = [], 0
-            records += entries_of(op.batch)  # type: ignore[arg-type]
-            size += op.size
-        if records:
-            self.log.append_records(records)
-            result.chunks += 1
+            written[0] += pending
+            parts, size, entries, records, pending = [], 0, 0, 0, 0
+
+        for op in run:
+            batch = op.batch
+            data = batch.entry_data()
+            if len(data) > limit:  # one frame over a chunk: the log's general append splits
+                flush()
+                entries_list = entries_of(batch)
+                if reference is None:
+                    appended = self.log.append(entries_list)
+                else:
+                    appended = self.log.append(entries_list, reference, batch.publishing_ids)
+                    known = self.log.producer_sequence(reference)
+                    last = -1 if known is None else known
+                result.chunks += len(appended.chunk_ids)
+                result.duplicates += len(appended.dropped)
+                written[0] += 1
+                continue
+            n_entries = batch.num_entries
+            n_records = batch.num_records
+            if reference is not None:
+                ids = batch.publishing_ids
+                if ids[0] <= last or not all(map(operator.lt, ids, itertools.islice(ids, 1, None))):
+                    kept = _drop_duplicates(batch, last)
+                    result.duplicates += n_entries - len(kept)
+                    if not kept:
+                        pending += 1
+                        continue
+                    data = b"".join(batch.entries[i] for i in kept)
+                    n_entries = len(kept)
+                    counts = batch.record_counts
+                    n_records = n_entries if counts is None else sum(counts[i] for i in kept)
+                    ids = [ids[i] for i in kept]
+                last = ids[-1]
+            if parts and (size + len(data) > limit or entries + n_entries > MAX_ENTRIES_PER_CHUNK):
+                flush()
+            if reference is not None:
+                if not parts:
+                    first_id = ids[0]
+                last_id = ids[-1]
+            parts.append(data)
+            size += len(data)
+            entries += n_entries
+            records += n_records
+            pending += 1
+        flush()
 
     def _group_done(self, ops: Sequence[_Op], future: asyncio.Future[_GroupResult]) -> None:
         self.writing = False

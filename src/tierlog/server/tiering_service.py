@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
+from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.catalog import Catalog, StreamRecord
@@ -97,6 +98,11 @@ class TieringService:
             log.error("event=tiering_not_started stream=%s error=%r", handle.name, exc)
             return
         self.tierers[handle.record.incarnation] = tierer
+        handle.use_source(
+            TieredChunkSource(
+                handle.log, tierer, handle.notifier, lambda: handle.record.settings.read_strategy
+            )
+        )
         log.info(
             "event=tiering_started stream=%s remote_next=%d adopted=%d restarted_local=%s",
             handle.name,

@@ -1,0 +1,185 @@
+"""The ChunkSource of a tiered stream: subscriptions read any offset, local or remote.
+
+Wraps ``read.TieredReader`` (local log + the live tierer's manifest, with the stream's
+read strategy and the process-wide prefetcher) as a ``ChunkCursor``. Remote reads block
+on the object store, so they run on a thread pool; chunks held locally are read inline
+(a pread from the page cache), exactly like the local-only source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import LogSource
+from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
+from tierlog.read.manifest_source import TiererManifest
+from tierlog.read.strategies import ReadStrategy
+from tierlog.read.tiered_reader import TieredChunk, TieredReader, default_prefetcher
+from tierlog.server.chunk_source import (
+    CommitNotifier,
+    DeliverableChunk,
+    LocalChunkCursor,
+    LocalChunkSource,
+    OvertakenError,
+    SourceClosedError,
+)
+from tierlog.tiering.tierer import StreamTierer
+
+_REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
+
+
+class TieredChunkSource:
+    def __init__(
+        self,
+        log: LogSource,
+        tierer: StreamTierer,
+        notifier: CommitNotifier,
+        strategy: Callable[[], str],
+    ) -> None:
+        self._log = log
+        self._manifest = TiererManifest(tierer)
+        self._tierer = tierer
+        self._notifier = notifier
+        self._strategy = strategy
+        self._local = LocalChunkSource(log, notifier)
+
+    def first_offset(self) -> int:
+        tree = self._tierer.committer.tree
+        if not tree.is_empty:
+            return tree.first_offset
+        return self._log.segment_refs()[0].first_offset
+
+    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> TieredChunkCursor:
+        return TieredChunkCursor(self, spec, want_file)
+
+    def strategy(self) -> ReadStrategy:
+        return ReadStrategy.parse(self._strategy())
+
+    def new_reader(self, spec: OffsetSpec) -> TieredReader:
+        return TieredReader(
+            self._log,
+            self._manifest,
+            spec,
+            strategy=self.strategy(),
+            prefetcher=default_prefetcher(),
+        )
+
+
+class TieredChunkCursor:
+    """Reads through a TieredReader; while the position is held locally (and the
+    strategy reads local data) it hands over to a LocalChunkCursor, which can use
+    sendfile, and takes over again if local retention frees the segment under it."""
+
+    def __init__(self, source: TieredChunkSource, spec: OffsetSpec, want_file: bool) -> None:
+        self._source = source
+        self._spec = spec
+        self._want_file = want_file
+        self._reader: TieredReader | None = None
+        self._local: LocalChunkCursor | None = None
+        self._next = -1
+
+    @property
+    def next_offset(self) -> int:
+        if self._local is not None:
+            return self._local.next_offset
+        return self._reader.next_offset if self._reader is not None else self._next
+
+    async def _call(self, fn: Callable[[], TieredChunk | None]) -> TieredChunk | None:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(_REMOTE_READS, fn)
+        except OffsetOvertakenError as exc:
+            raise OvertakenError(exc.position, exc.first_available) from exc
+        except FragmentExpiredError as exc:
+            first = self._source.first_offset()
+            if self.next_offset < first:
+                raise OvertakenError(self.next_offset, first) from exc
+            raise SourceClosedError(f"remote data vanished: {exc}") from exc
+        except ReadError as exc:
+            raise SourceClosedError(str(exc)) from exc
+
+    def _go_local_if_held(self) -> None:
+        """Hand over to the local cursor when the reader's position is held locally."""
+        reader = self._reader
+        if reader is None or reader.tier == "remote":
+            return
+        if self._source.strategy() is not ReadStrategy.NOT_IN_DISK:
+            return
+        position = reader.next_offset
+        if position < self._source._log.segment_refs()[0].first_offset:
+            return
+        try:
+            local = self._source._local.attach(
+                OffsetSpec.offset(position), want_file=self._want_file
+            )
+        except (SourceClosedError, FileNotFoundError):
+            return
+        if local.next_offset > position:
+            local.close()  # the segment went between the check and the attach
+            return
+        reader.close()
+        self._reader = None
+        self._next = position
+        self._local = local
+
+    async def read(self) -> DeliverableChunk | None:
+        if self._source._notifier.closed:
+            raise SourceClosedError("stream closed")
+        if self._local is not None:
+            try:
+                return await self._local.read()
+            except (OvertakenError, FileNotFoundError):
+                # Local retention freed the segment: continue from the remote tier.
+                position = self._local.next_offset
+                self._local.close()
+                self._local = None
+                self._spec = OffsetSpec.offset(position)
+                self._next = position
+        if self._reader is None:
+            spec = self._spec
+
+            def attach() -> None:
+                self._reader = self._source.new_reader(spec)
+                return None
+
+            await self._call(attach)
+            self._go_local_if_held()
+            if self._local is not None:
+                return await self.read()
+        reader = self._reader
+        assert reader is not None
+        chunk = await self._call(reader.read_chunk)
+        if chunk is None:
+            return None
+        if chunk.tier == "local":
+            self._go_local_if_held()
+        header = chunk.header
+        raw = chunk.raw
+        assert raw is not None
+        wire = HEADER_SIZE + header.data_length
+        if header.bloom_size == 0:
+            parts: tuple[bytes | memoryview, ...] = (raw[:wire],)
+        else:
+            start = header.data_start
+            parts = (raw[:HEADER_SIZE], raw[start : start + header.data_length])
+        return DeliverableChunk(
+            header.chunk_id, header.num_records, header.next_offset, wire, parts
+        )
+
+    async def wait(self, timeout: float | None = None) -> None:
+        if self._local is not None:
+            await self._local.wait(timeout)
+            return
+        if self.next_offset <= self._source._log.commit_point().chunk_id:
+            return
+        await self._source._notifier.wait(timeout)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        if self._local is not None:
+            self._local.close()
