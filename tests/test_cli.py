@@ -80,7 +80,8 @@ def test_parser_has_subcommands() -> None:
 
 def test_quickstart_and_module_entry_point(tmp_path: Path) -> None:
     env = dict(os.environ)
-    cmd = [sys.executable, "-m", "tierlog", "quickstart", "--records", "2500", "--batch", "1000"]
+    cmd = [sys.executable, "-m", "tierlog", "quickstart", "--local-only"]
+    cmd += ["--records", "2500", "--batch", "1000"]
     first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert "appended 2500 records in 3 chunks" in first.stdout
     assert "read back 2500 records" in first.stdout
@@ -96,3 +97,17 @@ def test_quickstart_and_module_entry_point(tmp_path: Path) -> None:
         check=True,
     )
     assert len(dump.stdout.splitlines()) == 5000
+
+
+def test_server_quickstart_tiers_and_reads_back_from_the_remote_tier(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "tierlog", "quickstart", "--records", "10000"]
+    first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "published 10000 messages with rstream, all confirmed" in first.stdout
+    assert "now live only in the object store" in first.stdout
+    assert "consumed 10000 messages from 'first'" in first.stdout
+    remote = int(first.stdout.split("consumed 10000 messages")[1].split(": ")[1].split(" ")[0])
+    assert remote > 0  # some came back from the remote tier
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "consumed 20000 messages from 'first'" in again.stdout

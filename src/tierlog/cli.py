@@ -25,7 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     dump.set_defaults(func=cmd_dump)
 
     quick = sub.add_parser(
-        "quickstart", help="append a stream on embedded defaults and read it back"
+        "quickstart",
+        help="start a server on embedded defaults, publish, tier, consume back from the "
+        "remote tier (--local-only: just the local log)",
+    )
+    quick.add_argument(
+        "--local-only", action="store_true", help="append and read the local log only"
     )
     quick.add_argument("--data-dir", default="tierlog-data", help="data directory (./tierlog-data)")
     quick.add_argument("--records", type=int, default=10_000, help="records to append")
@@ -60,6 +65,17 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
+    if not args.local_only:
+        from tierlog.quickstart import main as server_quickstart
+
+        if args.records < 1:
+            print("error: --records must be positive", file=sys.stderr)
+            return 2
+        return server_quickstart(os.path.abspath(args.data_dir), args.records)
+    return cmd_quickstart_local(args)
+
+
+def cmd_quickstart_local(args: argparse.Namespace) -> int:
     from tierlog.log.config import LogConfig
     from tierlog.log.offset_spec import OffsetSpec
     from tierlog.log.writer import StreamLog
