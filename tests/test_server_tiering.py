@@ -102,6 +102,8 @@ async def test_server_tiers_frees_local_and_restarts(tmp_path: Path) -> None:
                 metrics = await response.text()
         assert 'tierlog_object_store_requests_total{op="put_if_absent",outcome="ok"}' in metrics
         assert "tierlog_manifest_commits_total" in metrics
+        assert "tierlog_prefetch_memory_bytes" in metrics
+        assert "tierlog_tier_lag_bytes" in metrics
         client.close()
         next_offset = s["local"]["next_offset"]
     finally:

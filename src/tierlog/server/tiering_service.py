@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
+from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
@@ -249,6 +250,11 @@ class TieringService:
                 ((("stream", t.remote.stream_dir),), float(t.committer.conflicts))
                 for t in list(self.tierers.values())
             ],
+        )
+        r.gauge(
+            "tierlog_prefetch_memory_bytes",
+            "Bytes held by remote-read prefetch buffers (all readers, under one budget).",
+            lambda: [((), float(default_prefetcher().budget.used))],
         )
         r.gauge(
             "tierlog_tiering_halted",
