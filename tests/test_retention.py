@@ -174,3 +174,40 @@ def test_stream_deletion_survives_a_crash_mid_cleanup(
     assert not world.catalog.pending_cleanups()
     assert world.catalog.read_pointer(world.record.incarnation) is None
     assert run_stream_cleanups(world.catalog, world.store, "", world.data_dir) == []
+
+
+def test_grace_period_then_overtaken_reader_gets_the_signal(world: World) -> None:
+    from tierlog.read.errors import OffsetOvertakenError
+    from tierlog.read.manifest_source import TiererManifest
+    from tierlog.read.strategies import ReadStrategy
+    from tierlog.read.tiered_reader import TieredReader
+    from tierlog.tiering.deletion import DeletionQueue
+
+    world.deletions = DeletionQueue(world.meta, grace_seconds=0.5)
+    tierer = StreamTierer(world.log, world.store, world.catalog, world.deletions, config=SMALL, m=4)
+    world.tierers.append(tierer)
+    tierer.start()
+    fill(world, tierer, 60)
+    # A slow consumer reads the oldest data from the remote tier.
+    reader = TieredReader(
+        world.log, TiererManifest(tierer), OffsetSpec.first(), strategy=ReadStrategy.FORCE
+    )
+    first_chunk = reader.read_chunk()
+    assert first_chunk is not None and first_chunk.header.chunk_id == 0
+    before = remote_keys(world)
+    tierer.set_retention(RetentionPolicy(max_bytes=tierer.committer.tree.header().total_bytes // 2))
+    new_first = tierer.apply_retention()
+    assert new_first is not None and new_first > reader.next_offset
+    # Within the grace period the removed fragments still exist (readers holding them finish).
+    assert remote_keys(world) == before
+    time.sleep(0.6)
+    world.deletions.run_due(world.store)
+    gone = before - remote_keys(world)
+    assert gone and all(int(k.rsplit("/", 1)[1].split(".")[0]) < new_first for k in gone)
+    # The overtaken reader is told where the stream starts now; it never skips silently.
+    with pytest.raises(OffsetOvertakenError) as info:
+        for _ in range(10_000):
+            if reader.read_chunk() is None:
+                break
+    assert info.value.first_available == new_first
+    reader.close()
