@@ -50,6 +50,10 @@ assert _HEADER.size == HEADER_SIZE
 assert _SUB_BATCH.size == SUB_BATCH_HEADER_SIZE
 
 
+class RecordSizeError(InvalidSizeError):
+    """An entry is over a configured size limit (the data itself is well-formed)."""
+
+
 class ChunkType(IntEnum):
     """What a chunk's entries are: user records or tracking state."""
 
@@ -181,8 +185,10 @@ def make_header(
     num_records: int,
     trailer_length: int = 0,
     bloom_size: int = 0,
+    data_crc: int | None = None,
 ) -> ChunkHeader:
-    """Build the header for ``data`` (the CRC is computed here, over the entry data only)."""
+    """Build the header for ``data`` (the CRC is computed here, over the entry data only,
+    unless the caller computed it already: ``data_crc``)."""
     if not 0 <= num_entries <= MAX_ENTRIES_PER_CHUNK:
         raise InvalidSizeError(f"{num_entries} entries do not fit in one chunk")
     if len(data) > 0xFFFFFFFF or trailer_length > 0xFFFFFFFF or not 0 <= bloom_size <= 255:
@@ -194,7 +200,7 @@ def make_header(
         timestamp,
         epoch,
         chunk_id,
-        zlib.crc32(data),
+        zlib.crc32(data) if data_crc is None else data_crc,
         len(data),
         trailer_length,
         bloom_size,
@@ -228,8 +234,16 @@ def encode_chunk(
 
 def encode_records(records: Sequence[bytes]) -> bytes:
     """Encode plain records as simple entries, in one C-level pass (the append hot path)."""
-    lengths = map(_U32.pack, map(len, records))
-    return b"".join(itertools.chain.from_iterable(zip(lengths, records, strict=True)))
+    lengths = list(map(len, records))
+    if lengths and min(lengths) == max(lengths):
+        return encode_uniform_records(records, lengths[0])
+    prefixes = map(_U32.pack, lengths)
+    return b"".join(itertools.chain.from_iterable(zip(prefixes, records, strict=True)))
+
+
+def encode_uniform_records(records: Sequence[bytes], size: int) -> bytes:
+    """Encode records that are all ``size`` bytes long: one ``join`` with the shared prefix."""
+    return _U32.pack(size).join([b"", *records])
 
 
 def encode_entries(entries: Sequence[Entry]) -> tuple[bytes, int, int]:
@@ -430,6 +444,83 @@ def check_entries(data: bytes | memoryview, num_entries: int, num_records: int) 
         raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
     if records != num_records:
         raise InvalidSizeError(f"entries hold {records} records, header says {num_records}")
+
+
+def uniform_record_size(data: bytes | memoryview, num_entries: int) -> int | None:
+    """The common record length when ``data`` is exactly ``num_entries`` simple entries of
+    one length (what batching producers write); None otherwise. C-level checks only."""
+    end = len(data)
+    if num_entries <= 0 or end < SIMPLE_ENTRY_HEADER_SIZE:
+        return None
+    (size,) = _U32.unpack_from(data, 0)
+    stride = SIMPLE_ENTRY_HEADER_SIZE + size
+    if size & 0x80000000 or stride * num_entries != end:
+        return None
+    if num_entries > 1:
+        prefix = _U32.pack(size)
+        for k in range(SIMPLE_ENTRY_HEADER_SIZE):
+            if bytes(data[k::stride]) != prefix[k : k + 1] * num_entries:
+                return None
+    return size
+
+
+def iter_uniform_records(
+    view: memoryview, start: int, size: int, count: int, first_offset: int
+) -> Iterator[tuple[int, memoryview]]:
+    """(offset, record) for ``count`` simple entries of ``size`` bytes from byte ``start``
+    of ``view``: built from C iterators only (no Python frame per record)."""
+    stride = SIMPLE_ENTRY_HEADER_SIZE + size
+    first = start + SIMPLE_ENTRY_HEADER_SIZE
+    stop = first + stride * count
+    slices = map(slice, range(first, stop, stride), range(first + size, stop + size, stride))
+    return zip(itertools.count(first_offset), map(view.__getitem__, slices))
+
+
+def count_entry_data(
+    data: bytes | memoryview,
+    num_entries: int,
+    max_record_bytes: int,
+    max_sub_batch_bytes: int,
+) -> int:
+    """Check that ``num_entries`` entries exactly fill ``data`` and respect the size limits
+    (simple entries up to ``max_record_bytes``, sub-batch bodies up to
+    ``max_sub_batch_bytes``); return the number of records they hold.
+
+    Raises InvalidSizeError (structure) or RecordSizeError (a limit). Uniform entries
+    are checked with a few C-level slices; anything else with one walk over the entries.
+    """
+    size = uniform_record_size(data, num_entries)
+    if size is not None:
+        if size > max_record_bytes:
+            raise RecordSizeError(f"record of {size} bytes exceeds {max_record_bytes}")
+        return num_entries
+    view = memoryview(data)
+    unpack = _U32.unpack_from
+    end = len(view)
+    pos = 0
+    records = 0
+    for _ in range(num_entries):
+        if pos + 4 > end:
+            raise TruncatedError("entry header runs past the chunk data")
+        (word,) = unpack(view, pos)
+        if word < 0x80000000:
+            if word > max_record_bytes:
+                raise RecordSizeError(f"record of {word} bytes exceeds {max_record_bytes}")
+            pos += 4 + word
+            records += 1
+        else:
+            if pos + SUB_BATCH_HEADER_SIZE > end:
+                raise TruncatedError("sub-batch header runs past the chunk data")
+            _, count, _, length = _SUB_BATCH.unpack_from(view, pos)
+            if length > max_sub_batch_bytes:
+                raise RecordSizeError(f"sub-batch of {length} bytes exceeds {max_sub_batch_bytes}")
+            pos += SUB_BATCH_HEADER_SIZE + length
+            records += count
+        if pos > end:
+            raise TruncatedError("entry body runs past the chunk data")
+    if pos != end:
+        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+    return records
 
 
 def simple_entry(data: bytes) -> bytes:

@@ -9,18 +9,24 @@ plus their file position and size for ``os.sendfile``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
+from collections import deque
 from collections.abc import Iterator
-from typing import Literal, Protocol
+from concurrent.futures import Future
+from typing import Literal, NamedTuple, Protocol
 
 from tierlog.formats.chunk import (
     HEADER_SIZE,
+    SIMPLE_ENTRY_HEADER_SIZE,
     ChunkHeader,
     ChunkType,
     check_crc,
     decode_header,
     iter_records,
+    iter_uniform_records,
+    uniform_record_size,
 )
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
@@ -28,9 +34,19 @@ from tierlog.log.commit import CommitPoint
 from tierlog.log.errors import CorruptChunkError, LogClosedError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.recovery import recover
-from tierlog.log.segment_files import IndexView, SegmentRef, pread_exact
+from tierlog.log.segment_files import (
+    ASYNC_CRC_MIN_BYTES,
+    IndexView,
+    SegmentRef,
+    crc32_in_background,
+    pread_exact,
+)
 
 _U32 = struct.Struct(">I")
+_READ_AHEAD_CHUNKS = 2
+"""Chunks ``records()`` reads ahead while CRCs are being checked. Two, because the
+helper thread can only start a CRC when the reading thread releases the GIL (in its
+next pread), so a CRC submitted now runs while the previous chunk is handed out."""
 
 
 class LogSource(Protocol):
@@ -134,7 +150,27 @@ class ChunkRead:
 
     def records(self) -> Iterator[tuple[int, memoryview]]:
         """(offset, record) for every record, skipping offsets the reader attached past."""
+        fast = self.uniform_records()
+        if fast is not None:
+            return fast
         return self.records_from(self.header.data_start, self.header.chunk_id)
+
+    def uniform_records(self) -> Iterator[tuple[int, memoryview]] | None:
+        """The records as C-level iterators when the chunk is simple entries of one length
+        (no Python frame per record); None for any other chunk."""
+        header = self.header
+        raw = self.raw
+        if raw is None or header.num_entries != header.num_records:
+            return None
+        start = header.data_start
+        size = uniform_record_size(raw[start : start + header.data_length], header.num_entries)
+        if size is None:
+            return None
+        skip = min(max(0, self.skip_below - header.chunk_id), header.num_entries)
+        start += skip * (SIMPLE_ENTRY_HEADER_SIZE + size)
+        return iter_uniform_records(
+            raw, start, size, header.num_entries - skip, header.chunk_id + skip
+        )
 
     def records_from(self, position: int, offset: int) -> Iterator[tuple[int, memoryview]]:
         """Records of the entries starting at byte ``position`` of the chunk (at ``offset``)."""
@@ -172,6 +208,14 @@ def _count_entries(data: memoryview) -> int:
     return count
 
 
+class _Fetched(NamedTuple):
+    """A chunk read from disk whose CRC may still be being computed."""
+
+    chunk: ChunkRead
+    ref: SegmentRef
+    crc: Future[int] | None
+
+
 class LogReader:
     """Iterates a log's committed chunks from an offset spec; one reader per thread.
 
@@ -200,24 +244,33 @@ class LogReader:
         self._next = chunk_id
         self._skip_below = skip_below
         self._closed = False
+        self._ahead: deque[_Fetched] = deque()  # read ahead by records(), not handed out
+        self._ahead_error: CorruptChunkError | None = None  # met while reading ahead
 
     @property
     def next_offset(self) -> int:
         """The chunk id the reader expects next."""
+        if self._ahead:
+            return self._ahead[0].chunk.header.chunk_id
         return self._next
 
     @property
     def segment(self) -> SegmentRef:
+        if self._ahead:
+            return self._ahead[0].ref
         return self._ref
 
     @property
     def position(self) -> int:
+        if self._ahead:
+            return self._ahead[0].chunk.position
         return self._pos
 
     def close(self) -> None:
         if not self._closed:
             os.close(self._fd)
             self._closed = True
+            self._ahead.clear()
 
     def __enter__(self) -> LogReader:
         return self
@@ -233,6 +286,17 @@ class LogReader:
         """
         if self._closed:
             raise LogClosedError("reader is closed")
+        if self._ahead:
+            return self._settle(self._ahead.popleft())
+        if self._ahead_error is not None:
+            error, self._ahead_error = self._ahead_error, None
+            raise error
+        fetched = self._fetch(load, defer_crc=False)
+        return None if fetched is None else fetched.chunk
+
+    def _fetch(self, load: bool, defer_crc: bool) -> _Fetched | None:
+        """Read the next committed chunk; with ``defer_crc`` a large chunk's CRC is left
+        to the helper thread (``_settle`` checks it)."""
         while True:
             commit = self._source.commit_point()
             if self._next > commit.chunk_id:
@@ -268,11 +332,31 @@ class LogReader:
                     self._verify and header.chunk_id < self._source.trusted_from()
                 ):
                     start = header.data_start
+                    body = raw[start : start + header.data_length]
+                    if defer_crc and header.data_length >= ASYNC_CRC_MIN_BYTES:
+                        future = crc32_in_background(body)
+                        chunk = ChunkRead(
+                            header, self._ref.segment_path, position, raw, self._skip_below
+                        )
+                        return _Fetched(chunk, self._ref, future)
                     try:
-                        check_crc(header, raw[start : start + header.data_length])
+                        check_crc(header, body)
                     except FormatError as exc:
                         raise self._corrupt(exc, position) from exc
-            return ChunkRead(header, self._ref.segment_path, position, raw, self._skip_below)
+            chunk = ChunkRead(header, self._ref.segment_path, position, raw, self._skip_below)
+            return _Fetched(chunk, self._ref, None)
+
+    def _settle(self, fetched: _Fetched) -> ChunkRead:
+        """The fetched chunk once its CRC (if computed in the helper thread) matches."""
+        chunk = fetched.chunk
+        if fetched.crc is not None:
+            crc = fetched.crc.result()
+            if crc != chunk.header.data_crc:
+                raise CorruptChunkError(
+                    f"{chunk.segment_path} at {chunk.position}: chunk {chunk.header.chunk_id}: "
+                    f"data CRC {crc:#010x} != header {chunk.header.data_crc:#010x}"
+                )
+        return chunk
 
     def chunks(self) -> Iterator[ChunkRead]:
         """Committed chunks until the reader has caught up (does not wait)."""
@@ -282,36 +366,72 @@ class LogReader:
     def records(self) -> Iterator[tuple[int, memoryview]]:
         """(offset, record bytes) of committed user records until caught up (does not wait).
 
-        Simple entries are walked inline (one unpack and one memoryview slice per
-        record); chunks with sub-batches or records to skip go through ChunkRead.records.
+        Chunks of same-length simple entries are iterated by C iterators (no Python
+        frame per record); others are walked inline. CRC checks of large chunks run in
+        a helper thread one chunk ahead, so they overlap with handing out records; a
+        chunk's records are only handed out once its CRC matched.
         """
-        unpack = _U32.unpack_from
-        while (chunk := self.read_chunk()) is not None:
-            header = chunk.header
-            raw = chunk.raw
-            assert raw is not None
-            pos = header.data_start
-            end = pos + header.data_length
-            offset = header.chunk_id
-            if offset < self._skip_below or header.num_entries != header.num_records:
-                yield from chunk.records()
-                continue
-            while pos < end:
-                (length,) = unpack(raw, pos)
-                if length >= 0x80000000:  # a sub-batch after all: the general path
-                    rest = ChunkRead(header, chunk.segment_path, chunk.position, raw, 0)
-                    yield from rest.records_from(pos, offset)
-                    offset = header.next_offset
+        return itertools.chain.from_iterable(self._chunk_record_iters())
+
+    def _chunk_record_iters(self) -> Iterator[Iterator[tuple[int, memoryview]]]:
+        ahead = self._ahead
+        while True:
+            if self._closed:
+                raise LogClosedError("reader is closed")
+            if not ahead:
+                if self._ahead_error is not None:
+                    error, self._ahead_error = self._ahead_error, None
+                    raise error
+                first = self._fetch(True, defer_crc=True)
+                if first is None:
+                    return
+                ahead.append(first)
+            # keep reading ahead while CRCs run in the helper thread
+            while len(ahead) <= _READ_AHEAD_CHUNKS and ahead[-1].crc is not None:
+                try:
+                    more = self._fetch(True, defer_crc=True)
+                except CorruptChunkError as exc:  # raised once the chunks before it are out
+                    self._ahead_error = exc
                     break
-                pos += 4
-                stop = pos + length
-                if stop > end:
-                    raise self._corrupt(f"chunk {header.chunk_id}: bad entry", chunk.position)
-                yield offset, raw[pos:stop]
-                offset += 1
-                pos = stop
-            if offset != header.next_offset:
-                raise self._corrupt(f"chunk {header.chunk_id}: bad record count", chunk.position)
+                if more is None:
+                    break
+                ahead.append(more)
+            yield self._chunk_records(self._settle(ahead.popleft()))
+
+    def _chunk_records(self, chunk: ChunkRead) -> Iterator[tuple[int, memoryview]]:
+        fast = chunk.uniform_records()
+        if fast is not None:
+            return fast
+        header = chunk.header
+        if header.chunk_id < self._skip_below or header.num_entries != header.num_records:
+            return chunk.records()
+        return self._walk_simple(chunk)
+
+    def _walk_simple(self, chunk: ChunkRead) -> Iterator[tuple[int, memoryview]]:
+        """Records of a chunk of simple entries (of different lengths)."""
+        header = chunk.header
+        raw = chunk.raw
+        assert raw is not None
+        unpack = _U32.unpack_from
+        pos = header.data_start
+        end = pos + header.data_length
+        offset = header.chunk_id
+        while pos < end:
+            (length,) = unpack(raw, pos)
+            if length >= 0x80000000:  # a sub-batch after all: the general path
+                rest = ChunkRead(header, chunk.segment_path, chunk.position, raw, 0)
+                yield from rest.records_from(pos, offset)
+                offset = header.next_offset
+                break
+            pos += 4
+            stop = pos + length
+            if stop > end:
+                raise self._corrupt(f"chunk {header.chunk_id}: bad entry", chunk.position)
+            yield offset, raw[pos:stop]
+            offset += 1
+            pos = stop
+        if offset != header.next_offset:
+            raise self._corrupt(f"chunk {header.chunk_id}: bad record count", chunk.position)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until a chunk at or after the reader's position is committed."""

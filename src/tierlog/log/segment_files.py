@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 from tierlog.formats.chunk import (
@@ -88,6 +91,25 @@ def chunk_info(header: ChunkHeader, position: int) -> ChunkInfo:
         header.chunk_type,
         header.data_crc,
     )
+
+
+ASYNC_CRC_MIN_BYTES = 64 * 1024
+"""Chunk data from this size on is worth a CRC in the helper thread (zlib releases the
+GIL), overlapping with the caller's I/O; below it the hand-off costs more than it saves."""
+
+_crc_pool: ThreadPoolExecutor | None = None
+_crc_pool_lock = threading.Lock()
+
+
+def crc32_in_background(data: bytes | memoryview) -> Future[int]:
+    """``zlib.crc32(data)`` in the process's CRC helper thread. The thread can only start
+    once the caller releases the GIL, so call this right before a blocking syscall."""
+    global _crc_pool
+    with _crc_pool_lock:
+        if _crc_pool is None:
+            _crc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierlog-crc")
+        pool = _crc_pool
+    return pool.submit(zlib.crc32, data)
 
 
 def segment_ref(stream_dir: str, first_offset: int) -> SegmentRef:

@@ -8,8 +8,10 @@ of segments and the commit point. The commit point only ever covers fsynced chun
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,16 +19,21 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from tierlog.formats.chunk import (
+    HEADER_SIZE,
     MAX_ENTRIES_PER_CHUNK,
     SUB_BATCH_HEADER_SIZE,
     ChunkType,
     Entry,
+    RecordSizeError,
     SubBatch,
+    count_entry_data,
     encode_entries,
     encode_records,
+    encode_uniform_records,
     make_header,
     simple_entry,
 )
+from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
     INDEX_HEADER,
@@ -50,8 +57,10 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.recovery import RecoveredLog, recover
 from tierlog.log.segment_files import (
+    ASYNC_CRC_MIN_BYTES,
     ChunkInfo,
     SegmentRef,
+    crc32_in_background,
     fsync_dir,
     index_chunks,
     read_chunk_bytes,
@@ -62,6 +71,7 @@ from tierlog.log.tracking import TrackingState
 log = logging.getLogger(__name__)
 
 _MAX_U64 = 2**64 - 1
+_U32 = struct.Struct(">I")
 
 
 class SegmentInfo(NamedTuple):
@@ -297,6 +307,14 @@ class StreamLog:
         if gate is not None:
             gate()  # may raise BackPressureError: nothing is written
         entries = list(entries)
+        if producer is None and publishing_ids is None:
+            encoded = self._encode_plain(entries)
+            if encoded is not None:  # the common case: plain records, one chunk
+                info = self._write_chunk(ChunkType.USER, encoded, len(entries), len(entries), b"")
+                self._after_write()
+                return AppendResult(
+                    info.chunk_id, self._next_offset - 1, (info.chunk_id,), (), (), None
+                )
         plain = self._check_sizes(entries)
         written: tuple[int, ...] = ()
         dropped: tuple[int, ...] = ()
@@ -341,6 +359,91 @@ class StreamLog:
             dedup_chunk,
         )
 
+    def append_encoded(
+        self,
+        data: bytes | memoryview,
+        num_entries: int,
+        num_records: int,
+        *,
+        producer: str | bytes | None = None,
+        first_publishing_id: int | None = None,
+        last_publishing_id: int | None = None,
+    ) -> AppendResult:
+        """Append already-encoded Osiris entry data (a chunk's data section) as one chunk.
+
+        This is what a stream-protocol Publish carries, so the server writes it without
+        re-encoding: the entries are walked once (they must exactly fill ``data``, number
+        ``num_entries`` and hold ``num_records`` records; simple entries within
+        ``max_record_bytes``, sub-batches within ``max_chunk_bytes - 11``) and the CRC is
+        computed once. ``data`` must fit one chunk (``max_chunk_bytes``, 65535 entries):
+        the caller splits.
+
+        Deduplication is the caller's: with ``producer``, the entries are the ones left
+        after dropping publishing ids not above ``producer_sequence(producer)``, and
+        ``last_publishing_id`` is the largest id among them. The chunk's trailer records
+        it as the producer's new sequence (as Osiris does), and tracking follows. The
+        log refuses (InvalidAppendError, nothing written) a batch whose lowest id,
+        ``first_publishing_id`` (default ``last_publishing_id``), is not above the
+        producer's sequence. ``written`` / ``dropped`` of the result are empty (the
+        caller has the ids); ``dedup_chunk_id`` is the chunk written.
+        """
+        self._check_open()
+        producer_id: bytes | None = None
+        if producer is not None:
+            producer_id = _tracking_id(producer, "producer name")
+            if last_publishing_id is None:
+                raise InvalidAppendError("a producer's batch needs last_publishing_id")
+            first = last_publishing_id if first_publishing_id is None else first_publishing_id
+            for pid in (first, last_publishing_id):
+                if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid <= _MAX_U64:
+                    raise InvalidAppendError(f"publishing id {pid!r} is not a u64")
+            if first > last_publishing_id:
+                raise InvalidAppendError("first_publishing_id is above last_publishing_id")
+            known = self._tracking.sequences.get(producer_id)
+            if known is not None and first <= known[1]:
+                raise InvalidAppendError(
+                    f"publishing id {first} is not above the producer's sequence {known[1]}"
+                )
+        elif first_publishing_id is not None or last_publishing_id is not None:
+            raise InvalidAppendError("publishing ids need a producer")
+        if not 1 <= num_entries <= MAX_ENTRIES_PER_CHUNK or num_records < 1:
+            raise InvalidAppendError(
+                f"{num_entries} entries / {num_records} records do not make a chunk"
+            )
+        limit = self._config.max_chunk_bytes
+        if len(data) > limit:
+            raise InvalidAppendError(f"{len(data)} bytes of entries exceed one chunk ({limit})")
+        try:
+            records = count_entry_data(
+                data, num_entries, self._config.max_record_bytes, limit - SUB_BATCH_HEADER_SIZE
+            )
+        except RecordSizeError as exc:
+            raise RecordTooLargeError(str(exc)) from exc
+        except FormatError as exc:
+            raise InvalidAppendError(f"entry data: {exc}") from exc
+        if records != num_records:
+            raise InvalidAppendError(f"entries hold {records} records, not {num_records}")
+        gate = getattr(self, "_append_gate", None)
+        if gate is not None:
+            gate()  # may raise BackPressureError: nothing is written
+        trailer = b""
+        if producer_id is not None:
+            assert last_publishing_id is not None
+            trailer = encode_delta(sequences={producer_id: last_publishing_id})
+        info = self._write_chunk(ChunkType.USER, data, num_entries, num_records, trailer)
+        if producer_id is not None:
+            assert last_publishing_id is not None
+            self._tracking.sequences[producer_id] = (info.chunk_id, last_publishing_id)
+        self._after_write()
+        return AppendResult(
+            info.chunk_id,
+            info.chunk_id + num_records - 1,
+            (info.chunk_id,),
+            (),
+            (),
+            info.chunk_id if producer_id is not None else None,
+        )
+
     def append_records(self, records: Sequence[bytes]) -> int:
         """Fast path: append plain records as one chunk; returns its chunk id.
 
@@ -363,6 +466,29 @@ class StreamLog:
         info = self._write_chunk(ChunkType.USER, encode_records(records), n, n, b"")
         self._after_write()
         return info.chunk_id
+
+    def _encode_plain(self, entries: list[Entry]) -> bytes | None:
+        """The chunk data of plain records fitting one chunk, or None (the general path
+        then splits, checks types and raises the right errors)."""
+        try:
+            lengths = list(map(len, entries))  # type: ignore[arg-type]
+        except TypeError:  # a SubBatch (or something else without a length)
+            return None
+        n = len(lengths)
+        if not n or n > MAX_ENTRIES_PER_CHUNK:
+            return None
+        uniform = lengths.count(lengths[0]) == n
+        longest = lengths[0] if uniform else max(lengths)
+        total = n * lengths[0] if uniform else sum(lengths)
+        if longest > self._config.max_record_bytes or total + 4 * n > self._config.max_chunk_bytes:
+            return None
+        try:
+            if uniform:
+                return encode_uniform_records(entries, lengths[0])  # type: ignore[arg-type]
+            prefixes = map(_U32.pack, lengths)
+            return b"".join(itertools.chain.from_iterable(zip(prefixes, entries, strict=True)))  # type: ignore[arg-type]
+        except TypeError:  # not bytes-like
+            return None
 
     def _check_sizes(self, entries: list[Entry]) -> bool:
         """Check entry types and sizes; True when all entries are plain ``bytes``."""
@@ -519,7 +645,7 @@ class StreamLog:
     def _write_chunk(
         self,
         chunk_type: ChunkType,
-        data: bytes,
+        data: bytes | memoryview,
         num_entries: int,
         num_records: int,
         trailer: bytes,
@@ -534,19 +660,37 @@ class StreamLog:
             active = self._segments[-1]
         chunk_id = self._next_offset
         timestamp = max(time.time_ns() // 1_000_000, self._last_timestamp)
-        header = make_header(
-            chunk_type,
-            chunk_id,
-            self._epoch,
-            timestamp,
-            data,
-            num_entries,
-            num_records,
-            len(trailer),
-        )
         position = active.size
-        parts = [header.encode(), data, trailer] if trailer else [header.encode(), data]
-        _write_all(self._seg_fd, parts, header.total_size)
+        tail = [data, trailer] if trailer else [data]
+        if len(data) >= ASYNC_CRC_MIN_BYTES:
+            # CRC in the helper thread while the data (after a 48-byte gap) goes to the
+            # file; the header follows. Readers and recovery never look past the commit.
+            crc = crc32_in_background(data)
+            _pwrite_all(self._seg_fd, tail, position + HEADER_SIZE)
+            header = make_header(
+                chunk_type,
+                chunk_id,
+                self._epoch,
+                timestamp,
+                data,
+                num_entries,
+                num_records,
+                len(trailer),
+                data_crc=crc.result(),
+            )
+            _pwrite_all(self._seg_fd, [header.encode()], position)
+        else:
+            header = make_header(
+                chunk_type,
+                chunk_id,
+                self._epoch,
+                timestamp,
+                data,
+                num_entries,
+                num_records,
+                len(trailer),
+            )
+            _pwrite_all(self._seg_fd, [header.encode(), *tail], position)
         _write_all(
             self._idx_fd,
             [encode_index_record(chunk_id, timestamp, self._epoch, position, chunk_type)],
@@ -715,7 +859,7 @@ def _tracking_id(name: str | bytes, what: str) -> bytes:
     return ident
 
 
-def _write_all(fd: int, parts: list[bytes], total: int) -> None:
+def _write_all(fd: int, parts: list[bytes | memoryview], total: int) -> None:
     written = os.writev(fd, parts)
     if written == total:
         return
@@ -723,6 +867,19 @@ def _write_all(fd: int, parts: list[bytes], total: int) -> None:
     while rest:
         n = os.write(fd, rest)
         rest = rest[n:]
+
+
+def _pwrite_all(fd: int, parts: list[bytes | memoryview], position: int) -> None:
+    written = os.pwritev(fd, parts, position)
+    total = sum(map(len, parts))
+    if written == total:
+        return
+    rest = memoryview(b"".join(parts))[written:]
+    position += written
+    while rest:
+        n = os.pwrite(fd, rest, position)
+        rest = rest[n:]
+        position += n
 
 
 def _create_segment_files(ref: SegmentRef) -> None:
