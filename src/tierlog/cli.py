@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--batch", type=int, default=1_000, help="records per append (chunk)")
     quick.set_defaults(func=cmd_quickstart)
     add_serve_command(sub)
+    add_spark_commands(sub)
     return parser
 
 
@@ -45,6 +46,14 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     serve = sub.add_parser("serve", help="run the stream server (RabbitMQ Stream protocol)")
     serve.add_argument("--config", help="TOML config file (TIERLOG_* variables override it)")
     serve.set_defaults(func=cmd_serve)
+
+
+def add_spark_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tierlog spark export|scrub|gc``: Spark jobs over the remote tier (docs/spark_jobs.md)."""
+    from tierlog.spark.jobs.cli import add_job_parsers
+
+    spark = sub.add_parser("spark", help="Spark jobs over the remote tier (export, scrub, gc)")
+    add_job_parsers(spark.add_subparsers(dest="job", required=True, metavar="JOB"))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,337 @@
+"""A small synchronous RabbitMQ Stream protocol client, for Spark tasks.
+
+It speaks just what a writer task needs: connect (PeerProperties, SASL PLAIN, Tune,
+Open), create a stream, declare a named publisher, query its sequence, publish
+messages with explicit publishing ids, wait for their confirms, close. Publish frames
+are built straight from an Arrow-style buffer pair (offsets + data) with numpy, so a
+task never makes one Python object per message just to frame it.
+
+Blocking sockets keep it simple: one client per task, confirms read while the window
+of unconfirmed messages is full and at the end.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tierlog.errors import TierlogError
+from tierlog.formats.protocol import commands as c
+from tierlog.formats.protocol.constants import Command, ResponseCode
+from tierlog.formats.protocol.frames import FrameSplitter
+from tierlog.formats.protocol.publish import PublishConfirm, PublishError
+
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MAX_IN_FLIGHT = 10_000
+MAX_REFERENCE_BYTES = 255
+
+_PUBLISH_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
+_PUBLISH_HEAD_SIZE = _PUBLISH_HEAD.size  # 13
+_MESSAGE_HEAD_SIZE = 12  # publishing id u64 + simple entry length u32
+_MESSAGE_HEAD = np.dtype([("id", ">u8"), ("len", ">u4")])
+_SIMPLE_MAX_LEN = 0x7FFFFFFF
+
+
+class StreamClientError(TierlogError):
+    """The server refused a request or the connection failed."""
+
+
+class ResponseError(StreamClientError):
+    """A request answered with a response code other than OK."""
+
+    def __init__(self, what: str, code: int) -> None:
+        try:
+            name = ResponseCode(code).name
+        except ValueError:
+            name = f"code {code:#x}"
+        super().__init__(f"{what}: {name}")
+        self.code = code
+
+
+class PublishFailedError(StreamClientError):
+    """The server answered some publishing ids with PublishError."""
+
+    def __init__(self, errors: Sequence[tuple[int, int]]) -> None:
+        first_id, code = errors[0]
+        super().__init__(
+            f"{len(errors)} messages not stored (first: publishing id {first_id}, code {code:#x})"
+        )
+        self.errors = list(errors)
+
+
+@dataclass
+class _Publisher:
+    outstanding: int = 0
+    confirmed: int = 0
+    errors: list[tuple[int, int]] = field(default_factory=list)
+
+
+def encode_publish_binary(
+    publisher_id: int, ids: np.ndarray, offsets: np.ndarray, data: np.ndarray
+) -> bytes:
+    """One Publish (v1) frame: message ``k`` is ``data[offsets[k]:offsets[k+1]]`` with
+    publishing id ``ids[k]``, each as an Osiris simple entry. Built with numpy gathers,
+    not one Python object per message."""
+    n = len(ids)
+    if len(offsets) != n + 1:
+        raise ValueError("need len(ids) + 1 offsets")
+    offs = offsets.astype(np.int64, copy=False)
+    lens = np.diff(offs)
+    if n and (int(lens.min()) < 0 or int(lens.max()) > _SIMPLE_MAX_LEN):
+        raise ValueError("message length out of range for a simple entry")
+    starts = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        np.cumsum(lens[:-1] + _MESSAGE_HEAD_SIZE, out=starts[1:])
+    starts += _PUBLISH_HEAD_SIZE
+    total_data = int(lens.sum())
+    size = _PUBLISH_HEAD_SIZE + n * _MESSAGE_HEAD_SIZE + total_data
+    out = np.empty(size, dtype=np.uint8)
+    out[:_PUBLISH_HEAD_SIZE] = np.frombuffer(
+        _PUBLISH_HEAD.pack(size - 4, Command.PUBLISH, 1, publisher_id, n), dtype=np.uint8
+    )
+    heads = np.empty(n, dtype=_MESSAGE_HEAD)
+    heads["id"] = ids
+    heads["len"] = lens
+    head_pos = (starts[:, None] + np.arange(_MESSAGE_HEAD_SIZE)).ravel()
+    out[head_pos] = heads.view(np.uint8)
+    if total_data:
+        base = int(offs[0])
+        shift = np.repeat(starts + _MESSAGE_HEAD_SIZE - (offs[:-1] - base), lens)
+        out[np.arange(total_data, dtype=np.int64) + shift] = data[base : int(offs[-1])]
+    return out.tobytes()
+
+
+class StreamClient:
+    """One blocking connection to a stream server (use ``connect``)."""
+
+    def __init__(self, sock: socket.socket, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+        self.sock = sock
+        self.splitter = FrameSplitter()
+        self.frame_max = 0
+        self.max_in_flight = max_in_flight
+        self._frames: list[object] = []
+        self._corr = 0
+        self._publishers: dict[int, _Publisher] = {}
+
+    # ------------------------------------------------------------------ connection
+
+    @classmethod
+    def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        user: str = "guest",
+        password: str = "guest",
+        vhost: str = "/",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        frame_max: int = 0,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> StreamClient:
+        """Open a connection: PeerProperties, SASL PLAIN, Tune (no heartbeats), Open."""
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise StreamClientError(f"cannot connect to {host}:{port}: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client = cls(sock, max_in_flight)
+        try:
+            client._handshake(user, password, vhost, frame_max)
+        except BaseException:
+            sock.close()
+            raise
+        return client
+
+    def _handshake(self, user: str, password: str, vhost: str, frame_max: int) -> None:
+        props = {"product": "tierlog-spark", "connection_name": "tierlog-spark-writer"}
+        self._request(c.PeerPropertiesRequest(self._next_corr(), props), "peer properties")
+        self._request(c.SaslHandshakeRequest(self._next_corr()), "SASL handshake")
+        auth = c.SaslAuthenticateRequest(self._next_corr(), "PLAIN", c.plain_data(user, password))
+        self._request(auth, "authentication")
+        tune = self._expect(c.Tune)
+        assert isinstance(tune, c.Tune)
+        self.frame_max = min(tune.frame_max, frame_max) if frame_max else tune.frame_max
+        if not self.frame_max:
+            self.frame_max = 1_048_576
+        self.splitter.max_frame_size = 0
+        self._send(c.Tune(self.frame_max, 0).encode())
+        self._request(c.OpenRequest(self._next_corr(), vhost), f"open vhost {vhost!r}")
+
+    def close(self) -> None:
+        """Close politely (Close request, wait for its answer), then the socket."""
+        try:
+            self._send(c.CloseRequest(self._next_corr(), ResponseCode.OK, "done").encode())
+            self._expect_response(Command.CLOSE)
+        except (OSError, StreamClientError):
+            pass
+        finally:
+            self.sock.close()
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ streams
+
+    def create_stream(
+        self, stream: str, arguments: Mapping[str, str] | None = None, *, exist_ok: bool = False
+    ) -> bool:
+        """Create ``stream``; False when it already existed and ``exist_ok``."""
+        corr = self._next_corr()
+        self._send(c.CreateRequest(corr, stream, dict(arguments or {})).encode())
+        code = self._expect_response(Command.CREATE).response_code
+        if code == ResponseCode.STREAM_ALREADY_EXISTS and exist_ok:
+            return False
+        if code != ResponseCode.OK:
+            raise ResponseError(f"create stream {stream!r}", code)
+        return True
+
+    def delete_stream(self, stream: str) -> None:
+        self._send(c.DeleteRequest(self._next_corr(), stream).encode())
+        code = self._expect_response(Command.DELETE).response_code
+        if code != ResponseCode.OK:
+            raise ResponseError(f"delete stream {stream!r}", code)
+
+    # ------------------------------------------------------------------ publishing
+
+    def declare_publisher(self, publisher_id: int, stream: str, reference: str = "") -> None:
+        """Declare a publisher; a non-empty ``reference`` names it for deduplication."""
+        if len(reference.encode()) > MAX_REFERENCE_BYTES:
+            raise StreamClientError(f"publisher reference longer than {MAX_REFERENCE_BYTES} bytes")
+        request = c.DeclarePublisherRequest(self._next_corr(), publisher_id, reference, stream)
+        self._send(request.encode())
+        code = self._expect_response(Command.DECLARE_PUBLISHER).response_code
+        if code != ResponseCode.OK:
+            raise ResponseError(f"declare publisher {reference!r} on {stream!r}", code)
+        self._publishers[publisher_id] = _Publisher()
+
+    def delete_publisher(self, publisher_id: int) -> None:
+        self._send(c.DeletePublisherRequest(self._next_corr(), publisher_id).encode())
+        code = self._expect_response(Command.DELETE_PUBLISHER).response_code
+        self._publishers.pop(publisher_id, None)
+        if code != ResponseCode.OK:
+            raise ResponseError(f"delete publisher {publisher_id}", code)
+
+    def query_publisher_sequence(self, stream: str, reference: str) -> int:
+        """The highest publishing id the stream holds for ``reference`` (0: none)."""
+        request = c.QueryPublisherSequenceRequest(self._next_corr(), reference, stream)
+        response = self._request(request, f"query sequence of {reference!r}")
+        assert isinstance(response, c.QueryPublisherSequenceResponse)
+        return response.sequence
+
+    def publish(
+        self, publisher_id: int, ids: np.ndarray, offsets: np.ndarray, data: np.ndarray
+    ) -> None:
+        """Send messages (see ``encode_publish_binary``) in frames that fit ``frame_max``,
+        waiting for confirms whenever ``max_in_flight`` messages are unconfirmed.
+        Errors reported by the server are raised by ``wait_for_confirms``."""
+        state = self._publishers[publisher_id]
+        n = len(ids)
+        offs = offsets.astype(np.int64, copy=False)
+        # End position (within one frame) of each message counted from the first one.
+        sizes = np.diff(offs) + _MESSAGE_HEAD_SIZE
+        room = self.frame_max - _PUBLISH_HEAD_SIZE
+        if n and int(sizes.max()) > room:
+            raise StreamClientError(
+                f"a message of {int(sizes.max()) - _MESSAGE_HEAD_SIZE} bytes does not fit "
+                f"a frame of {self.frame_max} bytes"
+            )
+        cum = np.cumsum(sizes)
+        lo = 0
+        while lo < n:
+            base = int(cum[lo - 1]) if lo else 0
+            hi = int(np.searchsorted(cum, base + room, side="right"))
+            hi = max(lo + 1, min(hi, lo + max(1, self.max_in_flight)))
+            while state.outstanding and state.outstanding + (hi - lo) > self.max_in_flight:
+                self._pump()
+            self._send(encode_publish_binary(publisher_id, ids[lo:hi], offs[lo : hi + 1], data))
+            state.outstanding += hi - lo
+            lo = hi
+
+    def wait_for_confirms(self, publisher_id: int) -> int:
+        """Block until every message sent is confirmed or failed; return how many were
+        confirmed so far. Raises PublishFailedError if any message failed."""
+        state = self._publishers[publisher_id]
+        while state.outstanding:
+            self._pump()
+        if state.errors:
+            raise PublishFailedError(state.errors)
+        return state.confirmed
+
+    # ------------------------------------------------------------------ frames
+
+    def _next_corr(self) -> int:
+        self._corr += 1
+        return self._corr
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise StreamClientError(f"send failed: {exc}") from exc
+
+    def _on_publish_result(self, frame: PublishConfirm | PublishError) -> None:
+        state = self._publishers.get(frame.publisher_id)
+        if state is None:
+            return
+        if isinstance(frame, PublishConfirm):
+            count = len(frame.publishing_ids)
+            state.confirmed += count
+        else:
+            count = len(frame.errors)
+            state.errors.extend(frame.errors)
+        state.outstanding -= count
+
+    def _pump(self) -> None:
+        """Read from the socket once; confirms and errors update their publisher, other
+        frames are queued for ``_next_frame``."""
+        try:
+            data = self.sock.recv(1 << 16)
+        except OSError as exc:
+            raise StreamClientError(f"receive failed: {exc}") from exc
+        if not data:
+            raise StreamClientError("the server closed the connection")
+        for raw in self.splitter.feed(data):
+            frame = c.decode_server_frame(raw)
+            if isinstance(frame, c.CloseRequest):
+                raise StreamClientError(f"server closed the connection: {frame.reason}")
+            if isinstance(frame, PublishConfirm | PublishError):
+                self._on_publish_result(frame)
+            elif not isinstance(frame, c.Heartbeat):
+                self._frames.append(frame)
+
+    def _next_frame(self) -> object:
+        while not self._frames:
+            self._pump()
+        return self._frames.pop(0)
+
+    def _expect(self, kind: type) -> object:
+        while True:
+            frame = self._next_frame()
+            if isinstance(frame, kind):
+                return frame
+
+    def _expect_response(self, command: Command) -> c.SimpleResponse:
+        while True:
+            frame = self._expect(c.SimpleResponse)
+            assert isinstance(frame, c.SimpleResponse)
+            if frame.command == command:
+                return frame
+
+    def _request(self, request: object, what: str) -> object:
+        """Send a request whose response has a ``response_code``; check it is OK."""
+        self._send(request.encode())  # type: ignore[attr-defined]
+        corr = request.correlation_id  # type: ignore[attr-defined]
+        while True:
+            frame = self._next_frame()
+            if getattr(frame, "correlation_id", None) == corr and hasattr(frame, "response_code"):
+                code = frame.response_code
+                if code != ResponseCode.OK:
+                    raise ResponseError(what, code)
+                return frame

@@ -1,0 +1,1 @@
+"""Maintenance jobs over the remote tier, each a Spark application: export, scrub, gc."""

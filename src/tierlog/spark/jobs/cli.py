@@ -1,0 +1,90 @@
+"""The ``tierlog spark`` subcommands. Spark is imported only when a job runs."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from tierlog.spark.jobs.common import add_tier_arguments
+
+    export = jobs.add_parser("export", help="streams -> Parquet by date, from the last export")
+    add_tier_arguments(export)
+    export.add_argument("output", help="output directory (any path Spark's Parquet writer takes)")
+    export.add_argument("--stream", action="append", help="only this stream (repeatable)")
+    export.add_argument("--vhost", default="/", help="vhost of --stream names (/)")
+    export.add_argument("--include-amqp", action="store_true", help="add decoded AMQP columns")
+    export.add_argument("--report", help="also write the JSON report to this file")
+    export.set_defaults(func=cmd_export)
+
+    scrub = jobs.add_parser("scrub", help="verify every fragment's CRCs and the manifests")
+    add_tier_arguments(scrub)
+    scrub.add_argument("--stream", action="append", help="only this stream (repeatable)")
+    scrub.add_argument("--vhost", default="/", help="vhost of --stream names (/)")
+    scrub.add_argument(
+        "--task-bytes", type=int, default=256 * 1024 * 1024, help="fragment bytes per task"
+    )
+    scrub.add_argument("--report", help="also write the JSON report to this file")
+    scrub.set_defaults(func=cmd_scrub)
+
+    gc = jobs.add_parser("gc", help="delete objects no live manifest references (dry run)")
+    add_tier_arguments(gc)
+    gc.add_argument(
+        "--grace", type=float, default=24 * 3600.0, help="only objects older than this (s)"
+    )
+    gc.add_argument("--apply", action="store_true", help="delete (default: only report)")
+    gc.add_argument("--report", help="also write the JSON report to this file")
+    gc.set_defaults(func=cmd_gc)
+
+
+def _run(args: argparse.Namespace, name: str, job: Any) -> int:
+    from tierlog.spark.jobs.common import spark_session, tier_from_args
+
+    tier = tier_from_args(args)
+    spark = spark_session(f"tierlog-{name}", args.master)
+    try:
+        return int(job(spark, tier))
+    finally:
+        spark.stop()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tierlog.spark.jobs.common import write_json
+    from tierlog.spark.jobs.export import run_export
+
+    def job(spark: Any, tier: Any) -> int:
+        from tierlog.spark.session import register
+
+        register(spark)
+        report = run_export(
+            spark, tier, args.output, args.stream, vhost=args.vhost, include_amqp=args.include_amqp
+        )
+        write_json(report.to_dict(), args.report)
+        return 0
+
+    return _run(args, "export", job)
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    from tierlog.spark.jobs.common import write_json
+    from tierlog.spark.jobs.scrub import run_scrub
+
+    def job(spark: Any, tier: Any) -> int:
+        report = run_scrub(spark, tier, args.stream, vhost=args.vhost, target_bytes=args.task_bytes)
+        write_json(report.to_dict(), args.report)
+        return 0 if report.ok else 1
+
+    return _run(args, "scrub", job)
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from tierlog.spark.jobs.common import write_json
+    from tierlog.spark.jobs.gc import run_gc
+
+    def job(spark: Any, tier: Any) -> int:
+        report = run_gc(spark, tier, grace_seconds=args.grace, apply=args.apply)
+        write_json(report.to_dict(), args.report)
+        return 0 if report.ok else 1
+
+    return _run(args, "gc", job)

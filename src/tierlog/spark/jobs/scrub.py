@@ -1,0 +1,209 @@
+"""``tierlog spark scrub``: verify every fragment and every manifest of the remote tier.
+
+The driver walks each live stream's committed manifest (root, every branch object, each
+node checked against the entry that points to it: kind, height, stream, first/next
+offset, timestamps, byte/chunk/fragment totals). The fragments are then read by Spark
+tasks, one task per run of consecutive fragments (up to ``target_bytes``), which check
+the whole object (``validate_fragment``: header, trailer, index and metadata CRC, every
+chunk header against its index record and every chunk's data CRC) and the trailer
+against the manifest entry (first/next offset, min/max timestamp, data size, chunk
+count). A fragment that is missing, corrupt or disagrees with the manifest is a problem
+of its stream; so is a gap, which shows up as a trailer whose range differs from its
+entry's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tierlog.formats.errors import FormatError
+from tierlog.formats.fragment import validate_fragment
+from tierlog.spark.jobs.common import (
+    FragmentRef,
+    Progress,
+    RemoteTier,
+    run_distributed,
+    select_streams,
+    walk_manifest,
+)
+from tierlog.storage.errors import NotFoundError, StorageError
+from tierlog.tiering.catalog import Catalog
+
+DEFAULT_TARGET_BYTES = 256 * 1024 * 1024
+MAX_FRAGMENTS_PER_TASK = 512
+
+
+@dataclass(frozen=True)
+class FragmentRange:
+    """The unit of work of one task: consecutive fragments of one stream."""
+
+    stream: str
+    fragments: tuple[FragmentRef, ...]
+
+
+@dataclass
+class RangeResult:
+    stream: str
+    fragments: int = 0
+    bytes: int = 0
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class StreamScrub:
+    vhost: str
+    name: str
+    incarnation: str
+    first_offset: int = 0
+    next_offset: int = 0
+    branches: int = 0
+    fragments: int = 0
+    bytes: int = 0
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vhost": self.vhost,
+            "name": self.name,
+            "incarnation": self.incarnation,
+            "first_offset": self.first_offset,
+            "next_offset": self.next_offset,
+            "branches": self.branches,
+            "fragments_checked": self.fragments,
+            "bytes_checked": self.bytes,
+            "problems": self.problems,
+        }
+
+
+@dataclass
+class ScrubReport:
+    streams: list[StreamScrub]
+
+    @property
+    def ok(self) -> bool:
+        return not any(s.problems for s in self.streams)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": "scrub",
+            "ok": self.ok,
+            "problems": sum(len(s.problems) for s in self.streams),
+            "streams": [s.to_dict() for s in self.streams],
+        }
+
+
+def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
+    """Task body: read and fully validate each fragment of the range."""
+    result = RangeResult(work.stream)
+    with tier.open_store() as store:
+        for ref in work.fragments:
+            result.fragments += 1
+            problem = check_fragment(store, ref)
+            if problem is None:
+                result.bytes += ref.data_size
+            else:
+                result.problems.append(problem)
+    return result
+
+
+def check_fragment(store: Any, ref: FragmentRef) -> dict[str, str] | None:
+    """None if the fragment is intact and matches its manifest entry, else the problem."""
+    try:
+        data = store.get(ref.key)
+    except NotFoundError:
+        return {"kind": "missing-fragment", "key": ref.key, "detail": "referenced but absent"}
+    except StorageError as exc:
+        return {"kind": "unreadable-fragment", "key": ref.key, "detail": str(exc)}
+    try:
+        index = validate_fragment(data, check_chunks=True)
+    except FormatError as exc:
+        return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
+    t = index.trailer
+    actual = (
+        t.first_offset,
+        t.next_offset,
+        t.min_timestamp,
+        t.max_timestamp,
+        t.data_size,
+        t.chunk_count,
+    )
+    expected = (
+        ref.first_offset,
+        ref.next_offset,
+        ref.min_timestamp,
+        ref.max_timestamp,
+        ref.data_size,
+        ref.chunk_count,
+    )
+    if actual != expected:
+        names = ("first_offset", "next_offset", "min_ts", "max_ts", "data_size", "chunks")
+        diffs = [
+            f"{n}: trailer {a} != manifest {e}"
+            for n, a, e in zip(names, actual, expected, strict=True)
+            if a != e
+        ]
+        return {"kind": "fragment-mismatch", "key": ref.key, "detail": "; ".join(diffs)}
+    return None
+
+
+def plan_ranges(
+    stream: str, fragments: list[FragmentRef], target_bytes: int
+) -> list[FragmentRange]:
+    """Cut a stream's fragments into runs of about ``target_bytes`` each."""
+    ranges: list[FragmentRange] = []
+    run: list[FragmentRef] = []
+    size = 0
+    for ref in fragments:
+        if run and (size + ref.data_size > target_bytes or len(run) >= MAX_FRAGMENTS_PER_TASK):
+            ranges.append(FragmentRange(stream, tuple(run)))
+            run, size = [], 0
+        run.append(ref)
+        size += ref.data_size
+    if run:
+        ranges.append(FragmentRange(stream, tuple(run)))
+    return ranges
+
+
+def run_scrub(
+    spark: Any,
+    tier: RemoteTier,
+    streams: list[str] | None = None,
+    *,
+    vhost: str = "/",
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    progress: Progress | None = None,
+) -> ScrubReport:
+    """Scrub the named streams of ``vhost`` (default: every live stream)."""
+    say = progress or Progress("scrub")
+    results: dict[str, StreamScrub] = {}
+    ranges: list[FragmentRange] = []
+    with tier.open_meta() as meta, tier.open_store() as store:
+        catalog = Catalog(meta)
+        records = select_streams(catalog, streams, vhost)
+        say(f"walking the manifests of {len(records)} stream(s)")
+        for record in records:
+            walk = walk_manifest(store, catalog, tier.prefix, record.incarnation)
+            scrub = StreamScrub(
+                record.vhost,
+                record.name,
+                record.incarnation,
+                walk.first_offset,
+                walk.next_offset,
+                len(walk.branch_keys),
+                problems=list(walk.problems),
+            )
+            results[record.incarnation] = scrub
+            ranges += plan_ranges(record.incarnation, walk.fragments, target_bytes)
+    fragments = sum(len(r.fragments) for r in ranges)
+    say(f"checking {fragments} fragment(s) in {len(ranges)} task(s)")
+    for done in run_distributed(
+        spark, ranges, lambda work: check_range(tier, work), "tierlog scrub: fragments"
+    ):
+        scrub = results[done.stream]
+        scrub.fragments += done.fragments
+        scrub.bytes += done.bytes
+        scrub.problems += done.problems
+    report = ScrubReport(list(results.values()))
+    say(f"done: {report.to_dict()['problems']} problem(s)")
+    return report

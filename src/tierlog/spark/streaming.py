@@ -1,0 +1,216 @@
+"""``spark.readStream.format("tierlog")``: follow streams' committed manifests.
+
+Offsets are JSON ``{stream: next offset to read}``, one entry per stream (the stream
+column's value as key). A micro-batch ``(start, end]`` reads offsets ``[start[s], end[s])``
+of every stream ``s``, planned straight from the manifest like a batch read, so a restarted
+query (Spark replays its checkpointed offsets) reads exactly the same records again. The
+head of a stream is its committed manifest's next offset: only data durable in the remote
+tier is read.
+
+Read limits (pyspark >= 4.2): ``maxRecordsPerTrigger`` (``ReadMaxRows``: offsets shared
+fairly between streams with data) or ``maxBytesPerTrigger`` (``ReadMaxBytes``: whole
+fragments round-robin between streams, at least one fragment per micro-batch so a query
+always advances). ``Trigger.AvailableNow`` is supported: the heads at its start are the
+target, later data waits for the next run.
+
+Retention may remove a position before a micro-batch reads it: with ``onExpired=fail``
+planning raises ``OffsetExpiredError``; with ``skip`` the batch starts at the first offset
+still held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from tierlog.spark import connections
+from tierlog.spark.batch import TaskPartition, read_partition
+from tierlog.spark.errors import OffsetExpiredError, StreamUnavailableError
+from tierlog.spark.options import SourceOptions, StreamName
+from tierlog.spark.planning import (
+    Bounds,
+    PlannedFragment,
+    coalesce,
+    load_tree,
+    plan_stream,
+    resolve_stream,
+)
+from tierlog.tiering.manifest_tree import ManifestTree
+
+Offsets = dict[str, int]
+
+
+class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._target: Offsets | None = None
+        self._incarnations: dict[str, str] = {}
+        self._trees: dict[str, tuple[str | None, ManifestTree]] = {}
+
+    # -- the manifests ----------------------------------------------------------------------
+    def _tree(self, stream: StreamName) -> ManifestTree:
+        """The committed tree of ``stream`` now (reloaded only when the pointer moved)."""
+        opts = self.options
+        catalog = connections.catalog(opts.meta_store)
+        record = resolve_stream(catalog, stream.vhost, stream.name)
+        known = self._incarnations.setdefault(stream.display, record.incarnation)
+        if known != record.incarnation:
+            raise StreamUnavailableError(
+                f"stream {stream.display!r} was deleted and re-created while being read"
+            )
+        pointer = catalog.read_pointer(record.incarnation)
+        uid = None if pointer is None else pointer.root_uid
+        cached = self._trees.get(stream.display)
+        if cached is not None and pointer is not None and cached[0] == uid:
+            return cached[1]
+        store = connections.object_store(opts.object_store, opts.store_settings)
+        tree = load_tree(catalog, store, opts.prefix, record.incarnation)
+        self._trees[stream.display] = (uid, tree)
+        return tree
+
+    def _heads(self) -> Offsets:
+        heads = {s.display: self._tree(s).next_offset for s in self.options.streams}
+        if self._target is not None:
+            heads = {s: min(h, self._target.get(s, h)) for s, h in heads.items()}
+        return heads
+
+    def _initial(self, stream: StreamName) -> int:
+        start = self.options.starting_offsets
+        if start.mode == "offsets" and stream.display in start.offsets:
+            return start.offsets[stream.display]
+        tree = self._tree(stream)
+        if start.mode == "latest":
+            return tree.next_offset
+        return tree.first_offset
+
+    def _positions(self, start: dict[str, int]) -> Offsets:
+        """``start`` for every stream read now (streams added to the options start fresh)."""
+        return {
+            s.display: int(start[s.display]) if s.display in start else self._initial(s)
+            for s in self.options.streams
+        }
+
+    # -- the DataSourceStreamReader API ------------------------------------------------------
+    def initialOffset(self) -> dict[str, int]:
+        return {s.display: self._initial(s) for s in self.options.streams}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger is not None:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = None
+        self._target = self._heads()
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        return self._heads()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        positions = self._positions(start)
+        heads = self._heads()
+        if isinstance(limit, ReadMaxRows):
+            return limit_rows(positions, heads, limit.max_rows)
+        if isinstance(limit, ReadMaxBytes):
+            return self._limit_bytes(positions, heads, limit.max_bytes)
+        return {s: max(positions[s], heads[s]) for s in positions}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        positions = self._positions(start)
+        out: list[InputPartition] = []
+        for stream in self.options.streams:
+            name = stream.display
+            lo, hi = positions[name], int(end.get(name, positions[name]))
+            if hi <= lo:
+                continue
+            tree = self._tree(stream)
+            if lo < tree.first_offset:
+                if self.options.on_expired != "skip":
+                    raise OffsetExpiredError(name, lo, tree.first_offset)
+                lo = tree.first_offset
+                if hi <= lo:
+                    continue
+            bounds = Bounds(min_offset=lo, max_offset=hi - 1)
+            store = connections.object_store(self.options.object_store, self.options.store_settings)
+            plan = plan_stream(name, tree, store.get, bounds)
+            tasks = coalesce(plan, bounds, self.options.target_partition_bytes)
+            out.extend(TaskPartition(t) for t in tasks)
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(partition, self.options)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to release: the remote tier keeps data by its own retention."""
+
+    # -- limits -------------------------------------------------------------------------------
+    def _limit_bytes(self, positions: Offsets, heads: Offsets, max_bytes: int) -> Offsets:
+        store = connections.object_store(self.options.object_store, self.options.store_settings)
+        queues: dict[str, list[PlannedFragment]] = {}
+        for stream in self.options.streams:
+            name = stream.display
+            lo, hi = positions[name], heads[name]
+            if hi <= lo:
+                continue
+            tree = self._tree(stream)
+            plan = plan_stream(name, tree, store.get, Bounds(min_offset=lo, max_offset=hi - 1))
+            queues[name] = plan.fragments
+        return limit_bytes(positions, heads, queues, max_bytes)
+
+
+def limit_rows(positions: Offsets, heads: Offsets, max_rows: int) -> Offsets:
+    """End offsets covering at most ``max_rows`` offsets in all, shared fairly."""
+    end = dict(positions)
+    available = {s: heads[s] - positions[s] for s in positions if heads[s] > positions[s]}
+    budget = max_rows
+    while budget > 0 and available:
+        share = max(1, budget // len(available))
+        for stream in list(available):
+            take = min(share, available[stream], budget)
+            end[stream] += take
+            available[stream] -= take
+            budget -= take
+            if not available[stream]:
+                del available[stream]
+            if not budget:
+                break
+    return end
+
+
+def limit_bytes(
+    positions: Offsets,
+    heads: Offsets,
+    queues: dict[str, list[PlannedFragment]],
+    max_bytes: int,
+) -> Offsets:
+    """End offsets at fragment boundaries, about ``max_bytes`` of fragments round-robin
+    across streams; always at least one fragment when there is data."""
+    end = dict(positions)
+    used = 0
+    index = dict.fromkeys(queues, 0)
+    progress = True
+    while progress:
+        progress = False
+        for stream, fragments in queues.items():
+            i = index[stream]
+            if i >= len(fragments):
+                continue
+            fragment = fragments[i]
+            if used and used + fragment.data_size > max_bytes:
+                continue
+            used += fragment.data_size
+            end[stream] = min(fragment.next_offset, heads[stream])
+            index[stream] = i + 1
+            progress = True
+    return end
