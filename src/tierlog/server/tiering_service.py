@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,8 @@ class TieringService:
         self.deletions = DeletionQueue(catalog.meta, grace_seconds=self.tier.delete_grace_seconds)
         self.tierers: dict[str, StreamTierer] = {}  # by incarnation
         self._handles: dict[str, StreamHandle] = {}
+        self._not_started: dict[str, StreamHandle] = {}
+        self._retry_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._register_metrics(metrics)
 
@@ -95,9 +98,14 @@ class TieringService:
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(handle.executor, tierer.start)
-        except TierlogError as exc:
+        except (TierlogError, OSError) as exc:
+            # Retried by the housekeeping loop: an object store outage at start must not
+            # leave the stream untiered for good (appends go on; local data is kept).
             log.error("event=tiering_not_started stream=%s error=%r", handle.name, exc)
+            tierer.stop(flush=False, timeout=1.0)
+            self._not_started[handle.record.incarnation] = handle
             return
+        self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer
         handle.use_source(
             TieredChunkSource(
@@ -114,6 +122,7 @@ class TieringService:
 
     async def closing(self, handle: StreamHandle, *, flush: bool) -> None:
         self._handles.pop(handle.record.incarnation, None)
+        self._not_started.pop(handle.record.incarnation, None)
         tierer = self.tierers.pop(handle.record.incarnation, None)
         if tierer is None:
             return
@@ -173,6 +182,10 @@ class TieringService:
         while True:
             await asyncio.sleep(interval)
             await loop.run_in_executor(None, self.run_cleanups)
+            for pending in list(self._not_started.values()):
+                if not pending.closed and time.monotonic() >= self._retry_at:
+                    self._retry_at = time.monotonic() + 5.0
+                    await self.opened(pending)
             for incarnation, tierer in list(self.tierers.items()):
                 handle = self._handles.get(incarnation)
                 if handle is None or handle.closed:
