@@ -569,9 +569,9 @@ def test_subbatch_publish_round_trip(batches: list[list[bytes]]) -> None:
 # ---------------------------------------------------------------- rstream cross-checks
 
 
-rstream_schema = pytest.importorskip("rstream.schema")
-rstream_encoding = pytest.importorskip("rstream.encoding")
-rstream_compression = pytest.importorskip("rstream.compression")
+import rstream.compression as rstream_compression  # noqa: E402 - dev dependency, never skipped
+import rstream.encoding as rstream_encoding  # noqa: E402
+import rstream.schema as rstream_schema  # noqa: E402
 
 
 def test_rstream_connect_frames_decode_with_ours() -> None:

@@ -26,8 +26,6 @@ from tierlog.formats.amqp import decode_message
 from tierlog.log.dump import iter_dump
 from tierlog.spark.client import StreamClient
 
-pytest.importorskip("pyspark")
-
 pytestmark = pytest.mark.spark
 PAD = "." * 1000
 
