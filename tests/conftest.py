@@ -17,4 +17,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-pytest_plugins = ["tests.plugins.seaweed", "tests.plugins.etcd", "tests.plugins.tiering_world", "tests.plugins.tierlog_server", "tests.plugins.spark"]
+pytest_plugins = [
+    "tests.plugins.seaweed",
+    "tests.plugins.etcd",
+    "tests.plugins.tiering_world",
+    "tests.plugins.tierlog_server",
+    "tests.plugins.spark",
+]

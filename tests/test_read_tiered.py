@@ -4,6 +4,7 @@ whose local segment is freed under them, overtaken readers and expired fragments
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -11,6 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,11 +27,12 @@ from tierlog.read.errors import (
     NotHeldLocallyError,
     OffsetOvertakenError,
     OffsetUnavailableError,
+    RemoteDataCorruptError,
 )
 from tierlog.read.manifest_source import CatalogManifest, TiererManifest
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher
 from tierlog.read.strategies import ReadStrategy, TierView, choose_tier
-from tierlog.read.tiered_reader import TieredReader
+from tierlog.read.tiered_reader import TieredReader, _aligned_spans
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.object_store import ObjectStore
@@ -497,3 +500,97 @@ def test_seek_gets_from_the_cached_root(stream: Stream) -> None:
             gets = stream.store.count("get") + stream.store.count("get_suffix")
         # branch levels below the root + one index GET + one data GET
         assert gets <= (height - 1) + 2, gets
+
+
+# -- remote chunk reads: request-aligned, CRC-checked --------------------------------------
+
+
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=40),
+    st.integers(1, 700),
+    st.integers(8, 100),
+)
+def test_aligned_spans_tile_the_region_at_chunk_starts(
+    sizes: list[int], step: int, first: int
+) -> None:
+    positions = [first]
+    for size in sizes[:-1]:
+        positions.append(positions[-1] + size)
+    end = positions[-1] + sizes[-1]
+    spans = list(_aligned_spans("k", positions, end, step))
+    assert spans[0][1] == first and spans[-1][2] == end
+    starts = set(positions)
+    for (key, start, stop), nxt in zip(spans, [*spans[1:], ("k", end, end)], strict=True):
+        assert key == "k" and start < stop == nxt[1]  # contiguous, non-empty
+        assert start in starts  # cut only where a chunk starts
+        inside = [p for p in positions if start < p < stop]
+        assert stop - start <= step or not inside  # over a request only as a single chunk
+    # greedy: two neighbours always exceed one request together
+    for (_, a, _b), (_, _, c) in itertools.pairwise(spans):
+        assert c - a > step
+
+
+def test_remote_chunks_are_slices_of_one_request(stream: Stream) -> None:
+    rng = random.Random(12)
+    stream.append(rng, 150)
+    stream.tier_all()
+    expected = local_records(stream.log, OffsetSpec.first())
+    stream.free()
+    with stream.reader(OffsetSpec.first(), strategy=ReadStrategy.FORCE) as reader:
+        got: Records = []
+        for chunk in reader.chunks():
+            assert chunk.tier == "remote"
+            assert chunk.raw is not None and not isinstance(chunk.raw.obj, bytearray)  # no copy
+            got += [(o, bytes(r)) for o, r in chunk.records()]
+    assert got == expected
+
+
+def test_failed_index_read_ahead_falls_back_to_unaligned_requests(stream: Stream) -> None:
+    rng = random.Random(13)
+    stream.append(rng, 150)
+    stream.tier_all()
+    expected = local_records(stream.log, OffsetSpec.first())
+    stream.free()
+    tree = stream.tierer.committer.tree
+    second = list(tree.iter_fragments(stream.tierer.remote.load))[1]
+    # The first GET of the second fragment is its index, loaded by the read-ahead.
+    stream.store.fail_nth("get", 1, key_prefix=second.key)
+    stream.store.reset_log()
+    manifest = TiererManifest(stream.tierer)  # cold index cache
+    reader = TieredReader(
+        stream.log,
+        manifest,
+        OffsetSpec.first(),
+        strategy=ReadStrategy.FORCE,
+        prefetcher=stream.prefetcher,
+    )
+    assert tiered_records(reader) == expected
+    outcomes = [r.outcome for r in stream.store.log if r.key == second.key]
+    assert outcomes[0].startswith("injected-before") and "ok" in outcomes[1:]
+
+
+def test_remote_chunk_with_a_bad_crc_is_corrupt(stream: Stream) -> None:
+    rng = random.Random(14)
+    stream.append(rng, 150, max_size=60)
+    stream.tier_all()
+    count = len(local_records(stream.log, OffsetSpec.first()))
+    stream.free()
+    tree = stream.tierer.committer.tree
+    second = list(tree.iter_fragments(stream.tierer.remote.load))[1]
+    index = stream.manifest.fragment_index(second)
+    records = index.records
+    n = int(np.argmax(records["size"]))  # a chunk with data
+    position, size = int(records["position"][n]), int(records["size"][n])
+    data = bytearray(stream.store.get(second.key))
+    data[position + size - 1] ^= 0xFF  # the last data byte (chunks have no trailer here)
+    stream.store.put(second.key, bytes(data))
+    broken = int(records["chunk_id"][n])
+    with stream.reader(OffsetSpec.first(), strategy=ReadStrategy.FORCE) as reader:
+        seen = []
+        with pytest.raises(RemoteDataCorruptError, match="CRC"):
+            while (chunk := reader.read_chunk()) is not None:
+                seen.append(chunk.header.chunk_id)
+        assert seen and max(seen) < broken  # everything before the bad chunk was served
+    # without verification the flipped byte is served as it is (the check is what failed)
+    with stream.reader(OffsetSpec.first(), strategy=ReadStrategy.FORCE, verify_crc=False) as reader:
+        assert len(tiered_records(reader)) == count

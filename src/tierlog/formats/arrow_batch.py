@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import struct
 import uuid
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +42,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from tierlog.formats.amqp import decode_message
 from tierlog.formats.compression import decompress
+from tierlog.formats.crc import crc32
 from tierlog.formats.errors import (
     BadMagicError,
     CrcMismatchError,
@@ -356,7 +356,6 @@ def _select_chunks(headers: np.ndarray, rows: RowFilter) -> npt.NDArray[np.bool_
 def _verify_crcs(
     view: memoryview, headers: np.ndarray, data_start: IntArray, data_len: IntArray
 ) -> None:
-    crc32 = zlib.crc32
     stored = headers["crc"].tolist()
     for i, (start, length) in enumerate(zip(data_start.tolist(), data_len.tolist(), strict=True)):
         actual = crc32(view[start : start + length])

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import itertools
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 from tierlog.formats.compression import decompress
+from tierlog.formats.crc import crc32
 from tierlog.formats.errors import (
     BadMagicError,
     CrcMismatchError,
@@ -200,7 +200,7 @@ def make_header(
         timestamp,
         epoch,
         chunk_id,
-        zlib.crc32(data) if data_crc is None else data_crc,
+        crc32(data) if data_crc is None else data_crc,
         len(data),
         trailer_length,
         bloom_size,
@@ -311,7 +311,7 @@ def decode_chunk(
 
 def check_crc(header: ChunkHeader, data: bytes | memoryview) -> None:
     """Raise CrcMismatchError when ``data`` does not match the header's CRC."""
-    crc = zlib.crc32(data)
+    crc = crc32(data)
     if crc != header.data_crc:
         raise CrcMismatchError(
             f"chunk {header.chunk_id}: data CRC {crc:#010x} != header {header.data_crc:#010x}"

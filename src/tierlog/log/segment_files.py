@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
@@ -23,6 +22,7 @@ from tierlog.formats.chunk import (
     decode_header,
     single_entry_body,
 )
+from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError, TruncatedError
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
@@ -109,7 +109,7 @@ def crc32_in_background(data: bytes | memoryview) -> Future[int]:
         if _crc_pool is None:
             _crc_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierlog-crc")
         pool = _crc_pool
-    return pool.submit(zlib.crc32, data)
+    return pool.submit(crc32, data)
 
 
 def segment_ref(stream_dir: str, first_offset: int) -> SegmentRef:

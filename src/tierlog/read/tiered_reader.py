@@ -23,9 +23,10 @@ from typing import Literal
 
 import numpy as np
 
-from tierlog.errors import ConfigError
-from tierlog.formats.chunk import ChunkHeader, ChunkType, check_crc, decode_header
-from tierlog.formats.errors import FormatError
+from tierlog.errors import ConfigError, TierlogError
+from tierlog.formats.chunk import ChunkHeader, ChunkType, decode_header
+from tierlog.formats.crc import crc32
+from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.log.errors import CorruptChunkError
@@ -58,6 +59,16 @@ from tierlog.tiering.manifest_tree import (
 
 _U32 = struct.Struct(">I")
 Tier = Literal["local", "remote"]
+
+
+def check_remote_crc(header: ChunkHeader, data: bytes | memoryview) -> None:
+    """Raise CrcMismatchError when a remote chunk's data does not match its header's CRC."""
+    actual = crc32(data)
+    if actual != header.data_crc:
+        raise CrcMismatchError(
+            f"chunk {header.chunk_id}: data CRC {actual:#010x} != header {header.data_crc:#010x}"
+        )
+
 
 _default_prefetcher: Prefetcher | None = None
 _default_lock = threading.Lock()
@@ -95,6 +106,25 @@ class TieredChunk(ChunkRead):
         self.tier: Tier = tier
 
 
+def _aligned_spans(key: str, positions: list[int], end: int, step: int) -> Iterator[Span]:
+    """``[positions[0], end)`` of ``key`` cut at chunk starts into spans of at most ``step``
+    bytes (a chunk larger than ``step`` is a span of its own)."""
+    if not positions:
+        if end > FRAGMENT_HEADER_SIZE:
+            yield key, FRAGMENT_HEADER_SIZE, end
+        return
+    start = prev = positions[0]
+    for at in positions[1:]:
+        if at - start > step and prev > start:
+            yield key, start, prev
+            start = prev
+        prev = at
+    if end - start > step and prev > start:
+        yield key, start, prev
+        start = prev
+    yield key, start, end
+
+
 class _RemoteCursor:
     """Chunks of consecutive fragments of one manifest snapshot, from ``chunk_id`` up to
     (not including) ``until``."""
@@ -117,10 +147,8 @@ class _RemoteCursor:
         if i < 0 or self._ids[i] != chunk_id:
             raise RemoteDataCorruptError(f"{self.key}: no chunk starts at {chunk_id}")
         self._i = i
-        first = self._loc
-        self._stream: RangeStream = prefetcher.open(
-            manifest.store, self._spans(first, self._positions[i])
-        )
+        self._request_bytes = prefetcher.config.request_bytes
+        self._stream: RangeStream = prefetcher.open(manifest.store, self._spans(self._loc, i))
 
     def _enter(self, loc: FragmentLocation) -> None:
         index: FragmentIndex = self._manifest.fragment_index(loc)
@@ -132,12 +160,25 @@ class _RemoteCursor:
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
         self._i = 0
 
-    def _spans(self, first: FragmentLocation, position: int) -> Iterator[Span]:
-        yield first.key, position, FRAGMENT_HEADER_SIZE + first.entry.data_size
+    def _spans(self, first: FragmentLocation, i: int) -> Iterator[Span]:
+        """The data regions of the fragments from chunk ``i`` of ``first`` on, cut at chunk
+        boundaries into spans of at most one request (so no chunk straddles two requests and
+        every chunk is served as a slice of one buffer, without a copy)."""
+        step = self._request_bytes
+        data_end = FRAGMENT_HEADER_SIZE + first.entry.data_size
+        yield from _aligned_spans(first.key, self._positions[i:], data_end, step)
         loc = first
         while loc.next_offset < self._until:
             loc = self._manifest.locate_offset(self._tree, loc.next_offset)
-            yield loc.key, FRAGMENT_HEADER_SIZE, FRAGMENT_HEADER_SIZE + loc.entry.data_size
+            data_end = FRAGMENT_HEADER_SIZE + loc.entry.data_size
+            try:
+                index = self._manifest.fragment_index(loc)  # cached: ``_enter`` reuses it
+            except TierlogError:
+                # Read ahead unaligned; the error surfaces when the reader gets there.
+                yield loc.key, FRAGMENT_HEADER_SIZE, data_end
+                continue
+            positions: list[int] = index.records["position"].astype(np.int64).tolist()
+            yield from _aligned_spans(loc.key, positions, data_end, step)
 
     @property
     def stream(self) -> RangeStream:
@@ -165,7 +206,7 @@ class _RemoteCursor:
                 )
             if self._verify:
                 start = header.data_start
-                check_crc(header, raw[start : start + header.data_length])
+                check_remote_crc(header, raw[start : start + header.data_length])
         except FormatError as exc:
             raise RemoteDataCorruptError(f"{self.key}: chunk {chunk_id}: {exc}") from exc
         self._i = i + 1
