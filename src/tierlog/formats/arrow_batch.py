@@ -51,13 +51,7 @@ from tierlog.formats.errors import (
     TruncatedError,
     UnsupportedError,
 )
-from tierlog.formats.fragment import (
-    FRAGMENT_MAGIC,
-    FRAGMENT_VERSION,
-    HEADER,
-    decode_index,
-    decode_trailer,
-)
+from tierlog.formats.fragment import decode_fragment
 
 Buffer = bytes | bytearray | memoryview
 IntArray = npt.NDArray[np.int64]
@@ -229,24 +223,12 @@ def fragment_to_record_batch(
 ) -> pa.RecordBatch:
     """Decode a whole fragment object (trailer and index checked, chunks located by index)."""
     view = memoryview(fragment).cast("B")
-    if view.nbytes < HEADER.size:
-        raise TruncatedError(f"fragment of {view.nbytes} bytes is too short")
-    magic, version = HEADER.unpack_from(view, 0)
-    if magic != FRAGMENT_MAGIC:
-        raise BadMagicError(f"not a fragment: magic {magic!r}")
-    if version != FRAGMENT_VERSION:
-        raise UnsupportedError(f"fragment version {version} not supported")
-    trailer = decode_trailer(view)
-    if trailer.total_size != view.nbytes:
-        raise InvalidSizeError(
-            f"fragment is {view.nbytes} bytes, trailer says {trailer.total_size}"
-        )
-    index = decode_index(view[trailer.index_start :], trailer)
+    index = decode_fragment(view)
     records = index.records
     positions = records["position"].astype(np.int64)
     _check_against_index(view, positions, records)
     return chunks_to_record_batch(
-        view[: trailer.index_start],
+        view[: index.trailer.index_start],
         stream,
         positions=positions,
         sizes=records["size"].astype(np.int64),

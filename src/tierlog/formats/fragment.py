@@ -380,15 +380,10 @@ def _check_index(records: np.ndarray, t: FragmentTrailer) -> None:
         )
 
 
-def validate_fragment(
-    data: bytes | bytearray | memoryview, *, check_chunks: bool = True
-) -> FragmentIndex:
-    """Validate a whole fragment object; return its index.
-
-    Checks header, trailer, index and metadata CRC; with ``check_chunks`` also each chunk's
-    Osiris header against its index record and the CRC of its entry data.
-    """
-    view = memoryview(data)
+def decode_fragment(data: bytes | bytearray | memoryview) -> FragmentIndex:
+    """Check a whole fragment object's header, trailer, index and metadata CRC; return
+    its index (chunks are located by it; their own bytes are not checked here)."""
+    view = memoryview(data).cast("B")
     if view.nbytes < HEADER_SIZE + TRAILER_SIZE:
         raise TruncatedError(f"fragment of {view.nbytes} bytes is too short")
     magic, version = HEADER.unpack_from(view, 0)
@@ -401,7 +396,19 @@ def validate_fragment(
         raise InvalidSizeError(
             f"fragment is {view.nbytes} bytes, trailer says {trailer.total_size}"
         )
-    index = decode_index(view[trailer.index_start :], trailer)
+    return decode_index(view[trailer.index_start :], trailer)
+
+
+def validate_fragment(
+    data: bytes | bytearray | memoryview, *, check_chunks: bool = True
+) -> FragmentIndex:
+    """Validate a whole fragment object; return its index.
+
+    Checks header, trailer, index and metadata CRC; with ``check_chunks`` also each chunk's
+    Osiris header against its index record and the CRC of its entry data.
+    """
+    view = memoryview(data).cast("B")
+    index = decode_fragment(view)
     if check_chunks:
         for i in range(len(index)):
             info, position = index.chunk(i)
