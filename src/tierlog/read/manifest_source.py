@@ -25,10 +25,10 @@ from tierlog.formats.fragment import (
     index_range,
 )
 from tierlog.read.errors import FragmentExpiredError, RemoteDataCorruptError
-from tierlog.storage.errors import NotFoundError, TransientError
+from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.catalog import Catalog, ManifestPointer
-from tierlog.tiering.keys import root_key
+from tierlog.tiering.committed import read_committed_root
 from tierlog.tiering.manifest_tree import DEFAULT_M, FragmentLocation, ManifestTree
 from tierlog.tiering.remote import StreamDeletedError
 
@@ -187,22 +187,19 @@ class CatalogManifest(ManifestSource):
 
     def refresh(self) -> ManifestTree:
         with self._lock:
-            for _ in range(10):
+            known = self.pointer
+            if self._tree is not None and known is not None:
                 pointer = self.catalog.read_pointer(self.stream_dir)
-                if pointer is None:
-                    raise StreamDeletedError(f"stream {self.stream_dir} was deleted")
-                known = self.pointer
-                if self._tree is not None and known and pointer.root_uid == known.root_uid:
-                    return self._tree
-                if pointer.root_uid is None:
-                    tree = ManifestTree(self.prefix, self.stream_dir, m=self.m)
-                else:
-                    key = root_key(self.prefix, self.stream_dir, bytes.fromhex(pointer.root_uid))
-                    try:
-                        data = self.store.get(key)
-                    except NotFoundError:
-                        continue  # superseded and deleted: the pointer has moved on
-                    tree = ManifestTree.from_root(data, self.prefix, m=self.m)
-                self.pointer, self._tree = pointer, tree
-                return tree
-        raise TransientError(f"manifest root of {self.stream_dir} keeps disappearing")
+                if pointer is not None and pointer.root_uid == known.root_uid:
+                    return self._tree  # unchanged: keep the cached root
+            pointer, data = read_committed_root(
+                self.catalog, self.store, self.prefix, self.stream_dir
+            )
+            if pointer is None:
+                raise StreamDeletedError(f"stream {self.stream_dir} was deleted")
+            if data is None:
+                tree = ManifestTree(self.prefix, self.stream_dir, m=self.m)
+            else:
+                tree = ManifestTree.from_root(data, self.prefix, m=self.m)
+            self.pointer, self._tree = pointer, tree
+            return tree

@@ -23,15 +23,13 @@ from tierlog.formats.manifest import KIND_BRANCH, decode_node
 from tierlog.spark import connections
 from tierlog.spark.errors import StreamUnavailableError
 from tierlog.spark.options import SourceOptions, StreamName
-from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.catalog import Catalog, StreamRecord
-from tierlog.tiering.keys import branch_key, fragment_key, root_key
+from tierlog.tiering.committed import read_committed_root
+from tierlog.tiering.keys import branch_key, fragment_key
 from tierlog.tiering.manifest_tree import ManifestCorruptError, ManifestTree
 
 Loader = Callable[[str], bytes]
-
-_ROOT_ATTEMPTS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,19 +123,12 @@ def load_tree(catalog: Catalog, store: ObjectStore, prefix: str, incarnation: st
     A 404 on the root means a newer commit superseded it and it was deleted after the
     grace period: the pointer is read again.
     """
-    for _ in range(_ROOT_ATTEMPTS):
-        pointer = catalog.read_pointer(incarnation)
-        if pointer is None:
-            raise StreamUnavailableError(f"stream incarnation {incarnation} was deleted")
-        if pointer.root_uid is None:
-            return ManifestTree(prefix, incarnation)
-        key = root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
-        try:
-            data = store.get(key)
-        except NotFoundError:
-            continue
-        return ManifestTree.from_root(data, prefix)
-    raise TransientError(f"manifest root of {incarnation} keeps disappearing")
+    pointer, data = read_committed_root(catalog, store, prefix, incarnation)
+    if pointer is None:
+        raise StreamUnavailableError(f"stream incarnation {incarnation} was deleted")
+    if data is None:
+        return ManifestTree(prefix, incarnation)
+    return ManifestTree.from_root(data, prefix)
 
 
 def resolve_stream(catalog: Catalog, vhost: str, name: str) -> StreamRecord:

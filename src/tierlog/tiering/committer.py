@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from tierlog.storage.errors import (
     EpochFencedError,
     KeyDeletedError,
-    NotFoundError,
     StorageError,
     TransientError,
 )
 from tierlog.tiering.catalog import Catalog, ManifestPointer
+from tierlog.tiering.committed import read_committed_root
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.keys import new_uid
 from tierlog.tiering.manifest_tree import DEFAULT_M, ManifestTree
@@ -66,21 +66,17 @@ class ManifestCommitter:
 
     def load(self) -> ManifestTree:
         """Read the pointer and the root it names (re-reading the pointer on a 404)."""
-        for _ in range(10):
-            pointer = self.catalog.read_pointer(self.incarnation)
-            if pointer is None:
-                raise StreamDeletedError(f"stream {self.incarnation} was deleted")
-            if pointer.root_uid is None:
-                self.pointer, self.tree = pointer, self._empty_tree()
-                return self.tree
-            try:
-                data = self.remote.store.get(self.remote.root_key(bytes.fromhex(pointer.root_uid)))
-            except NotFoundError:
-                continue  # superseded and deleted under us: the pointer moved on
-            self.pointer = pointer
+        pointer, data = read_committed_root(
+            self.catalog, self.remote.store, self.remote.prefix, self.incarnation
+        )
+        if pointer is None:
+            raise StreamDeletedError(f"stream {self.incarnation} was deleted")
+        self.pointer = pointer
+        if data is None:
+            self.tree = self._empty_tree()
+        else:
             self.tree = ManifestTree.from_root(data, self.remote.prefix, m=self.m)
-            return self.tree
-        raise TransientError(f"manifest root of {self.incarnation} keeps disappearing")
+        return self.tree
 
     def commit(self, entries: Sequence[FragmentEntry], trim_to: int | None = None) -> ManifestTree:
         """Append ``entries`` (may be empty: a fencing commit) and commit the new root.

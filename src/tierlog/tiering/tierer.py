@@ -231,14 +231,7 @@ class StreamTierer:
 
     def deletable_segments(self) -> list[int]:
         """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
-        durable = self.durable_next
-        out = []
-        for seg in self.log.list_segments():
-            if seg.sealed and seg.next_offset <= durable:
-                out.append(seg.first_offset)
-            else:
-                break
-        return out
+        return self.local_segments_to_free(max_bytes=0, max_age_seconds=None)
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self) -> ResolveResult:
@@ -494,6 +487,8 @@ class StreamTierer:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
 
         def newest(first: int) -> int:
+            if max_age_seconds is None:
+                return 0  # not needed: spare reading the segment's index
             chunks = self.log.segment_chunks(first)
             return chunks[-1].timestamp if chunks else 0
 

@@ -28,11 +28,12 @@ from tierlog.formats.manifest import (
     entry_at,
     entry_next_offset,
 )
-from tierlog.storage.errors import NotFoundError
+from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 from tierlog.tiering import keys
 from tierlog.tiering.catalog import Catalog, ManifestPointer, StreamRecord
+from tierlog.tiering.committed import read_committed_root
 
 _S3_CREDENTIALS = (
     ("access_key_id", "AWS_ACCESS_KEY_ID"),
@@ -217,31 +218,28 @@ def walk_manifest(
     """Read the committed root of ``incarnation`` and every branch below it, checking each
     node against the entry that points to it. A root that vanished (superseded and deleted
     between reading the pointer and the root) makes it re-read the pointer."""
-    for _ in range(attempts):
-        pointer = catalog.read_pointer(incarnation)
-        walk = ManifestWalk(pointer)
-        if pointer is None or pointer.root_uid is None:
-            return walk
-        walk.root_key = keys.root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
-        try:
-            data = store.get(walk.root_key)
-        except NotFoundError:
-            continue
-        try:
-            root = decode_node(data)
-        except FormatError as exc:
-            walk.problems.append(_problem("corrupt-root", walk.root_key, str(exc)))
-            return walk
-        h = root.header
-        if h.kind != KIND_ROOT or h.stream_dir != incarnation:
-            detail = f"kind {h.kind}, stream {h.stream_dir!r}"
-            walk.problems.append(_problem("bad-root", walk.root_key, detail))
-            return walk
-        walk.first_offset, walk.next_offset = h.first_offset, h.next_offset
-        _walk_entries(store, prefix, incarnation, root.entries, h.next_offset, walk)
+    try:
+        pointer, data = read_committed_root(catalog, store, prefix, incarnation, attempts)
+    except TransientError:
+        walk = ManifestWalk(catalog.read_pointer(incarnation))
+        walk.problems.append(_problem("missing-root", incarnation, "the committed root is missing"))
         return walk
-    walk = ManifestWalk(catalog.read_pointer(incarnation))
-    walk.problems.append(_problem("missing-root", incarnation, "the committed root is missing"))
+    walk = ManifestWalk(pointer)
+    if pointer is None or pointer.root_uid is None or data is None:
+        return walk
+    walk.root_key = keys.root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
+    try:
+        root = decode_node(data)
+    except FormatError as exc:
+        walk.problems.append(_problem("corrupt-root", walk.root_key, str(exc)))
+        return walk
+    h = root.header
+    if h.kind != KIND_ROOT or h.stream_dir != incarnation:
+        detail = f"kind {h.kind}, stream {h.stream_dir!r}"
+        walk.problems.append(_problem("bad-root", walk.root_key, detail))
+        return walk
+    walk.first_offset, walk.next_offset = h.first_offset, h.next_offset
+    _walk_entries(store, prefix, incarnation, root.entries, h.next_offset, walk)
     return walk
 
 

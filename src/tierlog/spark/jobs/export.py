@@ -24,9 +24,8 @@ from typing import Any
 
 from tierlog.formats.manifest import decode_node
 from tierlog.spark.jobs.common import Progress, RemoteTier, select_streams
-from tierlog.storage.errors import NotFoundError
-from tierlog.tiering import keys
 from tierlog.tiering.catalog import Catalog, StreamRecord
+from tierlog.tiering.committed import read_committed_root
 
 STATE_DIR = "_tierlog_export_state"
 DATE_COLUMN = "date"
@@ -71,17 +70,11 @@ def _manifest_range(
     tier: RemoteTier, store: Any, catalog: Catalog, incarnation: str
 ) -> tuple[int, int] | None:
     """(first, next) of the committed manifest; None when nothing is tiered yet."""
-    for _ in range(5):
-        pointer = catalog.read_pointer(incarnation)
-        if pointer is None or pointer.root_uid is None:
-            return None
-        key = keys.root_key(tier.prefix, incarnation, bytes.fromhex(pointer.root_uid))
-        try:
-            header = decode_node(store.get(key)).header
-        except NotFoundError:
-            continue  # superseded meanwhile: read the pointer again
-        return header.first_offset, header.next_offset
-    return None
+    _pointer, data = read_committed_root(catalog, store, tier.prefix, incarnation)
+    if data is None:
+        return None
+    header = decode_node(data).header
+    return header.first_offset, header.next_offset
 
 
 def _display(record: StreamRecord) -> str:
