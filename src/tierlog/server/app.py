@@ -9,21 +9,29 @@ restart resumes from the same data directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from tierlog.metrics import Metrics
 from tierlog.server.admin import build_admin_app
-from tierlog.server.broker import Broker, LagProvider, RemoteStatusProvider, no_lag
+from tierlog.server.broker import (
+    Broker,
+    LagProvider,
+    RemoteStatusProvider,
+    StreamHandle,
+    no_lag,
+)
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
-from tierlog.server.metrics import ServerMetrics
 from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
@@ -71,6 +79,14 @@ def setup_logging(config: ServerConfig) -> None:
     root.propagate = False
 
 
+def _local_bytes(handle: StreamHandle) -> int:
+    total = 0
+    for ref in handle.log.segment_refs():
+        with contextlib.suppress(FileNotFoundError):
+            total += os.path.getsize(ref.segment_path) + os.path.getsize(ref.index_path)
+    return total
+
+
 class Server:
     """A running tierlog server (stream protocol + admin HTTP) inside the current loop."""
 
@@ -83,7 +99,7 @@ class Server:
     ) -> None:
         self.config = config
         self.storage = config.storage.resolved()
-        self.metrics = ServerMetrics()
+        self.metrics = Metrics()
         self.meta: MetaStore | None = None
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
@@ -121,6 +137,7 @@ class Server:
             lifecycle=self.tiering,
         )
         await self.broker.start()
+        self._register_stream_metrics(self.broker)
         loop = asyncio.get_running_loop()
         broker, config, metrics = self.broker, self.config, self.metrics
         s = config.server
@@ -158,6 +175,22 @@ class Server:
             self.storage.data_dir,
             type(loop).__module__,
         )
+
+    def _register_stream_metrics(self, broker: Broker) -> None:
+        """Per-stream values of the local tier, read from the open streams at scrape time."""
+        metrics = self.metrics
+
+        def per_stream(value: Callable[[StreamHandle], float]) -> Callable[[], list[Any]]:
+            return lambda: [((h.vhost, h.name), float(value(h))) for h in broker.streams()]
+
+        metrics.streams.read = lambda: [((), float(len(broker.streams())))]
+        metrics.stream_local_bytes.read = per_stream(_local_bytes)
+        metrics.stream_segments.read = per_stream(lambda h: len(h.log.segment_refs()))
+        metrics.stream_next_offset.read = per_stream(lambda h: h.log.commit_point().next_offset)
+        metrics.stream_queued_bytes.read = per_stream(lambda h: h.pending_bytes)
+        metrics.publishers_throttled.read = per_stream(lambda h: bool(h.blocked))
+        if self.tiering is None:
+            metrics.tier_lag_bytes.read = per_stream(lambda h: h.tier_lag)
 
     async def stop(self) -> None:
         """Stop listening, close connections, flush and close every stream."""

@@ -34,9 +34,9 @@ from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
 from tierlog.log.writer import StreamLog
+from tierlog.metrics import Metrics
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
-from tierlog.server.metrics import ServerMetrics
 from tierlog.tiering.catalog import Catalog, StreamExistsError, StreamRecord
 from tierlog.tiering.settings import StreamSettings
 
@@ -392,8 +392,8 @@ class StreamHandle:
         except Exception as exc:  # the executor itself failed
             log.error("event=group_failed stream=%s error=%r", self.name, exc)
             result = _GroupResult([ResponseCode.INTERNAL_ERROR] * len(ops))
-        metrics.fsyncs.inc()
-        metrics.group_frames.observe(len(ops))
+        metrics.group_commits.inc()
+        metrics.group_commit_frames.observe(len(ops))
         metrics.chunks_written.inc(result.chunks)
         metrics.duplicate_messages.inc(result.duplicates)
         for op, code in zip(ops, result.codes, strict=True):
@@ -412,12 +412,10 @@ class StreamHandle:
         if listener not in self.blocked:
             self.blocked.add(listener)
             self.broker.metrics.throttle_events.inc()
-            self.broker.metrics.throttled.set(1, stream=self.name)
 
     def update_throttle(self) -> None:
         if self.blocked and not self.congested:
             blocked, self.blocked = self.blocked, set()
-            self.broker.metrics.throttled.set(0, stream=self.name)
             for listener in blocked:
                 listener.resume_publishing(self)
 
@@ -478,7 +476,7 @@ class Broker:
         self,
         config: ServerConfig,
         catalog: Catalog,
-        metrics: ServerMetrics,
+        metrics: Metrics,
         *,
         lag_provider: LagProvider = no_lag,
         remote_status: RemoteStatusProvider | None = None,
@@ -495,7 +493,6 @@ class Broker:
         self.connections: set[Any] = set()
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
-        metrics.streams.source = lambda: [((), float(len(self._streams)))]
 
     # ----------------------------------------------------------------- lifecycle
 

@@ -79,11 +79,11 @@ from tierlog.formats.protocol.publish import (
     encode_publish_confirm,
 )
 from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
+from tierlog.metrics import Metrics
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
-from tierlog.server.metrics import ServerMetrics
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
     OVERTAKEN_PROPERTY,
@@ -128,7 +128,7 @@ def is_loopback(host: str) -> bool:
 class Connection(asyncio.Protocol):
     """The server side of one client connection."""
 
-    def __init__(self, broker: Broker, config: ServerConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, broker: Broker, config: ServerConfig, metrics: Metrics) -> None:
         self.broker = broker
         self.config = config
         self.metrics = metrics
@@ -191,7 +191,7 @@ class Connection(asyncio.Protocol):
         if sock:
             self.local_addr = (str(sock[0]), int(sock[1]))
         self.metrics.connections.inc()
-        self.metrics.connections_total.inc()
+        self.metrics.connections_opened.inc()
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -257,7 +257,7 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, reason: str, code: int, message: str) -> None:
         """Close this connection because of a bad frame or protocol violation."""
-        self.metrics.frame_errors.inc(reason=reason)
+        self.metrics.frame_errors.labels(reason=reason).inc()
         log.warning(
             "event=connection_closed reason=%s peer=%s detail=%r", reason, self.peer_host, message
         )
@@ -535,10 +535,12 @@ class Connection(asyncio.Protocol):
             return
         handle = publisher.stream
         publisher_id = batch.publisher_id
+        received = time.perf_counter()
 
         def done(code: int) -> None:
             if code == ResponseCode.OK:
                 metrics.confirmed_messages.inc(len(ids))
+                metrics.publish_confirm_seconds.observe(time.perf_counter() - received)
                 self.send(encode_publish_confirm(publisher_id, ids))
             else:
                 self._publish_error(publisher_id, ids, code)
@@ -549,7 +551,7 @@ class Connection(asyncio.Protocol):
             self.pause(f"stream:{handle.name}")
 
     def _publish_error(self, publisher_id: int, ids: Any, code: int) -> None:
-        self.metrics.publish_errors.inc(len(ids), code=str(code))
+        self.metrics.publish_errors.labels(code=str(code)).inc(len(ids))
         self.send(PublishError(publisher_id, [(pid, code) for pid in ids]).encode())
 
     # ----------------------------------------------------------------- consuming

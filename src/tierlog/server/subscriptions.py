@@ -19,6 +19,7 @@ import logging
 from typing import Protocol
 
 from tierlog.log.offset_spec import OffsetSpec
+from tierlog.metrics import Metrics
 from tierlog.server.chunk_source import (
     ChunkCursor,
     ChunkSource,
@@ -26,7 +27,6 @@ from tierlog.server.chunk_source import (
     OvertakenError,
     SourceClosedError,
 )
-from tierlog.server.metrics import ServerMetrics
 
 log = logging.getLogger("tierlog.server.subscriptions")
 
@@ -56,7 +56,7 @@ class Subscription:
         spec: OffsetSpec,
         credit: int,
         sink: DeliverySink,
-        metrics: ServerMetrics,
+        metrics: Metrics,
         *,
         overtaken: str = "notify",
         want_file: bool = False,
@@ -131,7 +131,7 @@ class Subscription:
 
     def _handle_overtaken(self, exc: OvertakenError) -> bool:
         """True to continue (skip), False when the subscription ends."""
-        self._metrics.overtaken.inc(action=self.overtaken_action)
+        self._metrics.overtaken.labels(action=self.overtaken_action).inc()
         log.warning(
             "event=consumer_overtaken stream=%s subscription=%d position=%d first=%d action=%s",
             self.stream_name,
