@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +78,7 @@ from tierlog.formats.protocol.publish import (
     encode_publish_confirm,
 )
 from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
+from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
@@ -91,7 +91,7 @@ from tierlog.server.subscriptions import (
 )
 from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
 
-log = logging.getLogger("tierlog.server.connection")
+log = get_logger("tierlog.server.connection")
 
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 NO_LEADER = 0xFFFF
@@ -258,9 +258,7 @@ class Connection(asyncio.Protocol):
     def _fail(self, reason: str, code: int, message: str) -> None:
         """Close this connection because of a bad frame or protocol violation."""
         self.metrics.frame_errors.labels(reason=reason).inc()
-        log.warning(
-            "event=connection_closed reason=%s peer=%s detail=%r", reason, self.peer_host, message
-        )
+        log.warning("connection_closed", reason=reason, peer=self.peer_host, detail=message)
         if self.transport is not None and self.state != "closed":
             self.transport.write(CloseRequest(1, code, reason).encode())
             self.transport.close()
@@ -277,7 +275,7 @@ class Connection(asyncio.Protocol):
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("event=command_failed error=%r", task.exception())
+            log.error("command_failed", error=repr(task.exception()))
 
     def pause(self, reason: str) -> None:
         if not self._pause_reasons and self.transport is not None:
@@ -335,7 +333,7 @@ class Connection(asyncio.Protocol):
         self.send(SaslAuthenticateResponse(cmd.correlation_id, code).encode())
         if code != ResponseCode.OK:
             self.metrics.auth_failures.inc()
-            log.warning("event=auth_failed user=%r peer=%s code=%d", user, self.peer_host, code)
+            log.warning("auth_failed", user=user, peer=self.peer_host, code=code)
             self._loop.call_later(0.05, self._close_transport)
             self.state = "closed"
             return
@@ -416,10 +414,10 @@ class Connection(asyncio.Protocol):
         except StreamExistsError:
             code = ResponseCode.STREAM_ALREADY_EXISTS
         except ConfigError as exc:
-            log.info("event=create_rejected stream=%r error=%s", cmd.stream, exc)
+            log.info("create_rejected", stream=cmd.stream, error=str(exc))
             code = ResponseCode.PRECONDITION_FAILED
         except (TierlogError, OSError) as exc:
-            log.error("event=create_failed stream=%r error=%r", cmd.stream, exc)
+            log.error("create_failed", stream=cmd.stream, error=repr(exc))
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
@@ -430,7 +428,7 @@ class Connection(asyncio.Protocol):
         except (StreamNotFoundError, ConfigError):
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         except (TierlogError, OSError) as exc:
-            log.error("event=delete_failed stream=%r error=%r", cmd.stream, exc)
+            log.error("delete_failed", stream=cmd.stream, error=repr(exc))
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
@@ -581,7 +579,7 @@ class Connection(asyncio.Protocol):
                         want_file=self._use_sendfile,
                     )
                 except (TierlogError, OSError) as exc:
-                    log.error("event=subscribe_failed stream=%s error=%r", cmd.stream, exc)
+                    log.error("subscribe_failed", stream=cmd.stream, error=repr(exc))
                     code = ResponseCode.INTERNAL_ERROR
                 else:
                     self.subscriptions[cmd.subscription_id] = subscription

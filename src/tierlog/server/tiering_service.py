@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import shutil
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
+from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.server.tiered_source import TieredChunkSource
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tierlog.server.broker import StreamHandle
     from tierlog.server.config import ServerConfig
 
-log = logging.getLogger("tierlog.server.tiering")
+log = get_logger("tierlog.server.tiering")
 
 HUGE_LAG = 1 << 62
 
@@ -104,7 +104,9 @@ class TieringService:
         except (TierlogError, OSError) as exc:
             # Retried by the housekeeping loop: an object store outage at start must not
             # leave the stream untiered for good (appends go on; local data is kept).
-            log.error("event=tiering_not_started stream=%s error=%r", handle.name, exc)
+            log.error(
+                "tiering_not_started", vhost=handle.vhost, stream=handle.name, error=repr(exc)
+            )
             tierer.stop(flush=False, timeout=1.0)
             self._not_started[handle.record.incarnation] = handle
             return
@@ -116,11 +118,12 @@ class TieringService:
             )
         )
         log.info(
-            "event=tiering_started stream=%s remote_next=%d adopted=%d restarted_local=%s",
-            handle.name,
-            result.next_offset,
-            result.adopted,
-            result.restarted_local,
+            "tiering_started",
+            vhost=handle.vhost,
+            stream=handle.name,
+            remote_next_offset=result.next_offset,
+            adopted=result.adopted,
+            restarted_local=result.restarted_local,
         )
 
     async def closing(self, handle: StreamHandle, *, flush: bool) -> None:
@@ -176,7 +179,7 @@ class TieringService:
                 self.catalog, self.store, self.tier.prefix, self.config.storage.streams_dir
             )
         except TierlogError as exc:
-            log.warning("event=stream_cleanup_failed error=%r", exc)
+            log.warning("stream_cleanup_failed", error=repr(exc))
 
     async def _housekeeping(self) -> None:
         """Local retention on each writer thread; cleanups and due deletions."""
@@ -205,10 +208,10 @@ class TieringService:
                         settings.local_max_age_seconds,
                     )
                 except (TierlogError, OSError) as exc:
-                    log.warning("event=local_retention_failed stream=%s error=%r", handle.name, exc)
+                    log.warning("local_retention_failed", stream=handle.name, error=repr(exc))
                     continue
                 if freed:
-                    log.info("event=local_segments_freed stream=%s segments=%s", handle.name, freed)
+                    log.info("local_segments_freed", stream=handle.name, segments=freed)
 
     # -- metrics ----------------------------------------------------------------------
     def _register_metrics(self, metrics: Metrics) -> None:

@@ -9,11 +9,11 @@ is deleted: if it names our new root, the commit happened.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
+from tierlog.logs import get_logger
 from tierlog.storage.errors import (
     EpochFencedError,
     KeyDeletedError,
@@ -28,7 +28,7 @@ from tierlog.tiering.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.tiering.remote import DeposedError, RemoteStream, StreamDeletedError, TieringError
 from tierlog.tiering.state import FragmentEntry
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _ignore(seconds: float) -> None:
@@ -186,4 +186,4 @@ class ManifestCommitter:
         try:
             self.remote.store.delete_many(keys)
         except StorageError:
-            log.warning("could not delete unpublished manifest objects %s", keys)
+            log.warning("unpublished_manifest_objects_not_deleted", keys=keys)
