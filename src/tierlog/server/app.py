@@ -82,7 +82,7 @@ class Server:
         try:
             await self._start()
         except BaseException:
-            await self.stop()
+            await self._close()
             raise
 
     async def _start(self) -> None:
@@ -185,6 +185,11 @@ class Server:
 
     async def stop(self) -> None:
         """Stop listening, close connections, flush and close every stream."""
+        await self._close()
+        log.info("server_stopped")
+        self._stopped.set()
+
+    async def _close(self) -> None:
         if self._server is not None:
             self._server.close()
         if self.broker is not None:
@@ -201,8 +206,6 @@ class Server:
             self.object_store.close()
         if self.meta is not None:
             self.meta.close()
-        log.info("server_stopped")
-        self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -214,7 +217,9 @@ async def _open_store(what: str, setting: str, uri: str, open_store: Callable[[s
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(None, open_store, uri)
-    except (ConfigError, ImportError):
+    except ConfigError as exc:
+        raise ConfigError(f"{setting}: {exc}") from exc
+    except ImportError:
         raise
     except (TierlogError, OSError, sqlite3.Error) as exc:
         raise StoreUnavailableError(
