@@ -20,7 +20,7 @@ import logging
 import sys
 import time
 from typing import Any, TextIO
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
@@ -132,23 +132,22 @@ def setup_logging(
 
 def redact_uri(uri: str) -> str:
     """``uri`` safe to log: a password in the user part and credential-like query
-    parameters replaced by ``***``."""
+    parameters replaced by ``***``; anything else is left exactly as written."""
     try:
         parts = urlsplit(uri)
-        netloc = parts.netloc
+        redacted = uri
         if parts.password is not None:
-            user, _, host = netloc.rpartition("@")
+            user, _, host = parts.netloc.rpartition("@")
             netloc = f"{user.split(':', 1)[0]}:***@{host}"
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            query = urlencode(
-                [
-                    (k, "***" if any(s in k.lower() for s in _SECRET_PARAMS) else v)
-                    for k, v in pairs
-                ],
-                safe="*:/",
-            )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+            redacted = redacted.replace(parts.netloc, netloc, 1)
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(_is_secret(k) for k, _ in pairs):
+            query = urlencode([(k, "***" if _is_secret(k) else v) for k, v in pairs], safe="*:/")
+            redacted = redacted.replace(parts.query, query, 1)
+        return redacted
     except ValueError:
         return "<unparsable uri>"
+
+
+def _is_secret(name: str) -> bool:
+    return any(s in name.lower() for s in _SECRET_PARAMS)
