@@ -233,10 +233,34 @@ def _env_name(setting: str) -> str:
     return "TIERLOG_" + setting.replace(".", "_").upper()
 
 
-def _did_you_mean(name: str, candidates: list[str], cutoff: float = 0.6) -> str:
-    """``"; did you mean X?"`` for the closest candidate, or nothing."""
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]}?" if close else ""
+def _closest(given: str, key: str, env: bool) -> str | None:
+    """The setting closest to a misspelt one: by the whole name (``sever_port``,
+    ``server.log_levl``) or by the key alone (``log_level`` under the wrong section)."""
+    best, best_score = None, SUGGEST_CUTOFF
+    for setting in _setting_names():
+        full = setting.replace(".", "_") if env else setting
+        score = max(
+            difflib.SequenceMatcher(None, given, full).ratio() if env else 0.0,
+            difflib.SequenceMatcher(None, key, setting.partition(".")[2]).ratio(),
+        )
+        if score > best_score:
+            best, best_score = setting, score
+    return best
+
+
+def _unknown_setting(section: str, key: str, env: str) -> ConfigError:
+    if env:
+        rest = env[len("TIERLOG_") :].lower()
+        close = _closest(rest, rest, env=True)
+        hint = f"; did you mean {_env_name(close)}?" if close else ""
+        return ConfigError(f"unknown setting {env}{hint}")
+    close = _closest(f"{section}.{key}", key, env=False)
+    hint = f"; did you mean {close}?" if close else ""
+    return ConfigError(f"unknown setting {section}.{key}{hint}")
+
+
+SUGGEST_CUTOFF = 0.8
+"""How alike (difflib ratio) a name must be to a setting's to be suggested."""
 
 
 def _apply(
@@ -248,13 +272,7 @@ def _apply(
     changes: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
-            if env:
-                names = [_env_name(n) for n in _setting_names()]
-                raise ConfigError(f"unknown setting {env}{_did_you_mean(env, names)}")
-            setting = f"{section}.{key}"
-            raise ConfigError(
-                f"unknown setting {setting}{_did_you_mean(setting, _setting_names())}"
-            )
+            raise _unknown_setting(section, key, env)
         try:
             changes[key] = _coerce(section, key, value, getattr(current, key))
         except ConfigError as exc:
@@ -275,13 +293,13 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
             raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
         for section, values in data.items():
             if section not in _SECTIONS:
-                hint = _did_you_mean(f"[{section}]", [f"[{s}]" for s in _SECTIONS])
+                close = difflib.get_close_matches(section, list(_SECTIONS), n=1)
+                hint = f"; did you mean [{close[0]}]?" if close else ""
                 raise ConfigError(f"unknown config section [{section}]{hint}")
             if not isinstance(values, dict):
                 raise ConfigError(f"[{section}] must be a table of settings")
             config = _apply(config, section, values)
     env = os.environ if environ is None else environ
-    env_names = [_env_name(n) for n in _setting_names()]
     for name, value in env.items():
         if not name.startswith("TIERLOG_"):
             continue
@@ -292,11 +310,9 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
         section, _, key = rest.partition("_")
         if section in _SECTIONS and key:
             config = _apply(config, section, {key: value}, env=name)
-        elif not name.startswith(_OTHER_ENV_PREFIXES):
+        elif not name.startswith(_OTHER_ENV_PREFIXES) and _closest(rest, rest, env=True):
             # Not ours to reject (other tools share the prefix) unless it is a near miss.
-            hint = _did_you_mean(name, env_names, cutoff=0.75)
-            if hint:
-                raise ConfigError(f"unknown setting {name}{hint}")
+            raise _unknown_setting(section, key, name)
     return config.validate()
 
 
