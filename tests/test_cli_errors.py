@@ -88,19 +88,21 @@ def test_port_in_use(tmp_path: Path, busy_port: int, setting: str) -> None:
     )
 
 
-def test_missing_extra(tmp_path: Path) -> None:
-    fake = tmp_path / "fake-site" / "aetcd"
+@pytest.mark.parametrize(
+    ("module", "env", "extra"),
+    [
+        ("aetcd", {"TIERLOG_STORAGE_META_STORE": "etcd://127.0.0.1:2379/tierlog"}, "etcd"),
+        ("aiohttp", {}, "server"),
+    ],
+)
+def test_missing_extra(tmp_path: Path, module: str, env: dict[str, str], extra: str) -> None:
+    fake = tmp_path / "fake-site" / module
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'aetcd'\", name='aetcd')\n"
+        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n"
     )
-    result = run(
-        tmp_path,
-        "serve",
-        env={"TIERLOG_STORAGE_META_STORE": "etcd://127.0.0.1:2379/tierlog"},
-        pythonpath=str(fake.parent),
-    )
-    one_line_error(result, EXIT_MISSING_EXTRA, "'aetcd'", "pip install 'tierlog[etcd]'")
+    result = run(tmp_path, "serve", env=env, pythonpath=str(fake.parent))
+    one_line_error(result, EXIT_MISSING_EXTRA, f"'{module}'", f"pip install 'tierlog[{extra}]'")
 
 
 @pytest.mark.parametrize(
