@@ -75,22 +75,24 @@ _PRE_CHAIN: list[Processor] = [
     _timestamp,
 ]
 
-structlog.configure(
-    processors=[
-        structlog.stdlib.filter_by_level,
-        *_PRE_CHAIN,
-        structlog.processors.format_exc_info,
-        _render,
-    ],
-    logger_factory=structlog.stdlib.LoggerFactory(),
-    wrapper_class=structlog.stdlib.BoundLogger,
-    cache_logger_on_first_use=True,
-)
+_PROCESSORS: list[Processor] = [
+    structlog.stdlib.filter_by_level,
+    *_PRE_CHAIN,
+    structlog.processors.format_exc_info,
+    _render,
+]
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    """The structured logger of a module (``name`` is the stdlib logger name)."""
-    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    """The structured logger of a module (``name`` is the stdlib logger name). Built
+    with its own processor chain: structlog's global configuration, which an embedding
+    application may own, is left alone."""
+    logger: structlog.stdlib.BoundLogger = structlog.wrap_logger(
+        logging.getLogger(name),
+        processors=_PROCESSORS,
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
     return logger
 
 
