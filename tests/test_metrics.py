@@ -207,3 +207,19 @@ def test_metered_store_records_latency_sizes_and_outcomes(tmp_path: Path) -> Non
     assert v("tierlog_object_store_downloaded_bytes_total") == 5110
     assert v("tierlog_object_store_requests_total", op="get", outcome="ok") == 3
     assert v("tierlog_object_store_requests_total", op="get", outcome="NotFoundError") == 1
+
+
+async def test_openmetrics_when_the_scraper_asks(server: Server) -> None:
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+
+    url = f"http://127.0.0.1:{server.admin_port}/metrics"
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    async with aiohttp.ClientSession() as http, http.get(url, headers={"Accept": accept}) as r:
+        assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+        text = await r.text()
+    families = {f.name: f.type for f in openmetrics_families(text)}
+    assert families["tierlog_published_messages"] == "counter"
+    assert families["tierlog_publish_confirm_seconds"] == "histogram"
+    assert families["tierlog_build"] == "info"
