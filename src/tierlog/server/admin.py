@@ -10,7 +10,7 @@ Routes (``vhost`` is a query parameter, default ``/``):
 * ``PATCH /api/streams/{name}`` — ``{"arguments": {...}}`` / ``{"settings": {...}}``:
   change retention and tier settings
 * ``DELETE /api/streams/{name}``
-* ``GET /metrics`` — Prometheus text format
+* ``GET /metrics`` — Prometheus text format (OpenMetrics when the scraper asks for it)
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import web
 
 from tierlog.errors import ConfigError
+from tierlog.metrics import Metrics
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
-from tierlog.server.metrics import CONTENT_TYPE, ServerMetrics
 from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.tiering.settings import StreamSettings
 
@@ -57,7 +57,7 @@ def _changes(data: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-def build_admin_app(broker: Broker, metrics: ServerMetrics) -> web.Application:
+def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
     app = web.Application()
 
     async def health(request: web.Request) -> web.Response:
@@ -121,8 +121,8 @@ def build_admin_app(broker: Broker, metrics: ServerMetrics) -> web.Application:
         return web.json_response({"deleted": name, "incarnation": record.incarnation})
 
     async def prometheus(request: web.Request) -> web.Response:
-        body = metrics.render().encode("utf-8")
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        body, content_type = metrics.exposition(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/api/health", health)
     app.router.add_get("/api/streams", list_streams)

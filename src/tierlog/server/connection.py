@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,11 +78,12 @@ from tierlog.formats.protocol.publish import (
     encode_publish_confirm,
 )
 from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
+from tierlog.logs import get_logger
+from tierlog.metrics import Metrics
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
-from tierlog.server.metrics import ServerMetrics
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
     OVERTAKEN_PROPERTY,
@@ -91,7 +91,7 @@ from tierlog.server.subscriptions import (
 )
 from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
 
-log = logging.getLogger("tierlog.server.connection")
+log = get_logger("tierlog.server.connection")
 
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 NO_LEADER = 0xFFFF
@@ -128,7 +128,7 @@ def is_loopback(host: str) -> bool:
 class Connection(asyncio.Protocol):
     """The server side of one client connection."""
 
-    def __init__(self, broker: Broker, config: ServerConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, broker: Broker, config: ServerConfig, metrics: Metrics) -> None:
         self.broker = broker
         self.config = config
         self.metrics = metrics
@@ -191,7 +191,7 @@ class Connection(asyncio.Protocol):
         if sock:
             self.local_addr = (str(sock[0]), int(sock[1]))
         self.metrics.connections.inc()
-        self.metrics.connections_total.inc()
+        self.metrics.connections_opened.inc()
         self.broker.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -257,10 +257,8 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, reason: str, code: int, message: str) -> None:
         """Close this connection because of a bad frame or protocol violation."""
-        self.metrics.frame_errors.inc(reason=reason)
-        log.warning(
-            "event=connection_closed reason=%s peer=%s detail=%r", reason, self.peer_host, message
-        )
+        self.metrics.frame_errors.labels(reason=reason).inc()
+        log.warning("connection_closed", reason=reason, peer=self.peer_host, detail=message)
         if self.transport is not None and self.state != "closed":
             self.transport.write(CloseRequest(1, code, reason).encode())
             self.transport.close()
@@ -277,7 +275,7 @@ class Connection(asyncio.Protocol):
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("event=command_failed error=%r", task.exception())
+            log.error("command_failed", error=repr(task.exception()))
 
     def pause(self, reason: str) -> None:
         if not self._pause_reasons and self.transport is not None:
@@ -335,7 +333,7 @@ class Connection(asyncio.Protocol):
         self.send(SaslAuthenticateResponse(cmd.correlation_id, code).encode())
         if code != ResponseCode.OK:
             self.metrics.auth_failures.inc()
-            log.warning("event=auth_failed user=%r peer=%s code=%d", user, self.peer_host, code)
+            log.warning("auth_failed", user=user, peer=self.peer_host, code=code)
             self._loop.call_later(0.05, self._close_transport)
             self.state = "closed"
             return
@@ -416,10 +414,10 @@ class Connection(asyncio.Protocol):
         except StreamExistsError:
             code = ResponseCode.STREAM_ALREADY_EXISTS
         except ConfigError as exc:
-            log.info("event=create_rejected stream=%r error=%s", cmd.stream, exc)
+            log.info("create_rejected", stream=cmd.stream, error=str(exc))
             code = ResponseCode.PRECONDITION_FAILED
         except (TierlogError, OSError) as exc:
-            log.error("event=create_failed stream=%r error=%r", cmd.stream, exc)
+            log.error("create_failed", stream=cmd.stream, error=repr(exc))
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
@@ -430,7 +428,7 @@ class Connection(asyncio.Protocol):
         except (StreamNotFoundError, ConfigError):
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         except (TierlogError, OSError) as exc:
-            log.error("event=delete_failed stream=%r error=%r", cmd.stream, exc)
+            log.error("delete_failed", stream=cmd.stream, error=repr(exc))
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
@@ -535,10 +533,12 @@ class Connection(asyncio.Protocol):
             return
         handle = publisher.stream
         publisher_id = batch.publisher_id
+        received = time.perf_counter()
 
         def done(code: int) -> None:
             if code == ResponseCode.OK:
                 metrics.confirmed_messages.inc(len(ids))
+                metrics.publish_confirm_seconds.observe(time.perf_counter() - received)
                 self.send(encode_publish_confirm(publisher_id, ids))
             else:
                 self._publish_error(publisher_id, ids, code)
@@ -549,7 +549,7 @@ class Connection(asyncio.Protocol):
             self.pause(f"stream:{handle.name}")
 
     def _publish_error(self, publisher_id: int, ids: Any, code: int) -> None:
-        self.metrics.publish_errors.inc(len(ids), code=str(code))
+        self.metrics.publish_errors.labels(code=str(code)).inc(len(ids))
         self.send(PublishError(publisher_id, [(pid, code) for pid in ids]).encode())
 
     # ----------------------------------------------------------------- consuming
@@ -579,7 +579,7 @@ class Connection(asyncio.Protocol):
                         want_file=self._use_sendfile,
                     )
                 except (TierlogError, OSError) as exc:
-                    log.error("event=subscribe_failed stream=%s error=%r", cmd.stream, exc)
+                    log.error("subscribe_failed", stream=cmd.stream, error=repr(exc))
                     code = ResponseCode.INTERNAL_ERROR
                 else:
                     self.subscriptions[cmd.subscription_id] = subscription
