@@ -138,3 +138,32 @@ def test_large_chunks_use_the_background_crc(tmp_path: Path) -> None:
         got = [bytes(b) for _, b in r.records()]
     assert got == batch * 7
     reopened.close()
+
+
+@pytest.mark.parametrize("path", ["append", "append_encoded", "append_records"])
+def test_every_append_path_passes_the_gate(tmp_path: Path, path: str) -> None:
+    """The back-pressure gate guards all append paths alike: nothing is written while
+    it refuses, whichever way the records come in."""
+    log = make(tmp_path)
+
+    class Refused(Exception):
+        pass
+
+    calls: list[str] = []
+
+    def gate() -> None:
+        calls.append(path)
+        raise Refused
+
+    log.set_append_gate(gate)
+    with pytest.raises(Refused):
+        if path == "append":
+            log.append([b"a", b"b"])
+        elif path == "append_encoded":
+            log.append_encoded(encode_records([b"a", b"b"]), 2, 2)
+        else:
+            log.append_records([b"a", b"b"])
+    assert calls == [path]
+    assert log.next_offset == 0
+    log.set_append_gate(None)
+    log.close()
