@@ -163,6 +163,7 @@ class StreamLog:
         self._listeners: list[CommitListener] = []
         self._last_sync = time.monotonic()
         self._closed = False
+        self._append_gate: Callable[[], None] | None = None
         self.duplicates_dropped = 0
         self.recovery_notes = tuple(recovered.notes)
 
@@ -304,11 +305,15 @@ class StreamLog:
         counted. Entries over ``max_record_bytes`` raise RecordTooLargeError before
         anything is written.
         """
-        self._check_open()
-        gate = getattr(self, "_append_gate", None)
-        if gate is not None:
-            gate()  # may raise BackPressureError: nothing is written
-        entries = list(entries)
+        self._admit()
+        return self._append_entries(list(entries), producer, publishing_ids)
+
+    def _append_entries(
+        self,
+        entries: list[Entry],
+        producer: str | bytes | None,
+        publishing_ids: Sequence[int] | None,
+    ) -> AppendResult:
         if producer is None and publishing_ids is None:
             encoded = self._encode_plain(entries)
             if encoded is not None:  # the common case: plain records, one chunk
@@ -425,9 +430,7 @@ class StreamLog:
             raise InvalidAppendError(f"entry data: {exc}") from exc
         if records != num_records:
             raise InvalidAppendError(f"entries hold {records} records, not {num_records}")
-        gate = getattr(self, "_append_gate", None)
-        if gate is not None:
-            gate()  # may raise BackPressureError: nothing is written
+        self._admit()
         trailer = b""
         if producer_id is not None:
             assert last_publishing_id is not None
@@ -451,7 +454,7 @@ class StreamLog:
 
         Same limits as ``append`` (falls back to it when the batch must be split).
         """
-        self._check_open()
+        self._admit()
         n = len(records)
         if not n:
             raise InvalidAppendError("empty batch")
@@ -462,7 +465,7 @@ class StreamLog:
             or total > self._config.max_chunk_bytes
             or n > MAX_ENTRIES_PER_CHUNK
         ):
-            result = self.append(records)
+            result = self._append_entries(list(records), None, None)
             assert result.first_offset is not None
             return result.first_offset
         info = self._write_chunk(ChunkType.USER, encode_records(records), n, n, b"")
@@ -850,6 +853,14 @@ class StreamLog:
             if seg.ref.first_offset == first_offset:
                 return seg
         raise KeyError(f"no segment starts at {first_offset}")
+
+    def _admit(self) -> None:
+        """The one gate every append passes before anything is written: the log must be
+        open and the installed append gate (back-pressure) must let it through."""
+        self._check_open()
+        gate = self._append_gate
+        if gate is not None:
+            gate()  # may raise BackPressureError: nothing is written
 
     def _check_open(self) -> None:
         if self._closed:
