@@ -66,6 +66,7 @@ from tierlog.log.segment_files import (
     fsync_dir,
     index_chunks,
     read_chunk_bytes,
+    read_segment_into,
     segment_ref,
 )
 from tierlog.log.tracking import TrackingState
@@ -830,6 +831,14 @@ class StreamLog:
     def read_chunk_bytes(self, first_offset: int, position: int, size: int) -> bytes:
         """A chunk's raw bytes from segment ``first_offset`` (os.pread)."""
         return read_chunk_bytes(self._find_segment(first_offset).ref.segment_path, position, size)
+
+    def read_segment_into(self, first_offset: int, position: int, buf: memoryview) -> None:
+        """Fill ``buf`` with bytes of segment ``first_offset`` from ``position`` (one
+        os.preadv straight into the caller's buffer; ShortReadError on a short read).
+
+        This is how the tierer reads chunk ranges: through the log, never by path.
+        """
+        read_segment_into(self._find_segment(first_offset).ref.segment_path, position, buf)
 
     def delete_segment(self, first_offset: int) -> None:
         """Delete a sealed segment (local retention decides which; never the active one).

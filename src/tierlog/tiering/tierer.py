@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
+from tierlog.formats.chunk import decode_header
 from tierlog.formats.fragment import (
     HEADER_SIZE,
     ChunkInfo,
@@ -33,7 +33,7 @@ from tierlog.log.commit import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
-from tierlog.log.tracking import TrackingState
+from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
@@ -322,19 +322,13 @@ class StreamTierer:
         for fragment in reversed(chain):
             key = self.remote.fragment_key(fragment.trailer.first_offset)
             data = memoryview(self.remote.store.get(key))
+
+            def read(position: int, length: int, data: memoryview = data) -> memoryview:
+                return data[position : position + length]
+
             for i in range(len(fragment.index)):
                 _info, position = fragment.index.chunk(i)
-                header = decode_header(data, position)
-                start = position + header.data_start
-                body = data[start : start + header.data_length]
-                if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
-                    tracking.replace_with_snapshot(single_entry_body(body, header.num_entries))
-                elif header.chunk_type == ChunkType.TRACKING_DELTA:
-                    entries = single_entry_body(body, header.num_entries)
-                    tracking.apply_delta(header.chunk_id, entries)
-                elif header.trailer_length:
-                    end = start + header.data_length
-                    tracking.apply_delta(header.chunk_id, data[end : end + header.trailer_length])
+                replay_chunk(tracking, decode_header(data, position), position, read)
         return tracking
 
     def _fragment_starting_before(self, offset: int) -> RemoteFragment | None:
@@ -535,16 +529,7 @@ class StreamTierer:
         span = plan.chunks[-1].position + plan.chunks[-1].size - first.position
         body = bytearray(fragment_size(span, len(plan.chunks)))
         raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
-        path = next(
-            s.segment_path for s in self.log.list_segments() if s.first_offset == plan.segment
-        )
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = os.preadv(fd, [raw], first.position)
-        finally:
-            os.close(fd)
-        if got != span:
-            raise OSError(f"segment {plan.segment}: short read of {got} of {span} bytes")
+        self.log.read_segment_into(plan.segment, first.position, raw)
         buffers: list[bytes | bytearray | memoryview] = []
         infos: list[ChunkInfo] = []
         for c in plan.chunks:
