@@ -2,9 +2,11 @@
 work around it (local retention on each stream's writer thread, remote retention,
 the pending-deletion list, stream cleanups) and its metrics.
 
-The broker calls ``opened`` / ``closing`` as streams come and go; publishers are
-throttled by the broker through ``lag`` (never failed): the tierer's own append gate
-stays off in the server.
+The broker calls ``opened`` / ``closing`` as streams come and go. Back-pressure is the
+tierer's one rule (``tiering.backpressure``: tiering lag over the stream's
+``max_lag_bytes`` or free disk under ``tier.min_free_disk_bytes``); the server reacts by
+throttling publishers through ``lag`` (never failing them), so the tierer's append gate
+is not installed here.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,9 @@ class TieringService:
             upload_bytes_per_second=self.tier.upload_bytes_per_second or None,
             retention=RetentionPolicy(settings.max_bytes, settings.max_age_seconds),
             retention_interval=self.tier.retention_interval_seconds,
+            max_lag_bytes=settings.max_lag_bytes,
+            min_free_disk_bytes=self.tier.min_free_disk_bytes,
+            gate_appends=False,
         )
         loop = asyncio.get_running_loop()
         try:
@@ -134,14 +138,17 @@ class TieringService:
 
     # -- broker providers -------------------------------------------------------------
     def lag(self, record: StreamRecord) -> int:
-        """Un-tiered committed bytes; "infinite" when free disk is below the floor."""
+        """Un-tiered committed bytes as the broker's throttle sees them: the tierer's
+        back-pressure rule decides (and raises its alarm); "infinite" when it is over
+        its limits for want of disk, so the broker throttles whatever the lag."""
         tierer = self.tierer_of(record)
         if tierer is None:
             return 0
-        floor = self.tier.min_free_disk_bytes
-        if floor and shutil.disk_usage(tierer.log.stream_dir).free < floor:
+        tierer.backpressure.max_lag_bytes = record.settings.max_lag_bytes
+        lag = tierer.lag_bytes
+        if tierer.check_backpressure() and lag <= record.settings.max_lag_bytes:
             return HUGE_LAG
-        return tierer.lag_bytes
+        return lag
 
     def remote_status(self, record: StreamRecord) -> dict[str, Any]:
         tierer = self.tierer_of(record)
@@ -244,7 +251,7 @@ class TieringService:
             "tierlog_tier_backpressure",
             "1 while a stream is over its tiering lag or disk floor (alarm).",
             lambda: [
-                ((("stream", t.remote.stream_dir),), 1.0 if self._congested(t) else 0.0)
+                ((("stream", t.remote.stream_dir),), 1.0 if t.backpressure_active else 0.0)
                 for t in list(self.tierers.values())
             ],
         )
@@ -277,9 +284,3 @@ class TieringService:
                 for t in list(self.tierers.values())
             ],
         )
-
-    def _congested(self, tierer: StreamTierer) -> bool:
-        handle = self._handles.get(tierer.remote.stream_dir)
-        if handle is None:
-            return False
-        return self.lag(handle.record) > handle.record.settings.max_lag_bytes

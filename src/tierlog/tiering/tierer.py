@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
+from tierlog.tiering.backpressure import BackPressure
 from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
@@ -116,6 +116,7 @@ class StreamTierer:
         clock: Callable[[], float] = time.monotonic,
         max_lag_bytes: int | None = None,
         min_free_disk_bytes: int = 0,
+        gate_appends: bool = True,
         upload_bytes_per_second: float | None = None,
         retention: RetentionPolicy | None = None,
         retention_interval: float = 10.0,
@@ -143,10 +144,10 @@ class StreamTierer:
         self._reader: LogReader | None = None
         self._durable = threading.Condition()
         self._stopping = False
-        self.max_lag_bytes = max_lag_bytes
-        self.min_free_disk_bytes = min_free_disk_bytes
-        self.backpressure_active = False  # the alarm: publishers are being throttled
-        self.backpressure_events = 0
+        self.backpressure = BackPressure(
+            self.remote.stream_dir, stream_log.stream_dir, max_lag_bytes, min_free_disk_bytes
+        )
+        self.gate_appends = gate_appends
         self._limiter = RateLimiter(upload_bytes_per_second) if upload_bytes_per_second else None
         self.retention = retention or RetentionPolicy()
         self.retention_interval = retention_interval
@@ -160,7 +161,8 @@ class StreamTierer:
         assert self.state is not None
         self._handed = self.state.committed_next
         self.log.add_commit_listener(self._on_commit)
-        self.log.set_append_gate(self._append_gate)
+        if self.gate_appends:
+            self.log.set_append_gate(self._append_gate)
         self._thread = threading.Thread(
             target=self._run, name=f"tier-{self.remote.stream_dir}", daemon=True
         )
@@ -173,7 +175,8 @@ class StreamTierer:
         if flush and self._thread is not None and not self.halted:
             self.flush(timeout)
         self._stopping = True
-        self.log.set_append_gate(None)
+        if self.gate_appends:
+            self.log.set_append_gate(None)
         with contextlib.suppress(ValueError):
             self.log.remove_commit_listener(self._on_commit)
         self._events.put(None)
@@ -201,23 +204,27 @@ class StreamTierer:
         return self.durable_next >= next_offset
 
     def _append_gate(self) -> None:
-        """Back-pressure (DESIGN.md): refuse appends while too much committed data is not
-        yet durable remotely, or while free disk is below the floor."""
-        reason = None
-        if self.max_lag_bytes is not None and self.lag_bytes > self.max_lag_bytes:
-            reason = f"{self.lag_bytes} bytes not yet tiered (limit {self.max_lag_bytes})"
-        elif self.min_free_disk_bytes:
-            free = shutil.disk_usage(self.log.stream_dir).free
-            if free < self.min_free_disk_bytes:
-                reason = f"free disk {free} below floor {self.min_free_disk_bytes}"
-        if reason is None:
-            self.backpressure_active = False
-            return
-        if not self.backpressure_active:
-            log.warning("back-pressure on %s: %s", self.remote.stream_dir, reason)
-        self.backpressure_active = True
-        self.backpressure_events += 1
-        raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
+        """The log's append gate: refuse appends while the stream is over its
+        back-pressure limits (nothing is written; the caller retries)."""
+        reason = self.backpressure.check(self.lag_bytes)
+        if reason is not None:
+            raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
+
+    def check_backpressure(self) -> bool:
+        """Evaluate the back-pressure rule now (updates the alarm); True when over limits.
+
+        The server polls this to throttle publishers instead of gating appends.
+        """
+        return self.backpressure.check(self.lag_bytes) is not None
+
+    @property
+    def backpressure_active(self) -> bool:
+        """The alarm: the last evaluation found the stream over its limits."""
+        return self.backpressure.active
+
+    @property
+    def backpressure_events(self) -> int:
+        return self.backpressure.events
 
     # -- queries --------------------------------------------------------------------------
     @property
