@@ -367,7 +367,7 @@ class Appender:
         pieces: list[_Piece] = []
         for batch in batches:
             if not batch.num_entries:
-                pieces.append(_Piece(b"", 0, 0, last, last, 1))
+                pieces.append(_Piece(b"", 0, 0, last, 1))
                 continue
             data = batch.entry_data()
             counts = batch.record_counts
@@ -378,7 +378,7 @@ class Appender:
                 if keep is not None:
                     progress.duplicates += batch.num_entries - len(keep)
                     if not keep:
-                        pieces.append(_Piece(b"", 0, 0, last, last, 1))  # confirmed as is
+                        pieces.append(_Piece(b"", 0, 0, last, 1))  # confirmed as is
                         continue
                     data = b"".join([batch.entries[i] for i in keep])
                     ids = [ids[i] for i in keep]
@@ -389,7 +389,7 @@ class Appender:
                 else:
                     n_entries = len(keep)
                     n_records = n_entries if counts is None else sum(counts[i] for i in keep)
-                pieces.append(_Piece(data, n_entries, n_records, ids[0], ids[-1], 1))
+                pieces.append(_Piece(data, n_entries, n_records, ids[-1], 1))
                 continue
             # Over one chunk: alone in its chunks, split between entries (checked first).
             self._write_pieces(pieces, producer_id, progress)
@@ -402,7 +402,7 @@ class Appender:
             for lo, hi in chunk_ranges(list(map(len, entries)), limit):
                 records = hi - lo if counts is None else sum(counts[lo:hi])
                 part = b"".join(entries[lo:hi])
-                split.append(_Piece(part, hi - lo, records, ids[lo], ids[hi - 1], 0))
+                split.append(_Piece(part, hi - lo, records, ids[hi - 1], 0))
             split[-1] = split[-1]._replace(batches=1)
             self._write_pieces(split, producer_id, progress, separate=True)
         self._write_pieces(pieces, producer_id, progress)
@@ -448,7 +448,6 @@ class _Piece(NamedTuple):
     data: bytes
     num_entries: int
     num_records: int
-    first_id: int
     last_id: int
     batches: int  # batches completed once this piece is written
 
