@@ -8,14 +8,24 @@ at ``refs``, a tuple the writer replaces atomically.
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tierlog.formats.segment import FILE_HEADER_SIZE, INDEX_HEADER, SEGMENT_HEADER
+from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader, ChunkType, make_header
+from tierlog.formats.crc import crc32
+from tierlog.formats.segment import (
+    FILE_HEADER_SIZE,
+    INDEX_HEADER,
+    SEGMENT_HEADER,
+    encode_index_record,
+)
 from tierlog.log.errors import SegmentNotSealedError
 from tierlog.log.segment_files import (
+    ASYNC_CRC_MIN_BYTES,
     ChunkInfo,
     SegmentRef,
+    crc32_in_background,
     fsync_dir,
     index_chunks,
     read_chunk_bytes,
@@ -65,12 +75,51 @@ class SegmentSet:
     def active(self) -> OpenSegment:
         return self.segments[-1]
 
-    def write_chunk(self, parts: list[bytes | memoryview], position: int) -> None:
-        """Write chunk bytes at ``position`` of the active segment (one pwritev)."""
-        pwrite_all(self.seg_fd, parts, position)
-
-    def write_index_record(self, record: bytes) -> None:
+    def append_chunk(
+        self,
+        chunk_type: ChunkType,
+        chunk_id: int,
+        epoch: int,
+        timestamp: int,
+        data: bytes | memoryview,
+        num_entries: int,
+        num_records: int,
+        trailer: bytes,
+    ) -> ChunkHeader:
+        """Write a chunk at the end of the active segment and its index record."""
+        active = self.segments[-1]
+        position = active.size
+        tail = [data, trailer] if trailer else [data]
+        if len(data) >= ASYNC_CRC_MIN_BYTES and crc32 is zlib.crc32:
+            # Slow (zlib) CRC: compute it in the helper thread while the data (after a
+            # 48-byte gap) goes to the file; the header follows. Readers and recovery never
+            # look past the commit. With ISA-L the CRC costs less than the thread hop, so
+            # the whole chunk goes out in one pwritev below.
+            crc = crc32_in_background(data)
+            pwrite_all(self.seg_fd, tail, position + HEADER_SIZE)
+            header = make_header(
+                chunk_type,
+                chunk_id,
+                epoch,
+                timestamp,
+                data,
+                num_entries,
+                num_records,
+                len(trailer),
+                data_crc=crc.result(),
+            )
+            pwrite_all(self.seg_fd, [header.encode()], position)
+        else:
+            header = make_header(
+                chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, len(trailer)
+            )
+            pwrite_all(self.seg_fd, [header.encode(), *tail], position)
+        record = encode_index_record(chunk_id, timestamp, epoch, position, chunk_type)
         write_all(self.idx_fd, [record], INDEX_RECORD_SIZE)
+        active.size += header.total_size
+        active.num_chunks += 1
+        active.next_offset = header.next_offset
+        return header
 
     def sync_data(self) -> None:
         os.fdatasync(self.seg_fd)

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import os
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from tierlog.formats.chunk import HEADER_SIZE, ChunkType, Entry, make_header, simple_entry
-from tierlog.formats.crc import crc32
-from tierlog.formats.segment import encode_index_record
+from tierlog.formats.chunk import ChunkType, Entry, simple_entry
 from tierlog.formats.tracking import encode_delta
 from tierlog.log.append import (
     MAX_U64,
@@ -45,10 +42,8 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.recovery import RecoveredLog, recover
 from tierlog.log.segment_files import (
-    ASYNC_CRC_MIN_BYTES,
     ChunkInfo,
     SegmentRef,
-    crc32_in_background,
     fsync_dir,
     segment_ref,
 )
@@ -435,44 +430,9 @@ class StreamLog:
         chunk_id = self._next_offset
         timestamp = max(time.time_ns() // 1_000_000, self._last_timestamp)
         position = active.size
-        tail = [data, trailer] if trailer else [data]
-        if len(data) >= ASYNC_CRC_MIN_BYTES and crc32 is zlib.crc32:
-            # Slow (zlib) CRC: compute it in the helper thread while the data (after a
-            # 48-byte gap) goes to the file; the header follows. Readers and recovery never
-            # look past the commit. With ISA-L the CRC costs less than the thread hop, so
-            # the whole chunk goes out in one pwritev below.
-            crc = crc32_in_background(data)
-            segments.write_chunk(tail, position + HEADER_SIZE)
-            header = make_header(
-                chunk_type,
-                chunk_id,
-                self._epoch,
-                timestamp,
-                data,
-                num_entries,
-                num_records,
-                len(trailer),
-                data_crc=crc.result(),
-            )
-            segments.write_chunk([header.encode()], position)
-        else:
-            header = make_header(
-                chunk_type,
-                chunk_id,
-                self._epoch,
-                timestamp,
-                data,
-                num_entries,
-                num_records,
-                len(trailer),
-            )
-            segments.write_chunk([header.encode(), *tail], position)
-        segments.write_index_record(
-            encode_index_record(chunk_id, timestamp, self._epoch, position, chunk_type)
+        header = segments.append_chunk(
+            chunk_type, chunk_id, self._epoch, timestamp, data, num_entries, num_records, trailer
         )
-        active.size += header.total_size
-        active.num_chunks += 1
-        active.next_offset = header.next_offset
         self._next_offset = header.next_offset
         self._last_timestamp = timestamp
         self._last_chunk_id = chunk_id
