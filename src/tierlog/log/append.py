@@ -377,6 +377,7 @@ class Appender:
                 keep = kept_indexes(ids, last)
                 if keep is not None:
                     progress.duplicates += batch.num_entries - len(keep)
+                    self.duplicates_dropped += batch.num_entries - len(keep)
                     if not keep:
                         pieces.append(_Piece(b"", 0, 0, last, 1))  # confirmed as is
                         continue

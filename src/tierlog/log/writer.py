@@ -214,7 +214,7 @@ class StreamLog:
 
     @property
     def duplicates_dropped(self) -> int:
-        """Entries dropped as duplicates by ``append`` since the log was opened."""
+        """Entries dropped as duplicates (``append``, ``append_batches``) since opened."""
         return self._appender.duplicates_dropped
 
     def segment_refs(self) -> tuple[SegmentRef, ...]:
