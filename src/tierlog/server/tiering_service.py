@@ -144,10 +144,11 @@ class TieringService:
         tierer = self.tierer_of(record)
         if tierer is None:
             return 0
-        tierer.backpressure.max_lag_bytes = record.settings.max_lag_bytes
+        rule = tierer.backpressure
+        rule.max_lag_bytes = record.settings.max_lag_bytes  # settings may have changed
         lag = tierer.lag_bytes
-        if tierer.check_backpressure() and lag <= record.settings.max_lag_bytes:
-            return HUGE_LAG
+        if rule.check(lag) is not None and lag <= rule.max_lag_bytes:
+            return HUGE_LAG  # over the disk floor
         return lag
 
     def remote_status(self, record: StreamRecord) -> dict[str, Any]:

@@ -210,13 +210,6 @@ class StreamTierer:
         if reason is not None:
             raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
 
-    def check_backpressure(self) -> bool:
-        """Evaluate the back-pressure rule now (updates the alarm); True when over limits.
-
-        The server polls this to throttle publishers instead of gating appends.
-        """
-        return self.backpressure.check(self.lag_bytes) is not None
-
     @property
     def backpressure_active(self) -> bool:
         """The alarm: the last evaluation found the stream over its limits."""
