@@ -41,11 +41,11 @@ from tierlog.read.manifest_source import TiererManifest
 from tierlog.read.prefetch import Prefetcher
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import TieredReader
+from tierlog.remote.catalog import Catalog
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.s3_config import S3Config
 from tierlog.storage.s3_object_store import S3ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer

@@ -33,11 +33,11 @@ from tierlog.read.manifest_source import CatalogManifest, TiererManifest
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher
 from tierlog.read.strategies import ReadStrategy, TierView, choose_tier
 from tierlog.read.tiered_reader import TieredReader, _aligned_spans
+from tierlog.remote.catalog import Catalog
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer

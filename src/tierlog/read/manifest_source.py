@@ -25,12 +25,12 @@ from tierlog.formats.fragment import (
     index_range,
 )
 from tierlog.read.errors import FragmentExpiredError, RemoteDataCorruptError
+from tierlog.remote.catalog import Catalog, ManifestPointer
+from tierlog.remote.committed import read_committed_root
+from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.manifest_tree import DEFAULT_M, FragmentLocation, ManifestTree
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.catalog import Catalog, ManifestPointer
-from tierlog.tiering.committed import read_committed_root
-from tierlog.tiering.manifest_tree import DEFAULT_M, FragmentLocation, ManifestTree
-from tierlog.tiering.remote import StreamDeletedError
 
 if TYPE_CHECKING:
     from tierlog.tiering.tierer import StreamTierer

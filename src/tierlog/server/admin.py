@@ -21,11 +21,11 @@ from typing import Any
 from aiohttp import web
 
 from tierlog.errors import ConfigError
+from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
+from tierlog.remote.settings import StreamSettings
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
 from tierlog.server.metrics import CONTENT_TYPE, ServerMetrics
-from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
-from tierlog.tiering.settings import StreamSettings
 
 
 def _error(status: int, message: str) -> web.Response:

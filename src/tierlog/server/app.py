@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tierlog.remote.catalog import Catalog
 from tierlog.server.admin import build_admin_app
 from tierlog.server.broker import Broker, LagProvider, RemoteStatusProvider, no_lag
 from tierlog.server.config import ServerConfig
@@ -27,7 +28,6 @@ from tierlog.server.metrics import ServerMetrics
 from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering.catalog import Catalog
 
 log = logging.getLogger("tierlog.server")
 

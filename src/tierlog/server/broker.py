@@ -34,11 +34,11 @@ from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
 from tierlog.log.writer import StreamLog
+from tierlog.remote.catalog import Catalog, StreamExistsError, StreamRecord
+from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
 from tierlog.server.metrics import ServerMetrics
-from tierlog.tiering.catalog import Catalog, StreamExistsError, StreamRecord
-from tierlog.tiering.settings import StreamSettings
 
 log = logging.getLogger("tierlog.server.broker")
 

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
 from tierlog.read.tiered_reader import default_prefetcher
+from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.cleanup import run_stream_cleanups
+from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.retention import RetentionPolicy
 from tierlog.tiering.tierer import StreamTierer
@@ -79,7 +80,7 @@ class TieringService:
             return
         settings = handle.record.settings
         cfg = replace(
-            settings.tiering_config(),
+            tiering_config(settings),
             max_uploads=self.tier.max_uploads,
         )
         tierer = StreamTierer(

@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tierlog.formats.manifest import KIND_BRANCH, decode_node
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.committed import read_committed_root
+from tierlog.remote.errors import ManifestCorruptError
+from tierlog.remote.keys import branch_key, fragment_key
+from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.spark import connections
 from tierlog.spark.errors import StreamUnavailableError
 from tierlog.spark.options import SourceOptions, StreamName
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.catalog import Catalog, StreamRecord
-from tierlog.tiering.committed import read_committed_root
-from tierlog.tiering.keys import branch_key, fragment_key
-from tierlog.tiering.manifest_tree import ManifestCorruptError, ManifestTree
 
 Loader = Callable[[str], bytes]
 

@@ -32,6 +32,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.spark import connections
 from tierlog.spark.batch import TaskPartition, read_partition
 from tierlog.spark.errors import OffsetExpiredError, StreamUnavailableError
@@ -44,7 +45,6 @@ from tierlog.spark.planning import (
     plan_stream,
     resolve_stream,
 )
-from tierlog.tiering.manifest_tree import ManifestTree
 
 Offsets = dict[str, int]
 

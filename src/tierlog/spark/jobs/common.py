@@ -28,12 +28,12 @@ from tierlog.formats.manifest import (
     entry_at,
     entry_next_offset,
 )
+from tierlog.remote import keys
+from tierlog.remote.catalog import Catalog, ManifestPointer, StreamRecord
+from tierlog.remote.committed import read_committed_root
 from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering import keys
-from tierlog.tiering.catalog import Catalog, ManifestPointer, StreamRecord
-from tierlog.tiering.committed import read_committed_root
 
 _S3_CREDENTIALS = (
     ("access_key_id", "AWS_ACCESS_KEY_ID"),

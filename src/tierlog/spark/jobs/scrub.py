@@ -19,6 +19,7 @@ from typing import Any
 
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import validate_fragment
+from tierlog.remote.catalog import Catalog
 from tierlog.spark.jobs.common import (
     FragmentRef,
     Progress,
@@ -28,7 +29,6 @@ from tierlog.spark.jobs.common import (
     walk_manifest,
 )
 from tierlog.storage.errors import NotFoundError, StorageError
-from tierlog.tiering.catalog import Catalog
 
 DEFAULT_TARGET_BYTES = 256 * 1024 * 1024
 MAX_FRAGMENTS_PER_TASK = 512

@@ -8,10 +8,10 @@ planning and jobs) goes through here.
 
 from __future__ import annotations
 
+from tierlog.remote.catalog import Catalog, ManifestPointer
+from tierlog.remote.keys import root_key
 from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.catalog import Catalog, ManifestPointer
-from tierlog.tiering.keys import root_key
 
 ROOT_READ_ATTEMPTS = 10
 

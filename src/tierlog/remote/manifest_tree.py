@@ -20,7 +20,6 @@ from typing import Protocol
 
 import numpy as np
 
-from tierlog.errors import TierlogError
 from tierlog.formats.manifest import (
     ENTRY_DTYPE,
     KIND_BRANCH,
@@ -37,40 +36,19 @@ from tierlog.formats.manifest import (
     node_size,
     summarize,
 )
-from tierlog.tiering.keys import branch_key, fragment_key, new_uid
+from tierlog.remote.errors import (
+    InvalidFragmentEntryError,
+    ManifestCorruptError,
+    ManifestGapError,
+    OffsetBeyondEndError,
+    OffsetTrimmedError,
+)
+from tierlog.remote.keys import branch_key, fragment_key, new_uid
 
 DEFAULT_M = 1024
 DEFAULT_CACHE_NODES = 64
 
 Loader = Callable[[str], bytes]
-
-
-class ManifestTreeError(TierlogError):
-    """Base class of manifest tree errors."""
-
-
-class ManifestGapError(ManifestTreeError, ValueError):
-    """Appended fragments leave a gap or overlap what the manifest already covers."""
-
-
-class InvalidFragmentEntryError(ManifestTreeError, ValueError):
-    """An appended fragment entry is malformed (counts, sizes, timestamps)."""
-
-
-class ManifestCorruptError(ManifestTreeError):
-    """A loaded node is valid bytes but contradicts the entry that points to it."""
-
-
-class OffsetOutOfRangeError(ManifestTreeError, LookupError):
-    """The offset is outside the manifest's ``[first, next)``."""
-
-
-class OffsetTrimmedError(OffsetOutOfRangeError):
-    """The offset is below the first offset: retention removed it."""
-
-
-class OffsetBeyondEndError(OffsetOutOfRangeError):
-    """The offset is at or past the next offset: not in the remote tier (yet)."""
 
 
 class FragmentSpan(Protocol):
