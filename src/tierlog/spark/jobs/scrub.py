@@ -20,8 +20,8 @@ from typing import Any
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import validate_fragment
 from tierlog.remote.catalog import Catalog
+from tierlog.remote.fragments import FragmentEntry
 from tierlog.spark.jobs.common import (
-    FragmentRef,
     Progress,
     RemoteTier,
     run_distributed,
@@ -39,7 +39,7 @@ class FragmentRange:
     """The unit of work of one task: consecutive fragments of one stream."""
 
     stream: str
-    fragments: tuple[FragmentRef, ...]
+    fragments: tuple[FragmentEntry, ...]
 
 
 @dataclass
@@ -107,7 +107,7 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
     return result
 
 
-def check_fragment(store: Any, ref: FragmentRef) -> dict[str, str] | None:
+def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     """None if the fragment is intact and matches its manifest entry, else the problem."""
     try:
         data = store.get(ref.key)
@@ -148,11 +148,11 @@ def check_fragment(store: Any, ref: FragmentRef) -> dict[str, str] | None:
 
 
 def plan_ranges(
-    stream: str, fragments: list[FragmentRef], target_bytes: int
+    stream: str, fragments: list[FragmentEntry], target_bytes: int
 ) -> list[FragmentRange]:
     """Cut a stream's fragments into runs of about ``target_bytes`` each."""
     ranges: list[FragmentRange] = []
-    run: list[FragmentRef] = []
+    run: list[FragmentEntry] = []
     size = 0
     for ref in fragments:
         if run and (size + ref.data_size > target_bytes or len(run) >= MAX_FRAGMENTS_PER_TASK):
