@@ -38,7 +38,7 @@ from tierlog.log.writer import StreamLog
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.errors import CorruptFragmentError, StreamDeletedError
 from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
-from tierlog.remote.manifest_tree import DEFAULT_M
+from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
@@ -239,6 +239,18 @@ class StreamTierer:
         raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
 
     # -- queries --------------------------------------------------------------------------
+    @property
+    def object_store(self) -> ObjectStore:
+        return self.remote.store
+
+    def committed_tree(self) -> ManifestTree:
+        """The committed manifest (``remote.committed.CommittedManifest``): this writer's
+        cached root is always the committed one, so no I/O."""
+        return self.committer.tree
+
+    def refresh_committed(self) -> ManifestTree:
+        return self.committer.tree
+
     @property
     def durable_next(self) -> int:
         """Offsets below this are durable in the remote tier (safe to free locally)."""
