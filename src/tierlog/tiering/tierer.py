@@ -293,21 +293,27 @@ class StreamTierer:
         are read concurrently; an offset the listing missed is read when the chain gets
         there, so an incomplete listing costs reads, never correctness."""
         fetched: dict[int, Fetched] = {}
-        want = self._listed_from(start)
+        listed = self._listed_from(start)
+        want = listed or []
         while True:
             fetched.update(self._fetch_fragments([o for o in want if o not in fetched]))
             local = local_chunks(self.log, start, fetched_end(start, fetched))
             chain = follow_chain(start, fetched, self.epoch, local)
             if chain.unfetched is None:
                 return chain
-            want = [chain.unfetched, *self._listed_from(chain.unfetched)]
+            at = chain.unfetched
+            if listed is not None:  # list on from where the chain got to
+                listed = self._listed_from(at)
+            want = [at, *(o for o in listed or [] if o != at)]
 
-    def _listed_from(self, start: int) -> list[int]:
+    def _listed_from(self, start: int) -> list[int] | None:
+        """First offsets of fragment objects at or after ``start`` (None: listing failed,
+        so the chain is followed one read at a time)."""
         try:
             return self.remote.uncommitted_offsets(start, RESOLUTION_BATCH)
         except StorageError as exc:
             log.warning("listing fragments of %s failed: %s", self.remote.stream_dir, exc)
-            return [start]  # follow the chain one read at a time
+            return None
 
     def _fetch_fragments(self, offsets: list[int]) -> dict[int, Fetched]:
         """Metadata of the fragments at ``offsets``, read with bounded concurrency."""
