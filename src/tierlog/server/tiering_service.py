@@ -253,7 +253,7 @@ class TieringService:
             "tierlog_manifest_commits_total",
             "Manifest commits (monotonic).",
             lambda: [
-                ((("stream", t.remote.stream_dir),), float(t.committer.commits))
+                ((("stream", t.remote.stream_dir),), float(t.manifest_commits))
                 for t in list(self.tierers.values())
             ],
         )
@@ -261,7 +261,7 @@ class TieringService:
             "tierlog_manifest_conflicts_total",
             "Manifest commits that lost a race or were fenced (monotonic).",
             lambda: [
-                ((("stream", t.remote.stream_dir),), float(t.committer.conflicts))
+                ((("stream", t.remote.stream_dir),), float(t.manifest_conflicts))
                 for t in list(self.tierers.values())
             ],
         )

@@ -252,6 +252,14 @@ class StreamTierer:
         return self.committer.tree
 
     @property
+    def manifest_commits(self) -> int:
+        return self.committer.commits
+
+    @property
+    def manifest_conflicts(self) -> int:
+        return self.committer.conflicts
+
+    @property
     def durable_next(self) -> int:
         """Offsets below this are durable in the remote tier (safe to free locally)."""
         return self.committer.tree.next_offset
@@ -669,6 +677,6 @@ class StreamTierer:
             "halted": self.halted,
             "backpressure_active": self.backpressure_active,
             "backpressure_events": self.backpressure_events,
-            "manifest_commits": self.committer.commits,
-            "manifest_conflicts": self.committer.conflicts,
+            "manifest_commits": self.manifest_commits,
+            "manifest_conflicts": self.manifest_conflicts,
         }
