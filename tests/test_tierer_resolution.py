@@ -4,13 +4,15 @@ when the listing misses objects or fails."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.plugins.tiering_world import SMALL, World
+from tests.plugins.tiering_world import LOG, SMALL, World
+from tierlog.log.writer import StreamLog
 from tierlog.remote.fragments import RemoteFragment, RemoteStream
 from tierlog.storage.errors import TransientError
 from tierlog.storage.faults import FaultyObjectStore
@@ -116,3 +118,43 @@ def test_a_corrupt_fragment_past_a_hole_does_not_stop_resolution(world: World) -
     result = tierer.start()
     assert (result.next_offset, result.adopted) == (end, len(chain))
     assert committed < end
+
+
+def test_remote_ahead_replays_tracking_from_the_adopted_chain(world: World) -> None:
+    """The local disk is lost after uploads that were never committed: the restarted local
+    log continues past the adopted chain with the tracking state replayed from it."""
+    tierer = world.tierer()
+    tierer.start()
+    world.append(5)
+    assert tierer.flush()
+    metadata = f"stream/{world.record.incarnation}/metadata/"
+    world.store.fail_nth("put_if_absent", 1, key_prefix=metadata, times=10_000)
+    world.append(10)
+    world.log.store_offset("reporting", 42)
+    world.log.append([b"after-offset"], producer="p1", publishing_ids=[7])
+    tierer.flush(timeout=1.5)
+    tierer.stop(flush=False)
+    world.store.clear_faults()
+    local_next = world.log.next_offset
+    remote = RemoteStream(world.store, "", world.record.incarnation)
+    chain, at = [], tierer.durable_next
+    while (fragment := remote.read_fragment(at)) is not None:
+        chain.append(fragment)
+        at = fragment.trailer.next_offset
+    assert chain and at == local_next  # every chunk was uploaded, none committed
+    stream_dir = world.log.stream_dir
+    world.log.close()
+    for name in os.listdir(stream_dir):
+        os.unlink(os.path.join(stream_dir, name))
+    os.rmdir(stream_dir)
+    world.log = StreamLog.create(
+        world.data_dir, "/", "orders", LOG, created_ns=world.record.created_ns
+    )
+    fresh = world.tierer()
+    result = fresh.start()
+    assert (result.next_offset, result.adopted, result.restarted_local) == (at, len(chain), True)
+    assert world.log.next_offset >= at
+    assert world.log.query_offset("reporting") == 42
+    assert world.log.producer_sequence("p1") == 7
+    world.append(3)
+    assert fresh.flush()

@@ -278,7 +278,6 @@ class StreamTierer:
         tree = self.committer.load()
         committed = CommittedRange(tree.first_offset, tree.next_offset, tree.is_empty)
         chain = self._uncommitted_chain(tree.next_offset)
-        self._uncommitted = chain.fragments
         tail = None
         if needs_committed_tail(committed, chain):
             tail = self._last_fragment_position(tree.next_offset)
@@ -286,10 +285,13 @@ class StreamTierer:
         local = LocalLog(self.log.first_offset, self.log.next_offset, self.log.max_epoch)
         decision = resolve(committed, chain, local, self.epoch, tail)
         if decision.restart_epoch is not None:
-            self._restart_local(decision.next_offset, decision.restart_epoch)
+            self._uncommitted = chain.fragments  # the tracking replay reads the chain's tail
+            try:
+                self._restart_local(decision.next_offset, decision.restart_epoch)
+            finally:
+                self._uncommitted = ()
         adopted = list(decision.adopted)
         self._fencing_commit(adopted)
-        self._uncommitted = ()
         self.state = TieringState(
             self.config, committed_next=decision.next_offset, last_fragment=decision.last_fragment
         )
