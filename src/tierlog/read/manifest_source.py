@@ -13,16 +13,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import (
-    TRAILER_SIZE,
-    FragmentIndex,
-    decode_index,
-    decode_trailer,
-    index_range,
-)
+from tierlog.formats.fragment import FragmentIndex
 from tierlog.read.errors import FragmentExpiredError, RemoteDataCorruptError
 from tierlog.remote.committed import CommittedManifest
+from tierlog.remote.errors import CorruptFragmentError
+from tierlog.remote.fragments import read_known_fragment
 from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
 from tierlog.storage.errors import NotFoundError
 
@@ -96,29 +91,12 @@ class ManifestSource:
             if cached is not None:
                 self._indexes.move_to_end(key)
                 return cached
-        entry = loc.entry
-        start, end = index_range(entry.data_size, entry.chunk_count)
         try:
-            buf = self.store.get_view(key, start, end + TRAILER_SIZE)
+            index = read_known_fragment(self.store, loc.entry).index
         except NotFoundError:
             raise FragmentExpiredError(key) from None
-        if len(buf) != end + TRAILER_SIZE - start:
-            raise RemoteDataCorruptError(
-                f"{key}: index read gave {len(buf)} bytes, the manifest implies "
-                f"{end + TRAILER_SIZE - start}"
-            )
-        try:
-            trailer = decode_trailer(buf[end - start :])
-            index = decode_index(buf[: end - start], trailer)
-        except FormatError as exc:
-            raise RemoteDataCorruptError(f"{key}: {exc}") from exc
-        if (
-            trailer.first_offset,
-            trailer.next_offset,
-            trailer.data_size,
-            trailer.chunk_count,
-        ) != (entry.first_offset, loc.next_offset, entry.data_size, entry.chunk_count):
-            raise RemoteDataCorruptError(f"{key}: trailer does not match its manifest entry")
+        except CorruptFragmentError as exc:
+            raise RemoteDataCorruptError(str(exc)) from exc
         with self._lock:
             if self._index_cap > 0:
                 self._indexes[key] = index

@@ -59,6 +59,44 @@ class RemoteFragment:
         )
 
 
+def read_known_fragment(store: ObjectStore, entry: FragmentEntry) -> RemoteFragment:
+    """Trailer and index of a fragment its manifest entry describes, in one ranged GET (the
+    entry says where the index starts), checked against the entry.
+
+    Raises NotFoundError when the object is gone, CorruptFragmentError when its bytes are
+    bad or contradict the entry."""
+    key = entry.key
+    start, end = index_range(entry.data_size, entry.chunk_count)
+    buf = store.get_view(key, start, end + TRAILER_SIZE)
+    if len(buf) != end + TRAILER_SIZE - start:
+        raise CorruptFragmentError(
+            f"{key}: index read gave {len(buf)} bytes, the manifest implies "
+            f"{end + TRAILER_SIZE - start}"
+        )
+    try:
+        trailer = decode_trailer(buf[end - start :])
+        index = decode_index(buf[: end - start], trailer)
+    except FormatError as exc:
+        raise CorruptFragmentError(f"{key}: {exc}") from exc
+    mismatch = trailer_mismatch(entry, trailer)
+    if mismatch:
+        raise CorruptFragmentError(f"{key}: trailer does not match its manifest entry: {mismatch}")
+    return RemoteFragment(key, trailer, index)
+
+
+def trailer_mismatch(entry: FragmentEntry, trailer: FragmentTrailer) -> str:
+    """How a fragment's trailer contradicts its manifest entry ("" when it does not)."""
+    pairs = (
+        ("first_offset", trailer.first_offset, entry.first_offset),
+        ("next_offset", trailer.next_offset, entry.next_offset),
+        ("min_ts", trailer.min_timestamp, entry.min_timestamp),
+        ("max_ts", trailer.max_timestamp, entry.max_timestamp),
+        ("data_size", trailer.data_size, entry.data_size),
+        ("chunks", trailer.chunk_count, entry.chunk_count),
+    )
+    return "; ".join(f"{n}: trailer {a} != manifest {e}" for n, a, e in pairs if a != e)
+
+
 class RemoteStream:
     """Key naming and metadata reads for one stream incarnation."""
 

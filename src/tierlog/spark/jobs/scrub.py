@@ -20,7 +20,7 @@ from typing import Any
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import validate_fragment
 from tierlog.remote.catalog import Catalog
-from tierlog.remote.fragments import FragmentEntry
+from tierlog.remote.fragments import FragmentEntry, trailer_mismatch
 from tierlog.spark.jobs.common import (
     Progress,
     RemoteTier,
@@ -119,31 +119,9 @@ def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
         index = validate_fragment(data, check_chunks=True)
     except FormatError as exc:
         return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
-    t = index.trailer
-    actual = (
-        t.first_offset,
-        t.next_offset,
-        t.min_timestamp,
-        t.max_timestamp,
-        t.data_size,
-        t.chunk_count,
-    )
-    expected = (
-        ref.first_offset,
-        ref.next_offset,
-        ref.min_timestamp,
-        ref.max_timestamp,
-        ref.data_size,
-        ref.chunk_count,
-    )
-    if actual != expected:
-        names = ("first_offset", "next_offset", "min_ts", "max_ts", "data_size", "chunks")
-        diffs = [
-            f"{n}: trailer {a} != manifest {e}"
-            for n, a, e in zip(names, actual, expected, strict=True)
-            if a != e
-        ]
-        return {"kind": "fragment-mismatch", "key": ref.key, "detail": "; ".join(diffs)}
+    mismatch = trailer_mismatch(ref, index.trailer)
+    if mismatch:
+        return {"kind": "fragment-mismatch", "key": ref.key, "detail": mismatch}
     return None
 
 
