@@ -26,7 +26,7 @@ from tierlog.formats.manifest import (
 )
 from tierlog.remote.errors import ManifestCorruptError
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.keys import branch_key, fragment_key
+from tierlog.remote.keys import branch_key, fragment_keys
 from tierlog.storage.errors import NotFoundError
 
 Loader = Callable[[str], bytes]
@@ -170,16 +170,11 @@ class ManifestWalker:
         max_ts = entries["max_timestamp"][rows].tolist()
         sizes = entries["data_size"][rows].tolist()
         chunks = entries["chunk_count"][rows].tolist()
+        names = fragment_keys(self.prefix, self.stream_dir, firsts)
         for j, i in enumerate(rows.tolist()):
             if heights[j] == 0:
                 yield FragmentEntry(
-                    key=fragment_key(self.prefix, self.stream_dir, firsts[j]),
-                    first_offset=firsts[j],
-                    next_offset=ends[j],
-                    min_timestamp=min_ts[j],
-                    max_timestamp=max_ts[j],
-                    data_size=sizes[j],
-                    chunk_count=chunks[j],
+                    names[j], firsts[j], ends[j], min_ts[j], max_ts[j], sizes[j], chunks[j]
                 )
                 continue
             node = self._read(entry_at(entries, i), ends[j])
