@@ -37,15 +37,15 @@ from tests.plugins.seaweed import SeaweedServer, start_seaweed
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
-from tierlog.read.manifest_source import TiererManifest
+from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.prefetch import Prefetcher
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import TieredReader
+from tierlog.remote.catalog import Catalog
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.s3_config import S3Config
 from tierlog.storage.s3_object_store import S3ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer
@@ -123,7 +123,7 @@ def run(server: SeaweedServer, workdir: str, mib: int, m: int) -> None:
         f"tiered {tree.header().total_fragments} fragments in "
         f"{time.perf_counter() - started:.1f} s, manifest height {tree.height}"
     )
-    manifest = TiererManifest(tierer)
+    manifest = ManifestSource(tierer)
     prefetcher = Prefetcher()
     try:
         store.reset_log()
@@ -157,7 +157,7 @@ def run(server: SeaweedServer, workdir: str, mib: int, m: int) -> None:
         worst = 0
         for _ in range(20):
             target = rng.randrange(0, tree.next_offset)
-            cold = TiererManifest(tierer)  # root cached, branch and index caches empty
+            cold = ManifestSource(tierer)  # root cached, branch and index caches empty
             store.reset_log()
             with TieredReader(None, cold, OffsetSpec.offset(target), prefetcher=prefetcher) as r:
                 first = next(r.records())

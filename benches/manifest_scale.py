@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tierlog.formats.manifest import ENTRY_DTYPE
+from tierlog.remote.keys import new_uid, root_key
+from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering.keys import new_uid, root_key
-from tierlog.tiering.manifest_tree import ManifestTree
 
 PB = 10**15
 FRAGMENT_BYTES = 64 * 10**6  # the seed's arithmetic: 1 PB / 64 MB = 15,625,000 fragments

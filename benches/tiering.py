@@ -40,10 +40,10 @@ from tests.plugins.seaweed import SeaweedServer, start_seaweed
 
 from tierlog.log.config import LogConfig
 from tierlog.log.writer import StreamLog
+from tierlog.remote.catalog import Catalog
 from tierlog.storage.s3_config import S3Config
 from tierlog.storage.s3_object_store import S3ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.state import PlanStatus, TieringConfig
 from tierlog.tiering.tierer import StreamTierer

@@ -17,8 +17,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, decode_trailer, encode_fragment
 from tierlog.formats.manifest import ENTRY_DTYPE, decode_node, node_size
-from tierlog.storage.errors import InvalidKeyError, NotFoundError
-from tierlog.tiering.keys import (
+from tierlog.remote.errors import (
+    InvalidFragmentEntryError,
+    ManifestCorruptError,
+    ManifestGapError,
+    OffsetBeyondEndError,
+    OffsetTrimmedError,
+)
+from tierlog.remote.keys import (
     BranchKey,
     FragmentKey,
     RootKey,
@@ -31,14 +37,8 @@ from tierlog.tiering.keys import (
     parse_key,
     root_key,
 )
-from tierlog.tiering.manifest_tree import (
-    InvalidFragmentEntryError,
-    ManifestCorruptError,
-    ManifestGapError,
-    ManifestTree,
-    OffsetBeyondEndError,
-    OffsetTrimmedError,
-)
+from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.storage.errors import InvalidKeyError, NotFoundError
 
 STREAM = "vh_orders_1700000000000000000"
 

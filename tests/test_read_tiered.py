@@ -29,15 +29,16 @@ from tierlog.read.errors import (
     OffsetUnavailableError,
     RemoteDataCorruptError,
 )
-from tierlog.read.manifest_source import CatalogManifest, TiererManifest
+from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher
 from tierlog.read.strategies import ReadStrategy, TierView, choose_tier
 from tierlog.read.tiered_reader import TieredReader, _aligned_spans
+from tierlog.remote.catalog import Catalog
+from tierlog.remote.committed import CatalogCommittedManifest
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer
@@ -81,7 +82,7 @@ class Stream:
             self.log, self.store, self.catalog, self.deletions, config=config, m=m
         )
         self.tierer.start()
-        self.manifest = TiererManifest(self.tierer)
+        self.manifest = ManifestSource(self.tierer)
         self.prefetcher = Prefetcher(PrefetchConfig(request_bytes=2048, max_window_bytes=16384))
 
     def append(self, rng: random.Random, batches: int, max_size: int = 120) -> None:
@@ -460,8 +461,10 @@ def test_catalog_manifest_reader_without_local_log(stream: Stream) -> None:
     stream.append(rng, 120)
     stream.tier_all()
     expected = local_records(stream.log, OffsetSpec.first())
-    manifest = CatalogManifest(
-        stream.catalog, stream.store, "", os.path.basename(stream.log.stream_dir), m=3
+    manifest = ManifestSource(
+        CatalogCommittedManifest(
+            stream.catalog, stream.store, "", os.path.basename(stream.log.stream_dir), m=3
+        )
     )
     with TieredReader(None, manifest, OffsetSpec.first(), prefetcher=stream.prefetcher) as r:
         got = [(o, bytes(x)) for o, x in r.records()]
@@ -486,7 +489,7 @@ def test_seek_gets_from_the_cached_root(stream: Stream) -> None:
     end = stream.log.first_offset
     for _ in range(5):
         target = rng.randrange(0, end)
-        manifest = TiererManifest(stream.tierer)  # cold branch and index caches
+        manifest = ManifestSource(stream.tierer)  # cold branch and index caches
         stream.store.reset_log()
         with TieredReader(
             stream.log,
@@ -556,7 +559,7 @@ def test_failed_index_read_ahead_falls_back_to_unaligned_requests(stream: Stream
     # The first GET of the second fragment is its index, loaded by the read-ahead.
     stream.store.fail_nth("get", 1, key_prefix=second.key)
     stream.store.reset_log()
-    manifest = TiererManifest(stream.tierer)  # cold index cache
+    manifest = ManifestSource(stream.tierer)  # cold index cache
     reader = TieredReader(
         stream.log,
         manifest,

@@ -178,7 +178,7 @@ def test_stream_deletion_survives_a_crash_mid_cleanup(
 
 def test_grace_period_then_overtaken_reader_gets_the_signal(world: World) -> None:
     from tierlog.read.errors import OffsetOvertakenError
-    from tierlog.read.manifest_source import TiererManifest
+    from tierlog.read.manifest_source import ManifestSource
     from tierlog.read.strategies import ReadStrategy
     from tierlog.read.tiered_reader import TieredReader
     from tierlog.tiering.deletion import DeletionQueue
@@ -190,7 +190,7 @@ def test_grace_period_then_overtaken_reader_gets_the_signal(world: World) -> Non
     fill(world, tierer, 60)
     # A slow consumer reads the oldest data from the remote tier.
     reader = TieredReader(
-        world.log, TiererManifest(tierer), OffsetSpec.first(), strategy=ReadStrategy.FORCE
+        world.log, ManifestSource(tierer), OffsetSpec.first(), strategy=ReadStrategy.FORCE
     )
     first_chunk = reader.read_chunk()
     assert first_chunk is not None and first_chunk.header.chunk_id == 0

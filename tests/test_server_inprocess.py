@@ -19,9 +19,9 @@ from tierlog.formats.protocol.constants import OffsetType, ResponseCode
 from tierlog.formats.protocol.deliver import Deliver
 from tierlog.formats.protocol.frames import FrameSplitter
 from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
+from tierlog.remote.catalog import StreamRecord
 from tierlog.server.app import Server
 from tierlog.server.config import ServerConfig, ServerSection, StorageSection
-from tierlog.tiering.catalog import StreamRecord
 
 
 class AsyncRawClient:

@@ -21,9 +21,9 @@ from tierlog.formats.tracking import TrackingType, decode_delta
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
+from tierlog.remote.catalog import StreamRecord
+from tierlog.remote.settings import StreamSettings
 from tierlog.server.broker import StreamHandle, _PublishOp, _StoreOffsetOp
-from tierlog.tiering.catalog import StreamRecord
-from tierlog.tiering.settings import StreamSettings
 
 SEQUENCE = TrackingType.SEQUENCE
 

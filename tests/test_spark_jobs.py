@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from tests.plugins.spark import TieredBucket, TieredStream
+from tierlog.remote import keys
 from tierlog.spark.jobs.common import RemoteTier, walk_manifest
 from tierlog.spark.jobs.gc import run_gc
 from tierlog.spark.jobs.scrub import run_scrub
-from tierlog.tiering import keys
 
 pytestmark = pytest.mark.spark
 

@@ -20,11 +20,11 @@ from pyspark.sql import functions as F
 from tests.plugins.spark import Record, TieredBucket, TieredStream
 from tierlog.errors import ConfigError
 from tierlog.formats.amqp import encode_message
+from tierlog.remote.fragments import FragmentEntry
+from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark import connections
 from tierlog.spark.options import StreamName, parse_options
 from tierlog.spark.planning import (
-    Bounds,
-    PlannedFragment,
     coalesce,
     load_tree,
     plan_read,
@@ -293,7 +293,7 @@ def test_plan_descends_only_into_needed_branches(tiered_bucket: TieredBucket) ->
     assert none.fragments == [] and none.branch_loads == 0
     # Coalescing keeps order and covers every fragment once.
     tasks = coalesce(full, Bounds(), target_bytes=30_000)
-    flat: list[PlannedFragment] = [f for t in tasks for f in t.fragments]
+    flat: list[FragmentEntry] = [f for t in tasks for f in t.fragments]
     assert flat == full.fragments
     assert all(t.data_size - t.fragments[-1].data_size < 30_000 for t in tasks)
     assert len(coalesce(full, Bounds(), target_bytes=0)) == len(full.fragments)
@@ -313,7 +313,7 @@ def test_plan_read_of_an_empty_and_a_deleted_stream(tiered_bucket: TieredBucket)
 def test_trace_dir_is_written_per_fragment(tmp_path: Path) -> None:
     from tierlog.spark.reading import _trace
 
-    fragment = PlannedFragment("k", 7, 9, 0, 0, 1, 1)
+    fragment = FragmentEntry("k", 7, 9, 0, 0, 1, 1)
     _trace(str(tmp_path), "inc_1", fragment)
     _trace(str(tmp_path), "inc_1", fragment)
     assert traced_reads(str(tmp_path)) == [("inc_1", 7), ("inc_1", 7)]

@@ -13,10 +13,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
 from tests.plugins.spark import TieredBucket, TieredStream
+from tierlog.remote.fragments import FragmentEntry
 from tierlog.spark import connections
 from tierlog.spark.errors import OffsetExpiredError
 from tierlog.spark.options import parse_options
-from tierlog.spark.planning import PlannedFragment
 from tierlog.spark.streaming import TierlogStreamReader, limit_bytes, limit_rows
 from tierlog.tiering.retention import RetentionPolicy
 
@@ -122,8 +122,8 @@ def test_limit_rows_shares_fairly() -> None:
 
 
 def test_limit_bytes_whole_fragments_round_robin() -> None:
-    def frag(first: int, nxt: int, size: int) -> PlannedFragment:
-        return PlannedFragment(f"k{first}", first, nxt, 0, 0, size, 1)
+    def frag(first: int, nxt: int, size: int) -> FragmentEntry:
+        return FragmentEntry(f"k{first}", first, nxt, 0, 0, size, 1)
 
     queues = {
         "a": [frag(0, 10, 100), frag(10, 20, 100), frag(20, 30, 100)],

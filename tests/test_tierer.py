@@ -14,13 +14,14 @@ from tests.plugins.tiering_world import LOG, SMALL, World
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import BackPressureError
 from tierlog.log.writer import StreamLog
+from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.keys import data_prefix
 from tierlog.storage.errors import TransientError
 from tierlog.storage.meta_store import MetaStore, Versioned
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 from tierlog.tiering.cleanup import run_stream_cleanups
-from tierlog.tiering.keys import data_prefix
-from tierlog.tiering.remote import FragmentConflictError, StreamDeletedError
+from tierlog.tiering.errors import FragmentConflictError
 from tierlog.tiering.tierer import StreamTierer
 
 

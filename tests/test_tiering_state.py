@@ -23,13 +23,13 @@ from hypothesis.stateful import (
 )
 
 from tierlog.errors import ConfigError
+from tierlog.remote.fragments import FragmentEntry
 from tierlog.tiering.state import (
     ChunkRef,
     ChunksCommitted,
     CommitFailed,
     CommitSucceeded,
     Flush,
-    FragmentEntry,
     FragmentPlan,
     Halt,
     StartCommit,
@@ -40,6 +40,8 @@ from tierlog.tiering.state import (
     UploadFailed,
     UploadSucceeded,
 )
+
+KEY = "stream/s/data/fragment"  # the state machine carries the key, never reads it
 
 
 def make_chunk(
@@ -59,7 +61,9 @@ def make_chunk(
 
 
 def entry_of(chunks: list[ChunkRef]) -> FragmentEntry:
-    return FragmentPlan(plan_id=0, segment=chunks[0].segment, seq=0, chunks=tuple(chunks)).entry()
+    return FragmentPlan(plan_id=0, segment=chunks[0].segment, seq=0, chunks=tuple(chunks)).entry(
+        KEY
+    )
 
 
 class TieringMachine(RuleBasedStateMachine):
@@ -157,11 +161,11 @@ class TieringMachine(RuleBasedStateMachine):
             self.feed(UploadFailed(plan.plan_id, "injected error before the put"))
             return
         if key not in self.remote:
-            self.remote[key] = plan.entry()  # the create-only put takes effect
+            self.remote[key] = plan.entry(KEY)  # the create-only put takes effect
             if outcome == "ambiguous":
                 self.feed(UploadFailed(plan.plan_id, "timeout after the put took effect"))
                 return
-            self.feed(UploadSucceeded(plan.plan_id, plan.entry()))
+            self.feed(UploadSucceeded(plan.plan_id, plan.entry(KEY)))
             return
         # AlreadyExists: adopt the existing object (it is ours: it matches the log).
         existing = self.remote[key]
@@ -250,7 +254,7 @@ class TieringMachine(RuleBasedStateMachine):
             elif self.uploads:
                 upload = self.uploads.pop(0)
                 key = upload.plan.first_offset
-                entry = self.remote.setdefault(key, upload.plan.entry())
+                entry = self.remote.setdefault(key, upload.plan.entry(KEY))
                 self.feed(UploadSucceeded(upload.plan.plan_id, entry))
             else:
                 deadline = self.state.next_deadline()
@@ -297,7 +301,9 @@ def test_quiet_stream_cut_by_age_then_committed_after_debounce() -> None:
     assert state.next_deadline() == 60.0
     (upload,) = state.handle(Tick(), now=60.0)
     assert isinstance(upload, StartUpload)
-    assert state.handle(UploadSucceeded(upload.plan.plan_id, upload.plan.entry()), now=60.5) == []
+    assert (
+        state.handle(UploadSucceeded(upload.plan.plan_id, upload.plan.entry(KEY)), now=60.5) == []
+    )
     assert state.next_deadline() == pytest.approx(62.5)
     (commit,) = state.handle(Tick(), now=62.5)
     assert isinstance(commit, StartCommit)
@@ -312,11 +318,11 @@ def test_failed_upload_does_not_block_later_uploads_or_reorder_commits() -> None
     p0, p1, p2 = (e.plan for e in effects if isinstance(e, StartUpload))
     state.handle(UploadFailed(p0.plan_id, "boom"), 0.1)
     # Later uploads finish; nothing is committed past the gap.
-    assert state.handle(UploadSucceeded(p1.plan_id, p1.entry()), 0.2) == []
-    assert state.handle(UploadSucceeded(p2.plan_id, p2.entry()), 0.3) == []
+    assert state.handle(UploadSucceeded(p1.plan_id, p1.entry(KEY)), 0.2) == []
+    assert state.handle(UploadSucceeded(p2.plan_id, p2.entry(KEY)), 0.3) == []
     (retry,) = state.handle(Tick(), 0.6)
     assert isinstance(retry, StartUpload) and retry.plan == p0 and retry.attempt == 2
-    (commit,) = state.handle(UploadSucceeded(p0.plan_id, p0.entry()), 0.7)
+    (commit,) = state.handle(UploadSucceeded(p0.plan_id, p0.entry(KEY)), 0.7)
     assert isinstance(commit, StartCommit)
     assert [e.first_offset for e in commit.entries] == [0, 1, 2]
 
@@ -333,7 +339,7 @@ def test_conflict_and_deposed_halt() -> None:
     state = TieringState(cfg, committed_next=0)
     (up,) = state.handle(ChunksCommitted((make_chunk(0, 1, 10, 0, 0),)), 0)
     assert isinstance(up, StartUpload)
-    (commit,) = state.handle(UploadSucceeded(up.plan.plan_id, up.plan.entry()), 0)
+    (commit,) = state.handle(UploadSucceeded(up.plan.plan_id, up.plan.entry(KEY)), 0)
     assert isinstance(commit, StartCommit)
     (halt,) = state.handle(CommitFailed(commit.commit_id, "epoch 3 > 2", deposed=True), 1)
     assert isinstance(halt, Halt) and "deposed" in halt.reason
@@ -353,7 +359,7 @@ def test_adopting_a_longer_fragment_recuts_the_rest() -> None:
         (e.plan.first_offset, e.plan.next_offset) for e in recut if isinstance(e, StartUpload)
     ] == [(3, 4)]
     # Late completions of cancelled plans are ignored.
-    state.handle(UploadSucceeded(plans[1].plan_id, plans[1].entry()), 101)
+    state.handle(UploadSucceeded(plans[1].plan_id, plans[1].entry(KEY)), 101)
     assert state.lag_bytes == 40
 
 
@@ -418,10 +424,10 @@ def test_debounce_waits_for_uploads_that_would_complete_the_count() -> None:
     state = TieringState(cfg, committed_next=0)
     effects = state.handle(ChunksCommitted(tuple(make_chunk(i, 1, 10, 0, 0) for i in range(3))), 0)
     p0, p1, p2 = (e.plan for e in effects if isinstance(e, StartUpload))
-    state.handle(UploadSucceeded(p0.plan_id, p0.entry()), 0.0)
+    state.handle(UploadSucceeded(p0.plan_id, p0.entry(KEY)), 0.0)
     assert state.next_deadline() == pytest.approx(4.0)  # two uploads still in flight
     assert state.handle(Tick(), 3.0) == []
-    (commit,) = state.handle(UploadSucceeded(p1.plan_id, p1.entry()), 3.1) or [None]
+    (commit,) = state.handle(UploadSucceeded(p1.plan_id, p1.entry(KEY)), 3.1) or [None]
     assert commit is None
-    (commit,) = state.handle(UploadSucceeded(p2.plan_id, p2.entry()), 3.2)
+    (commit,) = state.handle(UploadSucceeded(p2.plan_id, p2.entry(KEY)), 3.2)
     assert isinstance(commit, StartCommit) and len(commit.entries) == 3

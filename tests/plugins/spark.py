@@ -29,9 +29,9 @@ from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
+from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer

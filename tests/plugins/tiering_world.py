@@ -14,13 +14,13 @@ from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.manifest_tree import ManifestTree
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer
 

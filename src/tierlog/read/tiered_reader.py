@@ -50,12 +50,8 @@ from tierlog.read.strategies import (
     default_hot_bytes,
     hot_tail_start,
 )
-from tierlog.tiering.manifest_tree import (
-    FragmentLocation,
-    ManifestTree,
-    OffsetBeyondEndError,
-    OffsetTrimmedError,
-)
+from tierlog.remote.errors import OffsetBeyondEndError, OffsetTrimmedError
+from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
 
 _U32 = struct.Struct(">I")
 Tier = Literal["local", "remote"]

@@ -22,10 +22,10 @@ from aiohttp import web
 
 from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
+from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
+from tierlog.remote.settings import StreamSettings
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
-from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
-from tierlog.tiering.settings import StreamSettings
 
 
 def _error(status: int, message: str) -> web.Response:

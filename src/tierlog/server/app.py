@@ -24,6 +24,7 @@ import tierlog
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
+from tierlog.remote.catalog import Catalog
 from tierlog.server.admin import build_admin_app
 from tierlog.server.broker import (
     Broker,
@@ -38,7 +39,6 @@ from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering.catalog import Catalog
 
 log = get_logger("tierlog.server")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tierlog.errors import ConfigError
-from tierlog.tiering.settings import StreamSettings
+from tierlog.remote.settings import StreamSettings
 
 _UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([YMDhms]?)\s*$")

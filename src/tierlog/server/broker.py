@@ -34,10 +34,10 @@ from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
+from tierlog.remote.catalog import Catalog, StreamExistsError, StreamRecord
+from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
-from tierlog.tiering.catalog import Catalog, StreamExistsError, StreamRecord
-from tierlog.tiering.settings import StreamSettings
 
 log = get_logger("tierlog.server.broker")
 

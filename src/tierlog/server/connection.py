@@ -80,6 +80,7 @@ from tierlog.formats.protocol.publish import (
 from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
+from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
@@ -89,7 +90,6 @@ from tierlog.server.subscriptions import (
     OVERTAKEN_PROPERTY,
     Subscription,
 )
-from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
 
 log = get_logger("tierlog.server.connection")
 

@@ -16,7 +16,7 @@ from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
 from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
-from tierlog.read.manifest_source import TiererManifest
+from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import TieredChunk, TieredReader, default_prefetcher
 from tierlog.server.chunk_source import (
@@ -41,14 +41,14 @@ class TieredChunkSource:
         strategy: Callable[[], str],
     ) -> None:
         self._log = log
-        self._manifest = TiererManifest(tierer)
+        self._manifest = ManifestSource(tierer)
         self._tierer = tierer
         self._notifier = notifier
         self._strategy = strategy
         self._local = LocalChunkSource(log, notifier)
 
     def first_offset(self) -> int:
-        tree = self._tierer.committer.tree
+        tree = self._tierer.committed_tree()
         if not tree.is_empty:
             return tree.first_offset
         return self._log.segment_refs()[0].first_offset

@@ -22,11 +22,12 @@ from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.read.tiered_reader import default_prefetcher
+from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.cleanup import run_stream_cleanups
+from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.retention import RetentionPolicy
 from tierlog.tiering.tierer import StreamTierer
@@ -82,7 +83,7 @@ class TieringService:
             return
         settings = handle.record.settings
         cfg = replace(
-            settings.tiering_config(),
+            tiering_config(settings),
             max_uploads=self.tier.max_uploads,
         )
         tierer = StreamTierer(
@@ -239,7 +240,7 @@ class TieringService:
         metrics.tier_lag_bytes.read = per_stream(lambda t: t.lag_bytes)
         metrics.tier_backpressure.read = per_stream(lambda t: t.backpressure_active)
         metrics.tiering_halted.read = per_stream(lambda t: t.halted is not None)
-        metrics.remote_next_offset.read = per_stream(lambda t: t.committer.tree.next_offset)
-        metrics.manifest_commits.read = per_stream(lambda t: t.committer.commits)
-        metrics.manifest_conflicts.read = per_stream(lambda t: t.committer.conflicts)
+        metrics.remote_next_offset.read = per_stream(lambda t: t.committed_tree().next_offset)
+        metrics.manifest_commits.read = per_stream(lambda t: t.manifest_commits)
+        metrics.manifest_conflicts.read = per_stream(lambda t: t.manifest_conflicts)
         metrics.prefetch_memory_bytes.read = lambda: [((), float(default_prefetcher().budget.used))]

@@ -49,9 +49,9 @@ from pyspark.sql.types import (
 )
 
 from tierlog.formats.arrow_batch import record_batch_schema
+from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark.options import SourceOptions, StreamName, parse_options
 from tierlog.spark.planning import (
-    Bounds,
     ReadTask,
     options_bounds,
     plan_read,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from urllib.parse import urlsplit
 
+from tierlog.remote.catalog import Catalog
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering.catalog import Catalog
 
 _lock = threading.Lock()
 _objects: dict[tuple[str, tuple[tuple[str, str], ...]], ObjectStore] = {}

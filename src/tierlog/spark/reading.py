@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tierlog.formats.arrow_batch import fragment_to_record_batch
+from tierlog.remote.fragments import FragmentEntry
 from tierlog.spark.connections import object_store
 from tierlog.spark.errors import FragmentExpiredError
-from tierlog.spark.planning import PlannedFragment, ReadTask
+from tierlog.spark.planning import ReadTask
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
 
@@ -64,7 +65,7 @@ def read_task(
                 yield batch if schema is None else batch.cast(schema)
 
 
-def _fetch(store: ObjectStore, fragment: PlannedFragment) -> memoryview | None:
+def _fetch(store: ObjectStore, fragment: FragmentEntry) -> memoryview | None:
     try:
         return store.get_view(fragment.key)
     except NotFoundError:
@@ -72,7 +73,7 @@ def _fetch(store: ObjectStore, fragment: PlannedFragment) -> memoryview | None:
 
 
 def _decode(
-    data: memoryview, task: ReadTask, fragment: PlannedFragment, settings: ReadSettings
+    data: memoryview, task: ReadTask, fragment: FragmentEntry, settings: ReadSettings
 ) -> pa.RecordBatch:
     b = task.bounds
     if b.covers(fragment):
@@ -91,7 +92,7 @@ def _decode(
     )
 
 
-def _trace(trace_dir: str, incarnation: str, fragment: PlannedFragment) -> None:
+def _trace(trace_dir: str, incarnation: str, fragment: FragmentEntry) -> None:
     """Testing aid: one marker file per fragment read (works across worker processes)."""
     name = f"{incarnation}.{fragment.first_offset:020d}.{uuid.uuid4().hex[:12]}"
     with open(os.path.join(trace_dir, name), "wb"):

@@ -32,19 +32,19 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tierlog.remote.fragments import FragmentEntry
+from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark import connections
 from tierlog.spark.batch import TaskPartition, read_partition
 from tierlog.spark.errors import OffsetExpiredError, StreamUnavailableError
 from tierlog.spark.options import SourceOptions, StreamName
 from tierlog.spark.planning import (
-    Bounds,
-    PlannedFragment,
     coalesce,
     load_tree,
     plan_stream,
     resolve_stream,
 )
-from tierlog.tiering.manifest_tree import ManifestTree
 
 Offsets = dict[str, int]
 
@@ -157,7 +157,7 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- limits -------------------------------------------------------------------------------
     def _limit_bytes(self, positions: Offsets, heads: Offsets, max_bytes: int) -> Offsets:
         store = connections.object_store(self.options.object_store, self.options.store_settings)
-        queues: dict[str, list[PlannedFragment]] = {}
+        queues: dict[str, list[FragmentEntry]] = {}
         for stream in self.options.streams:
             name = stream.display
             lo, hi = positions[name], heads[name]
@@ -191,7 +191,7 @@ def limit_rows(positions: Offsets, heads: Offsets, max_rows: int) -> Offsets:
 def limit_bytes(
     positions: Offsets,
     heads: Offsets,
-    queues: dict[str, list[PlannedFragment]],
+    queues: dict[str, list[FragmentEntry]],
     max_bytes: int,
 ) -> Offsets:
     """End offsets at fragment boundaries, about ``max_bytes`` of fragments round-robin

@@ -14,9 +14,9 @@ import os
 import shutil
 
 from tierlog.logs import get_logger
+from tierlog.remote.catalog import Catalog
+from tierlog.remote.keys import stream_prefix
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.catalog import Catalog
-from tierlog.tiering.keys import stream_prefix
 
 log = get_logger(__name__)
 

@@ -14,19 +14,20 @@ import time
 from collections.abc import Callable, Sequence
 
 from tierlog.logs import get_logger
+from tierlog.remote.catalog import Catalog, ManifestPointer
+from tierlog.remote.committed import read_committed_root
+from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.fragments import FragmentEntry, RemoteStream
+from tierlog.remote.keys import new_uid
+from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.storage.errors import (
     EpochFencedError,
     KeyDeletedError,
     StorageError,
     TransientError,
 )
-from tierlog.tiering.catalog import Catalog, ManifestPointer
-from tierlog.tiering.committed import read_committed_root
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.keys import new_uid
-from tierlog.tiering.manifest_tree import DEFAULT_M, ManifestTree
-from tierlog.tiering.remote import DeposedError, RemoteStream, StreamDeletedError, TieringError
-from tierlog.tiering.state import FragmentEntry
+from tierlog.tiering.errors import DeposedError, TieringError
 
 log = get_logger(__name__)
 

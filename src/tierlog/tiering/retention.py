@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tierlog.tiering.manifest_tree import Loader, ManifestTree
+from tierlog.remote.manifest_tree import Loader, ManifestTree
 
 
 @dataclass(frozen=True, slots=True)

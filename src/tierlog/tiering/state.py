@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from tierlog.errors import ConfigError
+from tierlog.remote.fragments import FragmentEntry
 
 MIB = 1 << 20
 
@@ -47,19 +48,6 @@ class ChunkRef:
     size: int  # total bytes of the chunk (header, bloom, data, trailer)
     data_crc: int
     chunk_type: int
-
-
-@dataclass(frozen=True, slots=True)
-class FragmentEntry:
-    """What the manifest records about one uploaded fragment."""
-
-    first_offset: int
-    next_offset: int
-    min_timestamp: int
-    max_timestamp: int
-    data_size: int
-    chunk_count: int
-    max_epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,15 +75,16 @@ class FragmentPlan:
     def data_size(self) -> int:
         return sum(c.size for c in self.chunks)
 
-    def entry(self) -> FragmentEntry:
+    def entry(self, key: str) -> FragmentEntry:
+        """What the manifest records once this plan is uploaded as the object ``key``."""
         return FragmentEntry(
+            key=key,
             first_offset=self.first_offset,
             next_offset=self.next_offset,
             min_timestamp=min(c.timestamp for c in self.chunks),
             max_timestamp=max(c.timestamp for c in self.chunks),
             data_size=self.data_size,
             chunk_count=len(self.chunks),
-            max_epoch=max(c.epoch for c in self.chunks),
         )
 
 

@@ -34,22 +34,30 @@ from tierlog.log.reader import LogReader
 from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
+from tierlog.remote.catalog import Catalog
+from tierlog.remote.errors import CorruptFragmentError, StreamDeletedError
+from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
+from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import BackPressure
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.manifest_tree import DEFAULT_M
+from tierlog.tiering.errors import FragmentConflictError, TieringError
 from tierlog.tiering.rate_limit import RateLimiter
-from tierlog.tiering.remote import (
-    FragmentConflictError,
+from tierlog.tiering.resolution import (
+    Chain,
+    CommittedRange,
+    Fetched,
     LocalChunk,
-    RemoteFragment,
-    RemoteStream,
-    TieringError,
+    LocalLog,
+    adopted_before,
     adoption_problem,
-    read_fragment_checked,
+    fetched_end,
+    follow_chain,
+    needs_committed_tail,
+    resolve,
+    stream_first_offset,
 )
 from tierlog.tiering.retention import (
     RetentionPolicy,
@@ -65,7 +73,6 @@ from tierlog.tiering.state import (
     Effect,
     Event,
     Flush,
-    FragmentEntry,
     FragmentPlan,
     Halt,
     StartCommit,
@@ -78,6 +85,9 @@ from tierlog.tiering.state import (
 )
 
 log = get_logger(__name__)
+
+RESOLUTION_READS = 8  # concurrent fragment metadata reads while resolving
+RESOLUTION_BATCH = 64  # listed fragments fetched per round of resolution
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +107,14 @@ def local_chunks(stream_log: StreamLog, first: int, end: int) -> dict[int, Local
             if first <= c.chunk_id < end:
                 out[c.chunk_id] = LocalChunk(epoch=c.epoch, crc=c.data_crc, size=c.size)
     return out
+
+
+def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFragment | None:
+    """``read_fragment`` with a corrupt object turned into a conflict."""
+    try:
+        return remote.read_fragment(first_offset)
+    except CorruptFragmentError as exc:
+        raise FragmentConflictError(f"fragment {first_offset} is corrupt: {exc}") from exc
 
 
 class StreamTierer:
@@ -133,6 +151,7 @@ class StreamTierer:
         self.clock = clock
         self.committer = ManifestCommitter(self.remote, catalog, deletions, epoch, m=m)
         self.state: TieringState | None = None
+        self._uncommitted: tuple[RemoteFragment, ...] = ()  # the chain while resolving
         self.halted: str | None = None
         self.puts = 0
         self._events: queue.Queue[Event | None] = queue.Queue()
@@ -221,6 +240,26 @@ class StreamTierer:
 
     # -- queries --------------------------------------------------------------------------
     @property
+    def object_store(self) -> ObjectStore:
+        return self.remote.store
+
+    def committed_tree(self) -> ManifestTree:
+        """The committed manifest (``remote.committed.CommittedManifest``): this writer's
+        cached root is always the committed one, so no I/O."""
+        return self.committer.tree
+
+    def refresh_committed(self) -> ManifestTree:
+        return self.committer.tree
+
+    @property
+    def manifest_commits(self) -> int:
+        return self.committer.commits
+
+    @property
+    def manifest_conflicts(self) -> int:
+        return self.committer.conflicts
+
+    @property
     def durable_next(self) -> int:
         """Offsets below this are durable in the remote tier (safe to free locally)."""
         return self.committer.tree.next_offset
@@ -235,40 +274,70 @@ class StreamTierer:
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self) -> ResolveResult:
+        """Fetch what resolution needs, let ``tiering.resolution`` decide, carry it out."""
         tree = self.committer.load()
-        next_offset = tree.next_offset
-        adopted: list[FragmentEntry] = []
-        last_fragment: tuple[int, int] | None = None
-        while True:
-            fragment = read_fragment_checked(self.remote, next_offset)
-            if fragment is None:
-                break
-            t = fragment.trailer
-            held = local_chunks(self.log, t.first_offset, t.next_offset)
-            problem = adoption_problem(fragment, self.epoch, held)
-            if problem is not None:
-                raise FragmentConflictError(problem)
-            adopted.append(fragment.entry())
-            last_fragment = (t.segment_first_offset, t.seq_no)
-            next_offset = t.next_offset
-        if last_fragment is None and not tree.is_empty:
-            last_fragment = self._last_fragment_position(tree.next_offset)
-        restarted = False
-        self.log.set_stream_first_offset(tree.first_offset if not tree.is_empty else 0)
-        if next_offset > self.log.next_offset:
-            self._restart_local(next_offset, last_fragment)
-            restarted = True
-            last_fragment = None  # the local log continues in a new segment
-        elif next_offset < self.log.first_offset:
-            raise FragmentConflictError(
-                f"local log starts at {self.log.first_offset} but the remote tier ends at "
-                f"{next_offset}: offsets in between are lost"
-            )
+        committed = CommittedRange(tree.first_offset, tree.next_offset, tree.is_empty)
+        chain = self._uncommitted_chain(tree.next_offset)
+        tail = None
+        if needs_committed_tail(committed, chain):
+            tail = self._last_fragment_position(tree.next_offset)
+        self.log.set_stream_first_offset(stream_first_offset(committed))
+        local = LocalLog(self.log.first_offset, self.log.next_offset, self.log.max_epoch)
+        decision = resolve(committed, chain, local, self.epoch, tail)
+        if decision.restart_epoch is not None:
+            self._uncommitted = chain.fragments  # the tracking replay reads the chain's tail
+            try:
+                self._restart_local(decision.next_offset, decision.restart_epoch)
+            finally:
+                self._uncommitted = ()
+        adopted = list(decision.adopted)
         self._fencing_commit(adopted)
         self.state = TieringState(
-            self.config, committed_next=next_offset, last_fragment=last_fragment
+            self.config, committed_next=decision.next_offset, last_fragment=decision.last_fragment
         )
-        return ResolveResult(next_offset, len(adopted), restarted)
+        return ResolveResult(decision.next_offset, len(adopted), decision.restart_epoch is not None)
+
+    def _uncommitted_chain(self, start: int) -> Chain:
+        """The adoptable chain after the committed manifest. Fragments chain by next offset,
+        known only from a trailer, so the candidates come from a listing of ``data/`` and
+        are read concurrently; an offset the listing missed is read when the chain gets
+        there, so an incomplete listing costs reads, never correctness."""
+        fetched: dict[int, Fetched] = {}
+        listed = self._listed_from(start)
+        want = listed or []
+        while True:
+            fetched.update(self._fetch_fragments([o for o in want if o not in fetched]))
+            local = local_chunks(self.log, start, fetched_end(start, fetched))
+            chain = follow_chain(start, fetched, self.epoch, local)
+            if chain.unfetched is None:
+                return chain
+            at = chain.unfetched
+            if listed is not None:  # list on from where the chain got to
+                listed = self._listed_from(at)
+            want = [at, *(o for o in listed or [] if o != at)]
+
+    def _listed_from(self, start: int) -> list[int] | None:
+        """First offsets of fragment objects at or after ``start`` (None: listing failed,
+        so the chain is followed one read at a time)."""
+        try:
+            return self.remote.uncommitted_offsets(start, RESOLUTION_BATCH)
+        except StorageError as exc:
+            log.warning("listing fragments of %s failed: %s", self.remote.stream_dir, exc)
+            return None
+
+    def _fetch_fragments(self, offsets: list[int]) -> dict[int, Fetched]:
+        """Metadata of the fragments at ``offsets``, read with bounded concurrency."""
+        if len(offsets) <= 1:
+            return {o: self._fetch_fragment(o) for o in offsets}
+        workers = min(RESOLUTION_READS, len(offsets))
+        with ThreadPoolExecutor(workers, thread_name_prefix="tier-resolve") as pool:
+            return dict(zip(offsets, pool.map(self._fetch_fragment, offsets), strict=True))
+
+    def _fetch_fragment(self, first_offset: int) -> Fetched:
+        try:
+            return read_fragment_checked(self.remote, first_offset)
+        except Exception as exc:  # an error counts only if the chain reaches this offset
+            return exc
 
     def _fencing_commit(self, adopted: list[FragmentEntry], attempts: int = 8) -> None:
         """Commit our epoch (and what resolution adopted) before uploading anything."""
@@ -289,11 +358,10 @@ class StreamTierer:
             return None
         return (fragment.trailer.segment_first_offset, fragment.trailer.seq_no)
 
-    def _restart_local(self, next_offset: int, last: tuple[int, int] | None) -> None:
+    def _restart_local(self, next_offset: int, epoch: int) -> None:
         """The remote tier is ahead: continue the local log past it, with the tracking
         state replayed from the remote tail's segment."""
         tracking = self._remote_tracking(next_offset)
-        epoch = max(self.epoch, self.log.max_epoch + 1)
         log.warning(
             "local_log_restarted_past_remote",
             stream_dir=self.remote.stream_dir,
@@ -340,16 +408,8 @@ class StreamTierer:
         if not tree.is_empty and target < tree.next_offset:
             loc = tree.locate_offset(target, self.remote.load)
             return read_fragment_checked(self.remote, loc.entry.first_offset)
-        # Beyond the manifest: follow next pointers from its end.
-        at = tree.next_offset
-        found = None
-        while at <= target:
-            fragment = read_fragment_checked(self.remote, at)
-            if fragment is None:
-                return found
-            found = fragment
-            at = fragment.trailer.next_offset
-        return found
+        # Beyond the manifest: the chain resolution is adopting.
+        return adopted_before(self._uncommitted, target)
 
     # -- the event loop -------------------------------------------------------------------
     def _on_commit(self, point: CommitPoint) -> None:
@@ -564,7 +624,7 @@ class StreamTierer:
         at = HEADER_SIZE + span
         body[at : at + len(index)] = index
         body[at + len(index) :] = trailer
-        return body, plan.entry()
+        return body, plan.entry(self.remote.fragment_key(plan.first_offset))
 
     def _adopt_existing(self, plan: FragmentPlan) -> FragmentEntry:
         """The key exists (an earlier attempt, or a crashed writer's upload)."""
@@ -588,7 +648,7 @@ class StreamTierer:
             event: Event = CommitSucceeded(effect.commit_id)
         except CommitRetryError as exc:
             event = CommitFailed(effect.commit_id, str(exc))
-        except TieringError as exc:
+        except (TieringError, StreamDeletedError) as exc:
             event = CommitFailed(effect.commit_id, str(exc), deposed=True)
         except StorageError as exc:
             event = CommitFailed(effect.commit_id, str(exc))
@@ -608,6 +668,6 @@ class StreamTierer:
             "halted": self.halted,
             "backpressure_active": self.backpressure_active,
             "backpressure_events": self.backpressure_events,
-            "manifest_commits": self.committer.commits,
-            "manifest_conflicts": self.committer.conflicts,
+            "manifest_commits": self.manifest_commits,
+            "manifest_conflicts": self.manifest_conflicts,
         }

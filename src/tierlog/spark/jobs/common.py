@@ -19,21 +19,15 @@ from typing import IO, Any
 
 from tierlog.errors import TierlogError
 from tierlog.formats.errors import FormatError
-from tierlog.formats.manifest import (
-    KIND_BRANCH,
-    KIND_ROOT,
-    ManifestEntry,
-    NodeHeader,
-    decode_node,
-    entry_at,
-    entry_next_offset,
-)
-from tierlog.storage.errors import NotFoundError, TransientError
+from tierlog.formats.manifest import KIND_ROOT, decode_node
+from tierlog.remote import keys
+from tierlog.remote.catalog import Catalog, ManifestPointer, StreamRecord
+from tierlog.remote.committed import read_committed_root
+from tierlog.remote.fragments import FragmentEntry
+from tierlog.remote.manifest_walk import ManifestWalker
+from tierlog.storage.errors import TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
-from tierlog.tiering import keys
-from tierlog.tiering.catalog import Catalog, ManifestPointer, StreamRecord
-from tierlog.tiering.committed import read_committed_root
 
 _S3_CREDENTIALS = (
     ("access_key_id", "AWS_ACCESS_KEY_ID"),
@@ -174,19 +168,6 @@ def write_json(report: dict[str, Any], path: str | None) -> None:
 # ------------------------------------------------------------------------- manifests
 
 
-@dataclass(frozen=True, slots=True)
-class FragmentRef:
-    """A fragment as its manifest entry describes it."""
-
-    key: str
-    first_offset: int
-    next_offset: int
-    min_timestamp: int
-    max_timestamp: int
-    data_size: int
-    chunk_count: int
-
-
 @dataclass
 class ManifestWalk:
     """Everything reachable from one committed root, and what was wrong on the way."""
@@ -196,7 +177,7 @@ class ManifestWalk:
     first_offset: int = 0
     next_offset: int = 0
     branch_keys: list[str] = field(default_factory=list)
-    fragments: list[FragmentRef] = field(default_factory=list)
+    fragments: list[FragmentEntry] = field(default_factory=list)
     problems: list[dict[str, str]] = field(default_factory=list)
 
     @property
@@ -215,9 +196,10 @@ class ManifestWalk:
 def walk_manifest(
     store: ObjectStore, catalog: Catalog, prefix: str, incarnation: str, attempts: int = 5
 ) -> ManifestWalk:
-    """Read the committed root of ``incarnation`` and every branch below it, checking each
-    node against the entry that points to it. A root that vanished (superseded and deleted
-    between reading the pointer and the root) makes it re-read the pointer."""
+    """Read the committed root of ``incarnation`` and every branch below it with the remote
+    tier's tolerant walker (each node checked against the entry naming it). A root that
+    vanished (superseded and deleted between reading the pointer and the root) makes it
+    re-read the pointer."""
     try:
         pointer, data = read_committed_root(catalog, store, prefix, incarnation, attempts)
     except TransientError:
@@ -239,79 +221,11 @@ def walk_manifest(
         walk.problems.append(_problem("bad-root", walk.root_key, detail))
         return walk
     walk.first_offset, walk.next_offset = h.first_offset, h.next_offset
-    _walk_entries(store, prefix, incarnation, root.entries, h.next_offset, walk)
+    walker = ManifestWalker(prefix, incarnation, store.get, tolerant=True)
+    walk.fragments = list(walker.walk(root.entries, h.next_offset))
+    walk.branch_keys = walker.branch_keys
+    walk.problems += [p.to_dict() for p in walker.problems]
     return walk
-
-
-def _walk_entries(
-    store: ObjectStore,
-    prefix: str,
-    incarnation: str,
-    entries: Any,
-    node_next: int,
-    walk: ManifestWalk,
-) -> None:
-    for i in range(len(entries)):
-        entry = entry_at(entries, i)
-        nxt = entry_next_offset(entries, i, node_next)
-        if entry.height == 0:
-            key = keys.fragment_key(prefix, incarnation, entry.first_offset)
-            walk.fragments.append(
-                FragmentRef(
-                    key,
-                    entry.first_offset,
-                    nxt,
-                    entry.min_timestamp,
-                    entry.max_timestamp,
-                    entry.data_size,
-                    entry.chunk_count,
-                )
-            )
-            continue
-        key = keys.branch_key(prefix, incarnation, entry.first_offset, entry.uid, entry.height)
-        walk.branch_keys.append(key)
-        try:
-            node = decode_node(store.get(key))
-        except NotFoundError:
-            walk.problems.append(_problem("missing-branch", key, "referenced branch is missing"))
-            continue
-        except FormatError as exc:
-            walk.problems.append(_problem("corrupt-branch", key, str(exc)))
-            continue
-        mismatch = _branch_mismatch(node.header, entry, incarnation, nxt)
-        if mismatch:
-            walk.problems.append(_problem("branch-mismatch", key, mismatch))
-            continue
-        _walk_entries(store, prefix, incarnation, node.entries, nxt, walk)
-
-
-def _branch_mismatch(h: NodeHeader, e: ManifestEntry, incarnation: str, nxt: int) -> str:
-    expected = {
-        "kind": KIND_BRANCH,
-        "height": e.height,
-        "stream": incarnation,
-        "first_offset": e.first_offset,
-        "next_offset": nxt,
-        "min_timestamp": e.min_timestamp,
-        "max_timestamp": e.max_timestamp,
-        "bytes": e.data_size,
-        "chunks": e.chunk_count,
-        "fragments": e.fragment_count,
-    }
-    actual = {
-        "kind": h.kind,
-        "height": h.height,
-        "stream": h.stream_dir,
-        "first_offset": h.first_offset,
-        "next_offset": h.next_offset,
-        "min_timestamp": h.min_timestamp,
-        "max_timestamp": h.max_timestamp,
-        "bytes": h.total_bytes,
-        "chunks": h.total_chunks,
-        "fragments": h.total_fragments,
-    }
-    diffs = [f"{k}: node {actual[k]} != entry {v}" for k, v in expected.items() if actual[k] != v]
-    return "; ".join(diffs)
 
 
 def _problem(kind: str, key: str, detail: str) -> dict[str, str]:

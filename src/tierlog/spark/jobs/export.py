@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tierlog.formats.manifest import decode_node
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.committed import read_committed_root
 from tierlog.spark.jobs.common import Progress, RemoteTier, select_streams
-from tierlog.tiering.catalog import Catalog, StreamRecord
-from tierlog.tiering.committed import read_committed_root
 
 STATE_DIR = "_tierlog_export_state"
 DATE_COLUMN = "date"

@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tierlog.remote import keys
+from tierlog.remote.catalog import Catalog
 from tierlog.spark.jobs.common import Progress, RemoteTier, chunked, run_distributed, walk_manifest
 from tierlog.storage.errors import InvalidKeyError
 from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering import keys
-from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.deletion import DeletionQueue
 
 DEFAULT_GRACE_SECONDS = 24 * 3600.0

@@ -19,8 +19,9 @@ from typing import Any
 
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import validate_fragment
+from tierlog.remote.catalog import Catalog
+from tierlog.remote.fragments import FragmentEntry, trailer_mismatch
 from tierlog.spark.jobs.common import (
-    FragmentRef,
     Progress,
     RemoteTier,
     run_distributed,
@@ -28,7 +29,6 @@ from tierlog.spark.jobs.common import (
     walk_manifest,
 )
 from tierlog.storage.errors import NotFoundError, StorageError
-from tierlog.tiering.catalog import Catalog
 
 DEFAULT_TARGET_BYTES = 256 * 1024 * 1024
 MAX_FRAGMENTS_PER_TASK = 512
@@ -39,7 +39,7 @@ class FragmentRange:
     """The unit of work of one task: consecutive fragments of one stream."""
 
     stream: str
-    fragments: tuple[FragmentRef, ...]
+    fragments: tuple[FragmentEntry, ...]
 
 
 @dataclass
@@ -107,7 +107,7 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
     return result
 
 
-def check_fragment(store: Any, ref: FragmentRef) -> dict[str, str] | None:
+def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     """None if the fragment is intact and matches its manifest entry, else the problem."""
     try:
         data = store.get(ref.key)
@@ -119,40 +119,18 @@ def check_fragment(store: Any, ref: FragmentRef) -> dict[str, str] | None:
         index = validate_fragment(data, check_chunks=True)
     except FormatError as exc:
         return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
-    t = index.trailer
-    actual = (
-        t.first_offset,
-        t.next_offset,
-        t.min_timestamp,
-        t.max_timestamp,
-        t.data_size,
-        t.chunk_count,
-    )
-    expected = (
-        ref.first_offset,
-        ref.next_offset,
-        ref.min_timestamp,
-        ref.max_timestamp,
-        ref.data_size,
-        ref.chunk_count,
-    )
-    if actual != expected:
-        names = ("first_offset", "next_offset", "min_ts", "max_ts", "data_size", "chunks")
-        diffs = [
-            f"{n}: trailer {a} != manifest {e}"
-            for n, a, e in zip(names, actual, expected, strict=True)
-            if a != e
-        ]
-        return {"kind": "fragment-mismatch", "key": ref.key, "detail": "; ".join(diffs)}
+    mismatch = trailer_mismatch(ref, index.trailer)
+    if mismatch:
+        return {"kind": "fragment-mismatch", "key": ref.key, "detail": mismatch}
     return None
 
 
 def plan_ranges(
-    stream: str, fragments: list[FragmentRef], target_bytes: int
+    stream: str, fragments: list[FragmentEntry], target_bytes: int
 ) -> list[FragmentRange]:
     """Cut a stream's fragments into runs of about ``target_bytes`` each."""
     ranges: list[FragmentRange] = []
-    run: list[FragmentRef] = []
+    run: list[FragmentEntry] = []
     size = 0
     for ref in fragments:
         if run and (size + ref.data_size > target_bytes or len(run) >= MAX_FRAGMENTS_PER_TASK):

@@ -26,9 +26,9 @@ from urllib.parse import quote
 
 from tierlog.errors import TierlogError
 from tierlog.log.names import stream_dir_name
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
-from tierlog.tiering.settings import StreamSettings
 
 CLEANUP_QUEUE = "stream-cleanup"
 

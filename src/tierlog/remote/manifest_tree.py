@@ -20,7 +20,6 @@ from typing import Protocol
 
 import numpy as np
 
-from tierlog.errors import TierlogError
 from tierlog.formats.manifest import (
     ENTRY_DTYPE,
     KIND_BRANCH,
@@ -37,40 +36,19 @@ from tierlog.formats.manifest import (
     node_size,
     summarize,
 )
-from tierlog.tiering.keys import branch_key, fragment_key, new_uid
+from tierlog.remote.errors import (
+    InvalidFragmentEntryError,
+    ManifestCorruptError,
+    ManifestGapError,
+    OffsetBeyondEndError,
+    OffsetTrimmedError,
+)
+from tierlog.remote.fragments import FragmentEntry
+from tierlog.remote.keys import branch_key, fragment_key, new_uid
+from tierlog.remote.manifest_walk import Bounds, Loader, ManifestWalker, read_branch
 
 DEFAULT_M = 1024
 DEFAULT_CACHE_NODES = 64
-
-Loader = Callable[[str], bytes]
-
-
-class ManifestTreeError(TierlogError):
-    """Base class of manifest tree errors."""
-
-
-class ManifestGapError(ManifestTreeError, ValueError):
-    """Appended fragments leave a gap or overlap what the manifest already covers."""
-
-
-class InvalidFragmentEntryError(ManifestTreeError, ValueError):
-    """An appended fragment entry is malformed (counts, sizes, timestamps)."""
-
-
-class ManifestCorruptError(ManifestTreeError):
-    """A loaded node is valid bytes but contradicts the entry that points to it."""
-
-
-class OffsetOutOfRangeError(ManifestTreeError, LookupError):
-    """The offset is outside the manifest's ``[first, next)``."""
-
-
-class OffsetTrimmedError(OffsetOutOfRangeError):
-    """The offset is below the first offset: retention removed it."""
-
-
-class OffsetBeyondEndError(OffsetOutOfRangeError):
-    """The offset is at or past the next offset: not in the remote tier (yet)."""
 
 
 class FragmentSpan(Protocol):
@@ -101,12 +79,18 @@ class BranchWrite:
 
 @dataclass(frozen=True, slots=True)
 class FragmentLocation:
-    """A located fragment: its entry, where it ends, its key and the branch loads it took."""
+    """A located fragment and the branch loads the lookup took."""
 
-    entry: ManifestEntry
-    next_offset: int
-    key: str
+    entry: FragmentEntry
     loads: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.entry.next_offset
+
+    @property
+    def key(self) -> str:
+        return self.entry.key
 
 
 @dataclass(slots=True)
@@ -335,8 +319,7 @@ class ManifestTree:
             entry = entry_at(entries, i)
             nxt = entry_next_offset(entries, i, node_next)
             if entry.height == 0:
-                key = fragment_key(self.prefix, self.stream_dir, entry.first_offset)
-                return FragmentLocation(entry, nxt, key, loads)
+                return FragmentLocation(self._fragment(entry, nxt), loads)
             node, loaded = self._branch(entry, nxt, load)
             loads += loaded
             entries, node_next = node.entries, node.header.next_offset
@@ -356,28 +339,38 @@ class ManifestTree:
             entry = entry_at(entries, i)
             nxt = entry_next_offset(entries, i, node_next)
             if entry.height == 0:
-                key = fragment_key(self.prefix, self.stream_dir, entry.first_offset)
-                return FragmentLocation(entry, nxt, key, loads)
+                return FragmentLocation(self._fragment(entry, nxt), loads)
             node, loaded = self._branch(entry, nxt, load)
             loads += loaded
             entries, node_next = node.entries, node.header.next_offset
 
     def iter_fragments(self, load: Loader, start_offset: int = 0) -> Iterator[FragmentLocation]:
         """Every fragment whose range ends after ``start_offset``, in offset order."""
-        yield from self._iter(self.root_entries(), self._next_offset, load, start_offset)
+        for entry in self.walker(load, Bounds(min_offset=start_offset)).walk(
+            self.root_entries(), self._next_offset
+        ):
+            yield FragmentLocation(entry, 0)
 
-    def _iter(
-        self, entries: np.ndarray, node_next: int, load: Loader, start: int
-    ) -> Iterator[FragmentLocation]:
-        for i in range(max(find_offset(entries, start), 0), len(entries)):
-            entry = entry_at(entries, i)
-            nxt = entry_next_offset(entries, i, node_next)
-            if entry.height == 0:
-                key = fragment_key(self.prefix, self.stream_dir, entry.first_offset)
-                yield FragmentLocation(entry, nxt, key, 0)
-            else:
-                node, _ = self._branch(entry, nxt, load)
-                yield from self._iter(node.entries, nxt, load, start)
+    def walker(self, load: Loader, bounds: Bounds = Bounds()) -> ManifestWalker:
+        """A walk of this tree within ``bounds``, reading branches through its cache."""
+        return ManifestWalker(
+            self.prefix,
+            self.stream_dir,
+            load,
+            bounds,
+            branch=lambda entry, nxt: self._branch(entry, nxt, load)[0],
+        )
+
+    def _fragment(self, entry: ManifestEntry, next_offset: int) -> FragmentEntry:
+        return FragmentEntry(
+            key=fragment_key(self.prefix, self.stream_dir, entry.first_offset),
+            first_offset=entry.first_offset,
+            next_offset=next_offset,
+            min_timestamp=entry.min_timestamp,
+            max_timestamp=entry.max_timestamp,
+            data_size=entry.data_size,
+            chunk_count=entry.chunk_count,
+        )
 
     def branch_key_of(self, entry: ManifestEntry) -> str:
         return branch_key(self.prefix, self.stream_dir, entry.first_offset, entry.uid, entry.height)
@@ -394,36 +387,7 @@ class ManifestTree:
         if node is not None:
             self._cache.move_to_end(key)
             return node, 0
-        node = decode_node(load(key))
-        h = node.header
-        expected = (
-            KIND_BRANCH,
-            entry.height,
-            self.stream_dir,
-            entry.first_offset,
-            next_offset,
-            entry.min_timestamp,
-            entry.max_timestamp,
-            entry.data_size,
-            entry.chunk_count,
-            entry.fragment_count,
-        )
-        actual = (
-            h.kind,
-            h.height,
-            h.stream_dir,
-            h.first_offset,
-            h.next_offset,
-            h.min_timestamp,
-            h.max_timestamp,
-            h.total_bytes,
-            h.total_chunks,
-            h.total_fragments,
-        )
-        if actual != expected:
-            raise ManifestCorruptError(
-                f"branch {key} does not match its entry: {actual} != {expected}"
-            )
+        node = read_branch(load, key, entry, self.stream_dir, next_offset)
         if self._cache_nodes > 0:
             self._cache[key] = node
             while len(self._cache) > self._cache_nodes:

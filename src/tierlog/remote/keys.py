@@ -103,6 +103,15 @@ def fragment_key(prefix: str, stream_dir: str, first_offset: int) -> str:
     return f"{data_prefix(prefix, stream_dir)}{_check_offset(first_offset):020d}.fragment"
 
 
+def fragment_keys(prefix: str, stream_dir: str, first_offsets: list[int]) -> list[str]:
+    """``fragment_key`` of many fragments of one stream (the prefix is checked once)."""
+    if first_offsets:
+        _check_offset(min(first_offsets))
+        _check_offset(max(first_offsets))
+    head = data_prefix(prefix, stream_dir)
+    return [f"{head}{offset:020d}.fragment" for offset in first_offsets]
+
+
 def root_key(prefix: str, stream_dir: str, uid: bytes) -> str:
     return f"{metadata_prefix(prefix, stream_dir)}root.{_uid_hex(uid)}.manifest"
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tierlog.errors import ConfigError
-from tierlog.tiering.state import TieringConfig
 
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
@@ -62,17 +61,10 @@ class StreamSettings:
             raise ConfigError("manifest_fanout must be >= 2")
         if self.max_lag_bytes < self.fragment_bytes:
             raise ConfigError("max_lag_bytes must be at least fragment_bytes")
-        # The remaining numeric checks live in TieringConfig.
-        self.tiering_config()
-
-    def tiering_config(self, **overrides: Any) -> TieringConfig:
-        base = TieringConfig(
-            fragment_bytes=self.fragment_bytes,
-            max_fragment_age=self.max_fragment_age_seconds,
-            debounce_count=self.debounce_count,
-            debounce_seconds=self.debounce_seconds,
-        )
-        return replace(base, **overrides) if overrides else base
+        if self.max_fragment_age_seconds <= 0 or self.debounce_seconds < 0:
+            raise ConfigError("max_fragment_age_seconds must be > 0 and debounce_seconds >= 0")
+        if self.debounce_count < 1:
+            raise ConfigError("debounce_count must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

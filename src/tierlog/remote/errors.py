@@ -1,0 +1,49 @@
+"""Errors of the remote tier's model: manifest lookups, manifest shape, deleted streams."""
+
+from __future__ import annotations
+
+from tierlog.errors import TierlogError
+
+
+class RemoteTierError(TierlogError):
+    """Base class of errors about a stream's remote tier."""
+
+
+class StreamDeletedError(RemoteTierError):
+    """The stream incarnation was deleted (its manifest pointer is gone)."""
+
+
+class CorruptFragmentError(RemoteTierError):
+    """The object under a fragment key is not a valid fragment, or not the one its key names."""
+
+
+class ManifestTreeError(RemoteTierError):
+    """Base class of manifest tree errors."""
+
+
+class ManifestGapError(ManifestTreeError, ValueError):
+    """Appended fragments leave a gap or overlap what the manifest already covers."""
+
+
+class InvalidFragmentEntryError(ManifestTreeError, ValueError):
+    """An appended fragment entry is malformed (counts, sizes, timestamps)."""
+
+
+class ManifestCorruptError(ManifestTreeError):
+    """A loaded node is valid bytes but contradicts the entry that points to it."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
+
+
+class OffsetOutOfRangeError(ManifestTreeError, LookupError):
+    """The offset is outside the manifest's ``[first, next)``."""
+
+
+class OffsetTrimmedError(OffsetOutOfRangeError):
+    """The offset is below the first offset: retention removed it."""
+
+
+class OffsetBeyondEndError(OffsetOutOfRangeError):
+    """The offset is at or past the next offset: not in the remote tier (yet)."""
