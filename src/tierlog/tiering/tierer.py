@@ -322,7 +322,9 @@ class StreamTierer:
         try:
             return self.remote.uncommitted_offsets(start, RESOLUTION_BATCH)
         except StorageError as exc:
-            log.warning("listing fragments of %s failed: %s", self.remote.stream_dir, exc)
+            log.warning(
+                "fragment_listing_failed", stream_dir=self.remote.stream_dir, error=str(exc)
+            )
             return None
 
     def _fetch_fragments(self, offsets: list[int]) -> dict[int, Fetched]:
