@@ -186,6 +186,12 @@ class ServerMetrics:
         self.auth_failures = r.counter(
             "tierlog_auth_failures_total", "Failed SASL authentications."
         )
+        self.access_refused = r.counter(
+            "tierlog_access_refused_total", "Requests refused by authorisation."
+        )
+        self.connections_refused = r.counter(
+            "tierlog_connections_refused_total", "Connections refused by a resource limit."
+        )
         self.published_messages = r.counter(
             "tierlog_published_messages_total", "Messages (publishing ids) received."
         )
