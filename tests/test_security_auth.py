@@ -175,11 +175,22 @@ async def test_admin_permissions_per_user_vhost_and_stream(server: Server) -> No
 
 
 async def test_admin_failed_attempts_are_rate_limited_per_peer(server: Server) -> None:
+    assert (await call(server, "GET", "/api/health", _basic("bob", "bob-pw")))[0] == 200
     for _ in range(10):
         assert (await call(server, "GET", "/api/health", _basic("alice", "guess")))[0] == 401
     # even the right password is refused for a while: no online guessing at hash speed
     status, _ = await call(server, "GET", "/api/health", _basic("alice", ALICE_PASSWORD))
     assert status == 429
+    # credentials verified before still work: one bad client does not lock out its host
+    assert (await call(server, "GET", "/api/health", _basic("bob", "bob-pw")))[0] == 200
+    # the stream protocol shares the limiter
+    with pytest.raises(AuthenticationFailure):
+        async with Producer(
+            "127.0.0.1", port=server.stream_port, username="alice", password=ALICE_PASSWORD
+        ):
+            pass
+    async with Producer("127.0.0.1", port=server.stream_port, username="bob", password="bob-pw"):
+        pass
 
 
 async def test_admin_patch_validates_the_resulting_configuration(server: Server) -> None:

@@ -59,13 +59,15 @@ class AdminGuard:
         scheme, sep, host = origin.partition("://")
         return bool(sep) and scheme == self.scheme and self.host_allowed(host)
 
-    async def _user(self, request: web.Request) -> str | None:
+    async def _user(self, request: web.Request, only_verified: bool = False) -> str | None:
+        """The authenticated user, or None. ``only_verified``: accept only credentials
+        verified before (no hashing for a peer over its failure limit)."""
         header = request.headers.get("Authorization", "")
         scheme, _, value = header.partition(" ")
         value = value.strip()
         auth = self.gate.auth
         if scheme.lower() == "bearer" and value:
-            return auth.check_token(value)
+            return auth.verified_token(value) if only_verified else auth.check_token(value)
         if scheme.lower() != "basic":
             return None
         try:
@@ -75,6 +77,8 @@ class AdminGuard:
         user, sep, password = decoded.partition(":")
         if not sep:
             return None
+        if only_verified:
+            return user if auth.is_verified(user, password) else None
         if auth.needs_slow_check(user, password):
             loop = asyncio.get_running_loop()
             ok = await loop.run_in_executor(None, auth.check_password, user, password)
@@ -98,9 +102,10 @@ class AdminGuard:
             return await handler(request)
         peer = request.remote or ""
         limiter = self.gate.auth.limiter
-        if limiter.blocked(peer):
+        blocked = limiter.blocked(peer)
+        user = await self._user(request, only_verified=blocked)
+        if user is None and blocked:
             return _json_error(429, "too many failed attempts", {"Retry-After": "60"})
-        user = await self._user(request)
         if user is None:
             limiter.failed(peer)
             self.gate.metrics.auth_failures.inc()

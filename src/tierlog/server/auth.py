@@ -199,6 +199,14 @@ class Authenticator:
         while len(self._verified) > CACHE_ENTRIES:
             self._verified.popitem(last=False)
 
+    def is_verified(self, user: str, password: str) -> bool:
+        """True when this exact credential was verified before (cached; cheap).
+
+        A peer over its failure limit may still use credentials that already worked,
+        so one misbehaving client does not lock out every other client at its address.
+        """
+        return self._cached(_key(b"user", user, password)) == user
+
     def needs_slow_check(self, user: str, password: str) -> bool:
         """True when verifying would compute a slow hash (not yet cached)."""
         stored = self.users.get(user, "")
@@ -216,6 +224,10 @@ class Authenticator:
             return False
         self._remember(key, user)
         return True
+
+    def verified_token(self, token: str) -> str | None:
+        """The user of a token verified before (cached), or None."""
+        return self._cached(_key(b"token", "", token))
 
     def check_token(self, token: str) -> str | None:
         """The user a bearer token stands for, or None."""

@@ -361,9 +361,6 @@ class Connection(asyncio.Protocol):
             return
         corr = cmd.correlation_id
         auth = self.gate.auth
-        if auth.limiter.blocked(self.peer_host):
-            self._auth_done(corr, "", ResponseCode.AUTHENTICATION_FAILURE)
-            return
         if cmd.mechanism == "EXTERNAL":
             user = certificate_user(self.transport)
             if user is None or user not in auth.users:
@@ -379,6 +376,9 @@ class Connection(asyncio.Protocol):
             user, password = plain_credentials(cmd.data)
         except ProtocolError:
             user, password = "", ""
+        if auth.limiter.blocked(self.peer_host) and not auth.is_verified(user, password):
+            self._auth_done(corr, user, ResponseCode.AUTHENTICATION_FAILURE)
+            return
         if not auth.needs_slow_check(user, password):
             self._auth_done(corr, user, self._password_code(user, password))
             return
