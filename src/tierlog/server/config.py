@@ -184,6 +184,8 @@ class LimitsSection:
     """A connection not open (authenticated, tuned, vhost opened) by then is closed."""
     connection_memory_bytes: int = 16 * 1024 * 1024
     """Queued publishes plus unsent output of one connection; over it, reading stops."""
+    fragment_memory_bytes: int = 512 * 1024 * 1024
+    """Fragments being built and uploaded, across all streams; uploads wait beyond it."""
 
     def validate(self) -> None:
         for name in (
@@ -200,6 +202,8 @@ class LimitsSection:
             raise ConfigError("limits.handshake_timeout_seconds must be > 0")
         if self.connection_memory_bytes < 65536:
             raise ConfigError("limits.connection_memory_bytes must be >= 65536")
+        if self.fragment_memory_bytes < 1:
+            raise ConfigError("limits.fragment_memory_bytes must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

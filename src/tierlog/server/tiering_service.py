@@ -25,6 +25,7 @@ from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.deletion import DeletionQueue
+from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.retention import RetentionPolicy
 from tierlog.tiering.tierer import StreamTierer
 
@@ -56,6 +57,9 @@ class TieringService:
         self._not_started: dict[str, StreamHandle] = {}
         self._retry_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        # one budget for every stream's fragments in flight (an upload backlog across
+        # many streams would otherwise hold streams x max_uploads fragments in memory)
+        self.fragment_memory = ByteBudget(config.limits.fragment_memory_bytes)
         self._register_metrics(metrics)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -94,6 +98,7 @@ class TieringService:
             upload_bytes_per_second=self.tier.upload_bytes_per_second or None,
             retention=RetentionPolicy(settings.max_bytes, settings.max_age_seconds),
             retention_interval=self.tier.retention_interval_seconds,
+            memory_budget=self.fragment_memory,
         )
         loop = asyncio.get_running_loop()
         try:
