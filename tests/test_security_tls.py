@@ -19,6 +19,7 @@ from rstream.exceptions import AccessRefused
 from rstream.utils import RawMessage
 
 from tests.certificates import CertFiles, make_certificates
+from tests.plugins.tierlog_server import TierlogServerProcess
 from tierlog.errors import ConfigError
 from tierlog.server.app import Server
 from tierlog.server.auth import parse_permissions
@@ -174,3 +175,44 @@ def test_tls_config_errors_are_typed(tmp_path: Path, certs: CertFiles) -> None:
     with pytest.raises(ConfigError) as info:
         server_context(wrong_key)
     assert "PRIVATE KEY" not in str(info.value)
+
+
+async def test_server_process_mutual_tls_external(tmp_path: Path, certs: CertFiles) -> None:
+    """The real ``tierlog serve`` (uvloop): TLS port from the ready file, SASL EXTERNAL."""
+    config = f"""
+[auth]
+users = {{ guest = "guest", alice = "unused-password" }}
+[tls]
+certfile = "{certs.server_cert}"
+keyfile = "{certs.server_key}"
+cafile = "{certs.ca}"
+verify_client = "required"
+port = 0
+[tier]
+enabled = false
+"""
+    server = TierlogServerProcess(tmp_path / "data", config_text=config).start()
+    try:
+        assert server.tls_port
+        kw: dict[str, Any] = {
+            "port": server.tls_port,
+            "ssl_context": client_context(certs, certs.client_cert),
+            "username": "",
+            "password": "",
+            "sasl_configuration_mechanism": SlasMechanism.MechanismExternal,
+        }
+        async with Producer("localhost", **kw) as producer:
+            await producer.create_stream("proc-s")
+            await producer.send_wait("proc-s", RawMessage(b"over mTLS"))
+        ctx = client_context(certs)
+        auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(
+                f"https://localhost:{server.admin_port}/api/streams/proc-s", ssl=ctx, headers=auth
+            ) as r,
+        ):
+            assert r.status == 200
+            assert (await r.json())["local"]["next_offset"] == 1
+    finally:
+        server.stop()

@@ -158,7 +158,9 @@ class Server:
             build_admin_app(self.broker, self.metrics, guard), access_log=None
         )
         await self._runner.setup()
-        admin_tls = tls_context if config.tls.admin else None
+        admin_tls = (
+            server_context(config.tls, client_certificates=False) if config.tls.admin else None
+        )
         guard.scheme = "https" if admin_tls is not None else "http"
         site = web.TCPSite(
             self._runner, s.admin_host, s.admin_port, reuse_address=True, ssl_context=admin_tls

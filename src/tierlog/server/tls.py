@@ -20,8 +20,12 @@ _VERIFY = {
 }
 
 
-def server_context(tls: TlsSection) -> ssl.SSLContext | None:
-    """The server-side SSLContext (TLS 1.2+), or None when TLS is not configured."""
+def server_context(tls: TlsSection, *, client_certificates: bool = True) -> ssl.SSLContext | None:
+    """The server-side SSLContext (TLS 1.2+), or None when TLS is not configured.
+
+    ``client_certificates=False`` (the admin API, which authenticates with HTTP basic
+    or bearer tokens) never asks for a client certificate.
+    """
     if not tls.enabled:
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -33,5 +37,5 @@ def server_context(tls: TlsSection) -> ssl.SSLContext | None:
     except (OSError, ssl.SSLError) as exc:
         # the message names the file and the reason; never key material
         raise ConfigError(f"cannot load TLS certificate/key/CA: {exc}") from None
-    context.verify_mode = _VERIFY[tls.verify_client]
+    context.verify_mode = _VERIFY[tls.verify_client] if client_certificates else ssl.CERT_NONE
     return context
