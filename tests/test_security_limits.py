@@ -19,7 +19,7 @@ from tests.plugins.tierlog_server import RawClient, TierlogServerProcess
 from tests.security_clients import healthy_round_trip, rss_bytes
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
-from tierlog.formats.protocol.publish import encode_publish
+from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
 
 RSS_HEADROOM = 128 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 8.0
@@ -180,6 +180,33 @@ def test_publisher_that_never_reads_confirms(limited_server: TierlogServerProces
         grown = rss_bytes(pid) - idle_rss
         print(f"never-reading publisher: {sent / 2**20:.1f} MiB read, RSS +{grown / 2**20:.1f} MiB")
         assert grown < RSS_HEADROOM, f"RSS grew {grown >> 20} MiB after {sent >> 20} MiB sent"
+        # once it reads its confirms again, the same connection is served again
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        last_id = next_id - 1 if not pending else next_id - 2001
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + 60
+        confirmed = 0
+        while time.monotonic() < deadline:
+            if pending:
+                try:
+                    n = sock.send(pending)
+                    pending = pending[n:]
+                except (BlockingIOError, TimeoutError):
+                    pass
+                if not pending:
+                    last_id = next_id - 1
+            try:
+                data = sock.recv(1 << 20)
+            except (BlockingIOError, TimeoutError):
+                continue
+            assert data, "the server closed the publisher"
+            for frame in client.splitter.feed(data):
+                decoded = c.decode_server_frame(frame)
+                if isinstance(decoded, PublishConfirm):
+                    confirmed = max(confirmed, max(decoded.publishing_ids))
+            if not pending and confirmed >= last_id:
+                break
+        assert confirmed == next_id - 1, f"confirmed up to {confirmed} of {next_id - 1}"
     finally:
         client.close()
     healthy_round_trip(server.host, server.stream_port)

@@ -250,6 +250,8 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._can_write.set()
         self.unpause("output")
+        if "memory" in self._pause_reasons and not self._over_budget(2):
+            self.unpause("memory")
 
     def data_received(self, data: bytes) -> None:
         if self.state == "closed":
