@@ -23,4 +23,5 @@ pytest_plugins = [
     "tests.plugins.tiering_world",
     "tests.plugins.tierlog_server",
     "tests.plugins.spark",
+    "tests.plugins.area_timing",
 ]

@@ -3,6 +3,10 @@
 ``dump`` prints a stream directory's records; ``quickstart`` runs the embedded
 default (append a stream under ./tierlog-data and read it back). Later layers add
 their own subcommands (``serve``, ``spark ...``) through ``build_parser``.
+
+The usual mistakes end in one line on stderr and an exit code of their own, never a
+traceback (the codes are listed in docs/server.md): a bad setting, a missing optional
+dependency, a port in use, a store that cannot be reached.
 """
 
 from __future__ import annotations
@@ -13,11 +17,40 @@ import sys
 import time
 from collections.abc import Sequence
 
-from tierlog.errors import TierlogError
+import tierlog
+from tierlog.errors import ConfigError, TierlogError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+"""Any other error tierlog reports on purpose (the message says what)."""
+EXIT_CONFIG = 2
+"""Bad command line or configuration: an unknown setting or a value not allowed."""
+EXIT_MISSING_EXTRA = 3
+"""An optional dependency is not installed (the message names the pip extra)."""
+EXIT_LISTEN = 4
+"""A listening port could not be bound (in use, not permitted)."""
+EXIT_STORE = 5
+"""The data directory, object store or MetaStore could not be opened or reached."""
+EXIT_INTERRUPTED = 130
+
+EXTRAS = {
+    "obstore": "s3",
+    "boto3": "s3",
+    "botocore": "s3",
+    "aetcd": "etcd",
+    "grpc": "etcd",
+    "aiohttp": "server",
+    "uvloop": "server",
+    "rstream": "server",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+}
+"""Top-level module -> the extra of pyproject.toml that installs it."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tierlog", description="A bottomless stream server.")
+    parser.add_argument("--version", action="version", version=f"tierlog {tierlog.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     dump = sub.add_parser("dump", help="print every user record of a stream directory (JSON lines)")
@@ -153,9 +186,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise  # not an optional dependency: a bug, keep the traceback
+        return _fail(
+            f"the {exc.name!r} package is missing: pip install 'tierlog[{extra}]'",
+            EXIT_MISSING_EXTRA,
+        )
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except TierlogError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(str(exc), _exit_code(exc))
+
+
+def _exit_code(exc: TierlogError) -> int:
+    from tierlog.server.errors import ListenError, StoreUnavailableError
+
+    if isinstance(exc, ConfigError):
+        return EXIT_CONFIG
+    if isinstance(exc, ListenError):
+        return EXIT_LISTEN
+    if isinstance(exc, StoreUnavailableError):
+        return EXIT_STORE
+    return EXIT_ERROR
+
+
+def _fail(message: str, code: int) -> int:
+    """One line on stderr, whatever the message holds."""
+    print("error: " + " ".join(message.split()), file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

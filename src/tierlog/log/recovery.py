@@ -20,7 +20,6 @@ views): the result describes the good prefix only.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from dataclasses import dataclass, field
 
@@ -42,8 +41,9 @@ from tierlog.log.segment_files import (
     segment_ref,
 )
 from tierlog.log.tracking import TrackingState
+from tierlog.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass
@@ -148,7 +148,7 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
     if repair and changed:
         fsync_dir(stream_dir)
     for note in notes:
-        log.warning("recovery of %s: %s", stream_dir, note)
+        log.warning("recovery_note", stream_dir=stream_dir, note=note)
     tracking = recover_tracking(states[-1])
     return RecoveredLog(stream_dir, states, tracking, notes)
 

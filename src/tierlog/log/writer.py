@@ -9,7 +9,6 @@ of segments and the commit point. The commit point only ever covers fsynced chun
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import struct
 import threading
@@ -69,8 +68,9 @@ from tierlog.log.segment_files import (
     segment_ref,
 )
 from tierlog.log.tracking import TrackingState
+from tierlog.logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _MAX_U64 = 2**64 - 1
 _U32 = struct.Struct(">I")
@@ -634,7 +634,7 @@ class StreamLog:
             try:
                 listener(point)
             except Exception:
-                log.exception("commit listener %r failed", listener)
+                log.exception("commit_listener_failed", listener=repr(listener))
 
     def _after_write(self) -> None:
         if self._config.fsync == "chunk":

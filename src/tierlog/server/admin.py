@@ -12,7 +12,7 @@ stream. Routes (``vhost`` is a query parameter, default ``/``):
 * ``PATCH /api/streams/{name}`` — ``{"arguments": {...}}`` / ``{"settings": {...}}``:
   change retention and tier settings
 * ``DELETE /api/streams/{name}``
-* ``GET /metrics`` — Prometheus text format
+* ``GET /metrics`` — Prometheus text format (OpenMetrics when the scraper asks for it)
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 from aiohttp import web
 
 from tierlog.errors import ConfigError
+from tierlog.metrics import Metrics
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
 from tierlog.server.limits import Gatekeeper
-from tierlog.server.metrics import CONTENT_TYPE, ServerMetrics
 from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.tiering.settings import StreamSettings
 
@@ -69,7 +69,7 @@ def _check_log_limits(broker: Broker, settings: StreamSettings) -> None:
 
 
 def build_admin_app(
-    broker: Broker, metrics: ServerMetrics, guard: AdminGuard | None = None
+    broker: Broker, metrics: Metrics, guard: AdminGuard | None = None
 ) -> web.Application:
     if guard is None:
         guard = AdminGuard(broker.config.auth, Gatekeeper(broker.config, metrics))
@@ -151,8 +151,8 @@ def build_admin_app(
         return web.json_response({"deleted": name, "incarnation": record.incarnation})
 
     async def prometheus(request: web.Request) -> web.Response:
-        body = metrics.render().encode("utf-8")
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        body, content_type = metrics.exposition(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/api/health", health)
     app.router.add_get("/api/streams", list_streams)

@@ -14,15 +14,15 @@ import asyncio
 import base64
 import binascii
 import json
-import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from tierlog.logs import get_logger
 from tierlog.server.config import AuthSection
 from tierlog.server.limits import Gatekeeper
 
-log = logging.getLogger("tierlog.server.admin")
+log = get_logger("tierlog.server.admin")
 
 DEFAULT_ADMIN_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -109,7 +109,7 @@ class AdminGuard:
         if user is None:
             limiter.failed(peer)
             self.gate.metrics.auth_failures.inc()
-            log.warning("event=admin_auth_failed peer=%s", peer)
+            log.warning("admin_auth_failed", peer=peer)
             challenge = {"WWW-Authenticate": 'Basic realm="tierlog"'}
             return _json_error(401, "authentication required", challenge)
         request[USER_KEY] = user

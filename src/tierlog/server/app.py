@@ -9,69 +9,49 @@ restart resumes from the same data directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
-import logging
 import os
 import signal
-import sys
-import time
+import sqlite3
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
 
+import tierlog
+from tierlog.errors import ConfigError, TierlogError
+from tierlog.logs import get_logger, redact_uri, setup_logging
+from tierlog.metrics import Metrics
 from tierlog.server.admin import build_admin_app
 from tierlog.server.admin_security import AdminGuard
-from tierlog.server.broker import Broker, LagProvider, RemoteStatusProvider, no_lag
+from tierlog.server.broker import (
+    Broker,
+    LagProvider,
+    RemoteStatusProvider,
+    StreamHandle,
+    no_lag,
+)
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
+from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
-from tierlog.server.metrics import ServerMetrics
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 from tierlog.tiering.catalog import Catalog
 
-log = logging.getLogger("tierlog.server")
+log = get_logger("tierlog.server")
 
 
-class KeyValueFormatter(logging.Formatter):
-    """``ts=… level=… logger=… msg`` lines; messages are already ``key=value`` pairs."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = (
-            f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
-            f"logger={record.name} {record.getMessage()}"
-        )
-        if record.exc_info:
-            line += " exc=" + json.dumps(self.formatException(record.exc_info))
-        return line
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        data: dict[str, Any] = {
-            "ts": record.created,
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
-        return json.dumps(data)
-
-
-def setup_logging(config: ServerConfig) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if config.server.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(KeyValueFormatter())
-    root = logging.getLogger("tierlog")
-    root.handlers[:] = [handler]
-    root.setLevel(config.server.log_level.upper())
-    root.propagate = False
+def _local_bytes(handle: StreamHandle) -> int:
+    total = 0
+    for ref in handle.log.segment_refs():
+        with contextlib.suppress(FileNotFoundError):
+            total += os.path.getsize(ref.segment_path) + os.path.getsize(ref.index_path)
+    return total
 
 
 class Server:
@@ -86,7 +66,7 @@ class Server:
     ) -> None:
         self.config = config
         self.storage = config.storage.resolved()
-        self.metrics = ServerMetrics()
+        self.metrics = Metrics()
         self.meta: MetaStore | None = None
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
@@ -102,14 +82,31 @@ class Server:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
-        os.makedirs(self.storage.data_dir, exist_ok=True)
-        self.meta = open_meta_store(self.storage.meta_store)
+        """Open the stores, the streams and the listeners. A failure leaves nothing open
+        and is a ``StartupError`` naming what failed and the setting behind it."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._close()
+            raise
+
+    async def _start(self) -> None:
+        storage = self.storage
+        try:
+            os.makedirs(storage.data_dir, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"cannot create the data directory {storage.data_dir} (storage.data_dir): "
+                f"{exc.strerror or exc}"
+            ) from exc
+        self.meta = await _open_store(
+            "MetaStore", "storage.meta_store", storage.meta_store, open_meta_store
+        )
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
         if self.config.tier.enabled:
-            loop = asyncio.get_running_loop()
-            self.object_store = await loop.run_in_executor(
-                None, open_object_store, self.storage.object_store
+            self.object_store = await _open_store(
+                "object store", "storage.object_store", storage.object_store, open_object_store
             )
             self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)
             await self.tiering.start()
@@ -126,29 +123,40 @@ class Server:
             lifecycle=self.tiering,
         )
         await self.broker.start()
+        self._register_stream_metrics(self.broker)
         loop = asyncio.get_running_loop()
         broker, config, metrics = self.broker, self.config, self.metrics
         s = config.server
         gate = Gatekeeper(config, metrics)
         tls_context = server_context(config.tls)
         if config.tls.plain_listener:
-            self._server = await loop.create_server(
-                lambda: Connection(broker, config, metrics, gate),
+            self._server = await _listen(
+                "server.port",
                 s.host,
                 s.port,
-                reuse_address=True,
+                loop.create_server(
+                    lambda: Connection(broker, config, metrics, gate),
+                    s.host,
+                    s.port,
+                    reuse_address=True,
+                ),
             )
             stream_sockets = getattr(self._server, "sockets", None)
             assert stream_sockets
             self.stream_port = int(stream_sockets[0].getsockname()[1])
         if tls_context is not None:
-            self._tls_server = await loop.create_server(
-                lambda: Connection(broker, config, metrics, gate),
+            self._tls_server = await _listen(
+                "tls.port",
                 s.host,
                 config.tls.port,
-                reuse_address=True,
-                ssl=tls_context,
-                ssl_handshake_timeout=config.limits.handshake_timeout_seconds,
+                loop.create_server(
+                    lambda: Connection(broker, config, metrics, gate),
+                    s.host,
+                    config.tls.port,
+                    reuse_address=True,
+                    ssl=tls_context,
+                    ssl_handshake_timeout=config.limits.handshake_timeout_seconds,
+                ),
             )
             tls_sockets = getattr(self._tls_server, "sockets", None)
             assert tls_sockets
@@ -165,7 +173,7 @@ class Server:
         site = web.TCPSite(
             self._runner, s.admin_host, s.admin_port, reuse_address=True, ssl_context=admin_tls
         )
-        await site.start()
+        await _listen("server.admin_port", s.admin_host, s.admin_port, site.start())
         # the only way to learn the port of a port-0 bind (uvloop's Server too)
         sockets = getattr(site._server, "sockets", None)
         assert sockets
@@ -186,15 +194,42 @@ class Server:
                 )
             os.replace(tmp, s.ready_file)
         log.info(
-            "event=listening stream_port=%d admin_port=%d data_dir=%s loop=%s",
-            self.stream_port,
-            self.admin_port,
-            self.storage.data_dir,
-            type(loop).__module__,
+            "server_started",
+            version=tierlog.__version__,
+            host=s.host,
+            stream_port=self.stream_port,
+            admin_port=self.admin_port,
+            tls_port=self.tls_port,
+            data_dir=storage.data_dir,
+            object_store=redact_uri(storage.object_store) if config.tier.enabled else None,
+            meta_store=redact_uri(storage.meta_store),
+            tiering=config.tier.enabled,
+            loop=type(loop).__module__,
         )
+
+    def _register_stream_metrics(self, broker: Broker) -> None:
+        """Per-stream values of the local tier, read from the open streams at scrape time."""
+        metrics = self.metrics
+
+        def per_stream(value: Callable[[StreamHandle], float]) -> Callable[[], list[Any]]:
+            return lambda: [((h.vhost, h.name), float(value(h))) for h in broker.streams()]
+
+        metrics.streams.read = lambda: [((), float(len(broker.streams())))]
+        metrics.stream_local_bytes.read = per_stream(_local_bytes)
+        metrics.stream_segments.read = per_stream(lambda h: len(h.log.segment_refs()))
+        metrics.stream_next_offset.read = per_stream(lambda h: h.log.commit_point().next_offset)
+        metrics.stream_queued_bytes.read = per_stream(lambda h: h.pending_bytes)
+        metrics.publishers_throttled.read = per_stream(lambda h: bool(h.blocked))
+        if self.tiering is None:
+            metrics.tier_lag_bytes.read = per_stream(lambda h: h.tier_lag)
 
     async def stop(self) -> None:
         """Stop listening, close connections, flush and close every stream."""
+        await self._close()
+        log.info("server_stopped")
+        self._stopped.set()
+
+    async def _close(self) -> None:
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:
@@ -213,11 +248,42 @@ class Server:
             self.object_store.close()
         if self.meta is not None:
             self.meta.close()
-        log.info("event=stopped")
-        self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+async def _open_store(what: str, setting: str, uri: str, open_store: Callable[[str], Any]) -> Any:
+    """Open a store by URI off the event loop; failing to reach it is a startup error
+    naming the store, the (redacted) URI and the setting."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(None, open_store, uri)
+    except ConfigError as exc:
+        raise ConfigError(f"{setting}: {exc}") from exc
+    except ImportError:
+        raise
+    except (TierlogError, OSError, sqlite3.Error) as exc:
+        raise StoreUnavailableError(
+            f"cannot open the {what} {redact_uri(uri)} ({setting}): {_reason(exc)}"
+        ) from exc
+
+
+async def _listen(setting: str, host: str, port: int, bind: Coroutine[Any, Any, Any]) -> Any:
+    """Await a listener's bind; failing to bind is a startup error naming the address and
+    the setting."""
+    try:
+        return await bind
+    except OSError as exc:
+        env = "TIERLOG_" + setting.replace(".", "_").upper()
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else _reason(exc)
+        raise ListenError(f"cannot listen on {host}:{port} ({setting} / {env}): {reason}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 async def _serve(config: ServerConfig) -> None:
@@ -228,18 +294,18 @@ async def _serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("event=shutdown_requested")
+    log.info("shutdown_requested")
     await server.stop()
 
 
 def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit code."""
-    setup_logging(config)
+    setup_logging(config.server.log_format, config.server.log_level)
     if config.server.use_uvloop:
         try:
             import uvloop
         except ImportError:
-            log.info("event=uvloop_unavailable")
+            log.info("uvloop_unavailable")
         else:
             uvloop.run(_serve(config))
             return 0

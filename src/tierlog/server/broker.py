@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import operator
 import os
 import shutil
@@ -34,13 +33,14 @@ from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
 from tierlog.log.writer import StreamLog
+from tierlog.logs import get_logger
+from tierlog.metrics import Metrics
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
-from tierlog.server.metrics import ServerMetrics
 from tierlog.tiering.catalog import Catalog, StreamExistsError, StreamRecord
 from tierlog.tiering.settings import StreamSettings
 
-log = logging.getLogger("tierlog.server.broker")
+log = get_logger("tierlog.server.broker")
 
 _SUBBATCH = struct.Struct(">BHII")
 MAX_QUEUED_BYTES = 64 * 1024 * 1024
@@ -263,9 +263,7 @@ class StreamHandle:
                     try:
                         self.log.store_offset(op.reference, op.offset)
                     except (InvalidAppendError, ValueError) as exc:
-                        log.warning(
-                            "event=store_offset_rejected stream=%s error=%r", self.name, exc
-                        )
+                        log.warning("store_offset_rejected", stream=self.name, error=repr(exc))
                     i += 1
                     continue
                 j = i + 1
@@ -275,7 +273,7 @@ class StreamHandle:
                 i = j
             self.log.sync()
         except (OSError, LogError) as exc:
-            log.error("event=write_failed stream=%s error=%r", self.name, exc)
+            log.error("write_failed", stream=self.name, error=repr(exc))
             result.error = repr(exc)
             for k in range(len(ops)):
                 result.codes[k] = ResponseCode.INTERNAL_ERROR
@@ -390,10 +388,10 @@ class StreamHandle:
         try:
             result = future.result()
         except Exception as exc:  # the executor itself failed
-            log.error("event=group_failed stream=%s error=%r", self.name, exc)
+            log.error("group_failed", stream=self.name, error=repr(exc))
             result = _GroupResult([ResponseCode.INTERNAL_ERROR] * len(ops))
-        metrics.fsyncs.inc()
-        metrics.group_frames.observe(len(ops))
+        metrics.group_commits.inc()
+        metrics.group_commit_frames.observe(len(ops))
         metrics.chunks_written.inc(result.chunks)
         metrics.duplicate_messages.inc(result.duplicates)
         for op, code in zip(ops, result.codes, strict=True):
@@ -412,12 +410,10 @@ class StreamHandle:
         if listener not in self.blocked:
             self.blocked.add(listener)
             self.broker.metrics.throttle_events.inc()
-            self.broker.metrics.throttled.set(1, stream=self.name)
 
     def update_throttle(self) -> None:
         if self.blocked and not self.congested:
             blocked, self.blocked = self.blocked, set()
-            self.broker.metrics.throttled.set(0, stream=self.name)
             for listener in blocked:
                 listener.resume_publishing(self)
 
@@ -478,7 +474,7 @@ class Broker:
         self,
         config: ServerConfig,
         catalog: Catalog,
-        metrics: ServerMetrics,
+        metrics: Metrics,
         *,
         lag_provider: LagProvider = no_lag,
         remote_status: RemoteStatusProvider | None = None,
@@ -495,7 +491,6 @@ class Broker:
         self.connections: set[Any] = set()
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
-        metrics.streams.source = lambda: [((), float(len(self._streams)))]
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -505,7 +500,9 @@ class Broker:
             try:
                 await self._open(record)
             except (TierlogError, OSError) as exc:
-                log.error("event=stream_open_failed stream=%s error=%r", record.name, exc)
+                log.error(
+                    "stream_open_failed", vhost=record.vhost, stream=record.name, error=repr(exc)
+                )
         self._lag_task = asyncio.create_task(self._poll_lag())
 
     async def close(self) -> None:
@@ -546,10 +543,11 @@ class Broker:
         if self.lifecycle is not None:
             await self.lifecycle.opened(handle)
         log.info(
-            "event=stream_opened stream=%s incarnation=%s next_offset=%d",
-            record.name,
-            record.incarnation,
-            stream_log.next_offset,
+            "stream_opened",
+            vhost=record.vhost,
+            stream=record.name,
+            incarnation=record.incarnation,
+            next_offset=stream_log.next_offset,
         )
         return handle
 
@@ -591,7 +589,7 @@ class Broker:
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: shutil.rmtree(path, ignore_errors=True)
             )
-            log.info("event=stream_deleted stream=%s incarnation=%s", name, record.incarnation)
+            log.info("stream_deleted", vhost=vhost, stream=name, incarnation=record.incarnation)
             return record
 
     def update_settings(self, vhost: str, name: str, changes: dict[str, Any]) -> StreamRecord:
@@ -620,6 +618,6 @@ class Broker:
         try:
             handle.tier_lag = int(self.lag_provider(handle.record))
         except Exception as exc:
-            log.error("event=lag_provider_failed stream=%s error=%r", handle.name, exc)
+            log.error("lag_provider_failed", stream=handle.name, error=repr(exc))
             return
         handle.update_throttle()

@@ -9,6 +9,7 @@ inside it. An environment variable ``TIERLOG_<SECTION>_<KEY>`` (e.g.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from typing import Any
 from tierlog.errors import ConfigError
 from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig
+from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 
 DEFAULT_STREAM_PORT = 5552
@@ -239,11 +241,17 @@ class ServerConfig:
             if not 0 <= value <= 65535:
                 raise ConfigError(f"server.{name} must be 0..65535, got {value}")
         if not 1024 <= s.frame_max <= 0xFFFFFFFF:
-            raise ConfigError("server.frame_max must be >= 1024")
+            raise ConfigError(f"server.frame_max must be 1024..4294967295, got {s.frame_max}")
         if s.heartbeat < 0:
-            raise ConfigError("server.heartbeat must be >= 0")
-        if s.log_format not in ("kv", "json"):
-            raise ConfigError("server.log_format must be 'kv' or 'json'")
+            raise ConfigError(f"server.heartbeat must be >= 0 (seconds), got {s.heartbeat}")
+        if s.log_format not in LOG_FORMATS:
+            raise ConfigError(
+                f"server.log_format must be one of {', '.join(LOG_FORMATS)}, got {s.log_format!r}"
+            )
+        if s.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(
+                f"server.log_level must be one of {', '.join(LOG_LEVELS)}, got {s.log_level!r}"
+            )
         if self.log.group_commit_max_frames < 1:
             raise ConfigError("log.group_commit_max_frames must be >= 1")
         self.log.log_config(500_000_000, 256_000, s.frame_max)  # validates chunk limits
@@ -322,14 +330,58 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     raise ConfigError(f"{where}: unsupported type")  # pragma: no cover
 
 
-def _apply(config: ServerConfig, section: str, values: Mapping[str, Any]) -> ServerConfig:
+def _setting_names() -> list[str]:
+    return [f"{section}.{f.name}" for section, cls in _SECTIONS.items() for f in fields(cls)]
+
+
+def _env_name(setting: str) -> str:
+    return "TIERLOG_" + setting.replace(".", "_").upper()
+
+
+def _closest(given: str, key: str, env: bool) -> str | None:
+    """The setting closest to a misspelt one: by the whole name (``sever_port``,
+    ``server.log_levl``) or by the key alone (``log_level`` under the wrong section)."""
+    best, best_score = None, SUGGEST_CUTOFF
+    for setting in _setting_names():
+        full = setting.replace(".", "_") if env else setting
+        score = max(
+            difflib.SequenceMatcher(None, given, full).ratio() if env else 0.0,
+            difflib.SequenceMatcher(None, key, setting.partition(".")[2]).ratio(),
+        )
+        if score > best_score:
+            best, best_score = setting, score
+    return best
+
+
+def _unknown_setting(section: str, key: str, env: str) -> ConfigError:
+    if env:
+        rest = env[len("TIERLOG_") :].lower()
+        close = _closest(rest, rest, env=True)
+        hint = f"; did you mean {_env_name(close)}?" if close else ""
+        return ConfigError(f"unknown setting {env}{hint}")
+    close = _closest(f"{section}.{key}", key, env=False)
+    hint = f"; did you mean {close}?" if close else ""
+    return ConfigError(f"unknown setting {section}.{key}{hint}")
+
+
+SUGGEST_CUTOFF = 0.8
+"""How alike (difflib ratio) a name must be to a setting's to be suggested."""
+
+
+def _apply(
+    config: ServerConfig, section: str, values: Mapping[str, Any], env: str = ""
+) -> ServerConfig:
+    """Set ``values`` in ``section``; ``env`` names the variable they came from."""
     current = getattr(config, section)
     known = {f.name for f in fields(current)}
     changes: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
-            raise ConfigError(f"unknown setting {section}.{key}")
-        changes[key] = _coerce(section, key, value, getattr(current, key))
+            raise _unknown_setting(section, key, env)
+        try:
+            changes[key] = _coerce(section, key, value, getattr(current, key))
+        except ConfigError as exc:
+            raise ConfigError(f"{env}: {exc}" if env else str(exc)) from None
     return replace(config, **{section: replace(current, **changes)})
 
 
@@ -345,8 +397,12 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path} is not valid TOML: {exc}") from exc
         for section, values in data.items():
-            if section not in _SECTIONS or not isinstance(values, dict):
-                raise ConfigError(f"unknown config section [{section}]")
+            if section not in _SECTIONS:
+                close = difflib.get_close_matches(section, list(_SECTIONS), n=1)
+                hint = f"; did you mean [{close[0]}]?" if close else ""
+                raise ConfigError(f"unknown config section [{section}]{hint}")
+            if not isinstance(values, dict):
+                raise ConfigError(f"[{section}] must be a table of settings")
             config = _apply(config, section, values)
     env = os.environ if environ is None else environ
     for name, value in env.items():
@@ -354,9 +410,16 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
             continue
         rest = name[len("TIERLOG_") :].lower()
         if rest == "users":
-            config = _apply(config, "auth", {"users": value})
+            config = _apply(config, "auth", {"users": value}, env=name)
             continue
         section, _, key = rest.partition("_")
         if section in _SECTIONS and key:
-            config = _apply(config, section, {key: value})
+            config = _apply(config, section, {key: value}, env=name)
+        elif not name.startswith(_OTHER_ENV_PREFIXES) and _closest(rest, rest, env=True):
+            # Not ours to reject (other tools share the prefix) unless it is a near miss.
+            raise _unknown_setting(section, key, name)
     return config.validate()
+
+
+_OTHER_ENV_PREFIXES = ("TIERLOG_S3_",)
+"""``TIERLOG_*`` variables read elsewhere (the S3 backend's ``S3Config.from_env``)."""

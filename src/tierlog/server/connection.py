@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,12 +77,13 @@ from tierlog.formats.protocol.publish import (
     encode_publish_confirm,
 )
 from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
+from tierlog.logs import get_logger
+from tierlog.metrics import Metrics
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
 from tierlog.server.limits import Gatekeeper
-from tierlog.server.metrics import ServerMetrics
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
     OVERTAKEN_PROPERTY,
@@ -91,7 +91,7 @@ from tierlog.server.subscriptions import (
 )
 from tierlog.tiering.catalog import StreamExistsError, StreamNotFoundError
 
-log = logging.getLogger("tierlog.server.connection")
+log = get_logger("tierlog.server.connection")
 
 WRITE_BUFFER_HIGH = 4 * 1024 * 1024
 NO_LEADER = 0xFFFF
@@ -132,7 +132,7 @@ class Connection(asyncio.Protocol):
         self,
         broker: Broker,
         config: ServerConfig,
-        metrics: ServerMetrics,
+        metrics: Metrics,
         gate: Gatekeeper | None = None,
     ) -> None:
         self.broker = broker
@@ -204,11 +204,11 @@ class Connection(asyncio.Protocol):
         if sock:
             self.local_addr = (str(sock[0]), int(sock[1]))
         self.metrics.connections.inc()
-        self.metrics.connections_total.inc()
+        self.metrics.connections_opened.inc()
         self.broker.connections.add(self)
         self._admitted = self.gate.admit_connection()
         if not self._admitted:
-            log.warning("event=connection_refused reason=max_connections peer=%s", self.peer_host)
+            log.warning("connection_refused", reason="max_connections", peer=self.peer_host)
             self.state = "closed"
             transport.abort()
             return
@@ -292,10 +292,8 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, reason: str, code: int, message: str) -> None:
         """Close this connection because of a bad frame or protocol violation."""
-        self.metrics.frame_errors.inc(reason=reason)
-        log.warning(
-            "event=connection_closed reason=%s peer=%s detail=%r", reason, self.peer_host, message
-        )
+        self.metrics.frame_errors.labels(reason=reason).inc()
+        log.warning("connection_closed", reason=reason, peer=self.peer_host, detail=message)
         if self.transport is not None and self.state != "closed":
             self.transport.write(CloseRequest(1, code, reason).encode())
             self.transport.close()
@@ -312,7 +310,7 @@ class Connection(asyncio.Protocol):
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("event=command_failed error=%r", task.exception())
+            log.error("command_failed", error=repr(task.exception()))
 
     def pause(self, reason: str) -> None:
         if not self._pause_reasons and self.transport is not None:
@@ -409,7 +407,7 @@ class Connection(asyncio.Protocol):
 
     def _auth_done(self, correlation_id: int, user: str, code: int) -> None:
         if code == ResponseCode.OK and not self.gate.admit_user(user):
-            log.warning("event=connection_refused reason=max_connections_per_user user=%r", user)
+            log.warning("connection_refused", reason="max_connections_per_user", user=user)
             code = ResponseCode.ACCESS_REFUSED
         elif code == ResponseCode.OK:
             self._user_counted = True
@@ -418,7 +416,7 @@ class Connection(asyncio.Protocol):
             if code == ResponseCode.AUTHENTICATION_FAILURE:
                 self.gate.auth.limiter.failed(self.peer_host)
             self.metrics.auth_failures.inc()
-            log.warning("event=auth_failed user=%r peer=%s code=%d", user, self.peer_host, code)
+            log.warning("auth_failed", user=user, peer=self.peer_host, code=code)
             self._loop.call_later(0.05, self._close_transport)
             self.state = "closed"
             return
@@ -429,7 +427,7 @@ class Connection(asyncio.Protocol):
     def _handshake_expired(self) -> None:
         self._handshake_timer = None
         if self.state not in ("open", "closed"):
-            self.metrics.connections_refused.inc(reason="handshake_timeout")
+            self.metrics.limits_hit.labels(limit="handshake_timeout").inc()
             self._fail("handshake_timeout", ResponseCode.INTERNAL_ERROR, "handshake too slow")
 
     def _permitted(self, action: str, stream: str) -> bool:
@@ -437,13 +435,7 @@ class Connection(asyncio.Protocol):
         if self.gate.auth.allowed(self.user, self.vhost, action, stream):
             return True
         self.gate.refused("stream", action)
-        log.info(
-            "event=access_refused user=%r vhost=%r action=%s stream=%r",
-            self.user,
-            self.vhost,
-            action,
-            stream,
-        )
+        log.info("access_refused", user=self.user, vhost=self.vhost, action=action, stream=stream)
         return False
 
     def _close_transport(self) -> None:
@@ -522,10 +514,10 @@ class Connection(asyncio.Protocol):
         except StreamExistsError:
             code = ResponseCode.STREAM_ALREADY_EXISTS
         except ConfigError as exc:
-            log.info("event=create_rejected stream=%r error=%s", cmd.stream, exc)
+            log.info("create_rejected", stream=cmd.stream, error=str(exc))
             code = ResponseCode.PRECONDITION_FAILED
         except (TierlogError, OSError) as exc:
-            log.error("event=create_failed stream=%r error=%r", cmd.stream, exc)
+            log.error("create_failed", stream=cmd.stream, error=repr(exc))
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
@@ -540,7 +532,7 @@ class Connection(asyncio.Protocol):
         except (StreamNotFoundError, ConfigError):
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         except (TierlogError, OSError) as exc:
-            log.error("event=delete_failed stream=%r error=%r", cmd.stream, exc)
+            log.error("delete_failed", stream=cmd.stream, error=repr(exc))
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
@@ -597,7 +589,7 @@ class Connection(asyncio.Protocol):
         elif cmd.publisher_id in self.publishers:
             code = ResponseCode.PRECONDITION_FAILED
         elif len(self.publishers) >= self.limits.max_publishers_per_connection:
-            self.metrics.connections_refused.inc(reason="max_publishers")
+            self.metrics.limits_hit.labels(limit="max_publishers").inc()
             code = ResponseCode.PRECONDITION_FAILED
         else:
             reference = cmd.reference or None
@@ -657,6 +649,7 @@ class Connection(asyncio.Protocol):
             return
         handle = publisher.stream
         publisher_id = batch.publisher_id
+        received = time.perf_counter()
         size = len(frame)
         self._queued_publish_bytes += size
 
@@ -666,6 +659,7 @@ class Connection(asyncio.Protocol):
                 self.unpause("memory")
             if code == ResponseCode.OK:
                 metrics.confirmed_messages.inc(len(ids))
+                metrics.publish_confirm_seconds.observe(time.perf_counter() - received)
                 self.send(encode_publish_confirm(publisher_id, ids))
             else:
                 self._publish_error(publisher_id, ids, code)
@@ -675,7 +669,7 @@ class Connection(asyncio.Protocol):
             handle.block(self)
             self.pause(f"stream:{handle.name}")
         if self._over_budget(1):
-            self.metrics.connections_refused.inc(reason="memory_paused")
+            self.metrics.limits_hit.labels(limit="memory_paused").inc()
             self.pause("memory")
 
     def _over_budget(self, divisor: int) -> bool:
@@ -686,7 +680,7 @@ class Connection(asyncio.Protocol):
         return used > self.limits.connection_memory_bytes // divisor
 
     def _publish_error(self, publisher_id: int, ids: Any, code: int) -> None:
-        self.metrics.publish_errors.inc(len(ids), code=str(code))
+        self.metrics.publish_errors.labels(code=str(code)).inc(len(ids))
         self.send(PublishError(publisher_id, [(pid, code) for pid in ids]).encode())
 
     # ----------------------------------------------------------------- consuming
@@ -701,7 +695,7 @@ class Connection(asyncio.Protocol):
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
-            self.metrics.connections_refused.inc(reason="max_subscriptions")
+            self.metrics.limits_hit.labels(limit="max_subscriptions").inc()
             code = ResponseCode.PRECONDITION_FAILED
         else:
             action = cmd.properties.get(OVERTAKEN_PROPERTY, "notify")
@@ -721,7 +715,7 @@ class Connection(asyncio.Protocol):
                         want_file=self._use_sendfile,
                     )
                 except (TierlogError, OSError) as exc:
-                    log.error("event=subscribe_failed stream=%s error=%r", cmd.stream, exc)
+                    log.error("subscribe_failed", stream=cmd.stream, error=repr(exc))
                     code = ResponseCode.INTERNAL_ERROR
                 else:
                     self.subscriptions[cmd.subscription_id] = subscription

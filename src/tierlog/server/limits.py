@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+from tierlog.metrics import Metrics
 from tierlog.server.auth import Authenticator
 from tierlog.server.config import LimitsSection, ServerConfig
-from tierlog.server.metrics import ServerMetrics
 
 
 class Gatekeeper:
     """Authentication and connection accounting shared by the stream and admin listeners."""
 
-    def __init__(self, config: ServerConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, config: ServerConfig, metrics: Metrics) -> None:
         a = config.auth
         self.auth = Authenticator(a.users, a.tokens, a.permissions, a.loopback_users)
         self.limits: LimitsSection = config.limits
@@ -29,7 +29,7 @@ class Gatekeeper:
 
     def admit_connection(self) -> bool:
         if self.connections >= self.limits.max_connections:
-            self.metrics.connections_refused.inc(reason="max_connections")
+            self.metrics.limits_hit.labels(limit="max_connections").inc()
             return False
         self.connections += 1
         return True
@@ -39,7 +39,7 @@ class Gatekeeper:
 
     def admit_user(self, user: str) -> bool:
         if self.per_user[user] >= self.limits.max_connections_per_user:
-            self.metrics.connections_refused.inc(reason="max_connections_per_user")
+            self.metrics.limits_hit.labels(limit="max_connections_per_user").inc()
             return False
         self.per_user[user] += 1
         return True
@@ -51,4 +51,4 @@ class Gatekeeper:
 
     def refused(self, interface: str, action: str) -> None:
         """Count one request refused by authorisation."""
-        self.metrics.access_refused.inc(interface=interface, action=action)
+        self.metrics.access_refused.labels(interface=interface, action=action).inc()

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Protocol
 
 from tierlog.log.offset_spec import OffsetSpec
+from tierlog.logs import get_logger
+from tierlog.metrics import Metrics
 from tierlog.server.chunk_source import (
     ChunkCursor,
     ChunkSource,
@@ -26,9 +27,8 @@ from tierlog.server.chunk_source import (
     OvertakenError,
     SourceClosedError,
 )
-from tierlog.server.metrics import ServerMetrics
 
-log = logging.getLogger("tierlog.server.subscriptions")
+log = get_logger("tierlog.server.subscriptions")
 
 OVERTAKEN_PROPERTY = "x-tierlog-overtaken"
 OVERTAKEN_ACTIONS = ("notify", "skip")
@@ -56,7 +56,7 @@ class Subscription:
         spec: OffsetSpec,
         credit: int,
         sink: DeliverySink,
-        metrics: ServerMetrics,
+        metrics: Metrics,
         *,
         overtaken: str = "notify",
         want_file: bool = False,
@@ -126,19 +126,19 @@ class Subscription:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("event=subscription_failed subscription=%d", self.id)
+            log.exception("subscription_failed", stream=self.stream_name, subscription=self.id)
             self._sink.subscription_failed(self, repr(exc))
 
     def _handle_overtaken(self, exc: OvertakenError) -> bool:
         """True to continue (skip), False when the subscription ends."""
-        self._metrics.overtaken.inc(action=self.overtaken_action)
+        self._metrics.overtaken.labels(action=self.overtaken_action).inc()
         log.warning(
-            "event=consumer_overtaken stream=%s subscription=%d position=%d first=%d action=%s",
-            self.stream_name,
-            self.id,
-            exc.position,
-            exc.first_offset,
-            self.overtaken_action,
+            "consumer_overtaken",
+            stream=self.stream_name,
+            subscription=self.id,
+            position=exc.position,
+            first_offset=exc.first_offset,
+            action=self.overtaken_action,
         )
         if self.overtaken_action == "skip":
             self.cursor.close()

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
+from tierlog.logs import get_logger
+from tierlog.metrics import Metrics
 from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
@@ -32,9 +34,8 @@ from tierlog.tiering.tierer import StreamTierer
 if TYPE_CHECKING:
     from tierlog.server.broker import StreamHandle
     from tierlog.server.config import ServerConfig
-    from tierlog.server.metrics import ServerMetrics
 
-log = logging.getLogger("tierlog.server.tiering")
+log = get_logger("tierlog.server.tiering")
 
 HUGE_LAG = 1 << 62
 
@@ -45,11 +46,12 @@ class TieringService:
         config: ServerConfig,
         store: ObjectStore,
         catalog: Catalog,
-        metrics: ServerMetrics,
+        metrics: Metrics,
     ) -> None:
         self.config = config
         self.tier = config.tier
-        self.store = MeteredObjectStore(store)
+        self.metrics = metrics
+        self.store = MeteredObjectStore(store, metrics)
         self.catalog = catalog
         self.deletions = DeletionQueue(catalog.meta, grace_seconds=self.tier.delete_grace_seconds)
         self.tierers: dict[str, StreamTierer] = {}  # by incarnation
@@ -100,13 +102,16 @@ class TieringService:
             retention_interval=self.tier.retention_interval_seconds,
             memory_budget=self.fragment_memory,
         )
+        tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(handle.executor, tierer.start)
         except (TierlogError, OSError) as exc:
             # Retried by the housekeeping loop: an object store outage at start must not
             # leave the stream untiered for good (appends go on; local data is kept).
-            log.error("event=tiering_not_started stream=%s error=%r", handle.name, exc)
+            log.error(
+                "tiering_not_started", vhost=handle.vhost, stream=handle.name, error=repr(exc)
+            )
             tierer.stop(flush=False, timeout=1.0)
             self._not_started[handle.record.incarnation] = handle
             return
@@ -118,11 +123,12 @@ class TieringService:
             )
         )
         log.info(
-            "event=tiering_started stream=%s remote_next=%d adopted=%d restarted_local=%s",
-            handle.name,
-            result.next_offset,
-            result.adopted,
-            result.restarted_local,
+            "tiering_started",
+            vhost=handle.vhost,
+            stream=handle.name,
+            remote_next_offset=result.next_offset,
+            adopted=result.adopted,
+            restarted_local=result.restarted_local,
         )
 
     async def closing(self, handle: StreamHandle, *, flush: bool) -> None:
@@ -178,7 +184,7 @@ class TieringService:
                 self.catalog, self.store, self.tier.prefix, self.config.storage.streams_dir
             )
         except TierlogError as exc:
-            log.warning("event=stream_cleanup_failed error=%r", exc)
+            log.warning("stream_cleanup_failed", error=repr(exc))
 
     async def _housekeeping(self) -> None:
         """Local retention on each writer thread; cleanups and due deletions."""
@@ -207,81 +213,33 @@ class TieringService:
                         settings.local_max_age_seconds,
                     )
                 except (TierlogError, OSError) as exc:
-                    log.warning("event=local_retention_failed stream=%s error=%r", handle.name, exc)
+                    log.warning("local_retention_failed", stream=handle.name, error=repr(exc))
                     continue
                 if freed:
-                    log.info("event=local_segments_freed stream=%s segments=%s", handle.name, freed)
+                    log.info("local_segments_freed", stream=handle.name, segments=freed)
 
     # -- metrics ----------------------------------------------------------------------
-    def _register_metrics(self, metrics: ServerMetrics) -> None:
-        r = metrics.registry
-        store = self.store
+    def _register_metrics(self, metrics: Metrics) -> None:
+        """Per-stream tiering values, read from the tierers at scrape time."""
 
-        def requests() -> list[tuple[tuple[tuple[str, str], ...], float]]:
-            return [
-                ((("op", op), ("outcome", outcome)), float(n))
-                for (op, outcome), n in store.snapshot().items()
-            ]
+        def per_stream(value: Callable[[StreamTierer], float]) -> Callable[[], list[Any]]:
+            def read() -> list[tuple[tuple[str, str], float]]:
+                out = []
+                for incarnation, tierer in list(self.tierers.items()):
+                    handle = self._handles.get(incarnation)
+                    if handle is not None:
+                        out.append(((handle.vhost, handle.name), float(value(tierer))))
+                return out
 
-        def per_stream(attr: str) -> list[tuple[tuple[tuple[str, str], ...], float]]:
-            out: list[tuple[tuple[tuple[str, str], ...], float]] = []
-            for tierer in list(self.tierers.values()):
-                value = getattr(tierer, attr)
-                out.append(((("stream", tierer.remote.stream_dir),), float(value)))
-            return out
+            return read
 
-        r.gauge(
-            "tierlog_object_store_requests_total",
-            "Object store requests by operation and outcome (monotonic).",
-            requests,
-        )
-        r.gauge(
-            "tierlog_tiered_bytes_total",
-            "Bytes uploaded to the object store (fragments and manifest objects).",
-            lambda: [((), float(store.bytes_out))],
-        )
-        r.gauge(
-            "tierlog_tier_lag_bytes",
-            "Committed bytes not yet tiered.",
-            lambda: per_stream("lag_bytes"),
-        )
-        r.gauge(
-            "tierlog_tier_backpressure",
-            "1 while a stream is over its tiering lag or disk floor (alarm).",
-            lambda: [
-                ((("stream", t.remote.stream_dir),), 1.0 if self._congested(t) else 0.0)
-                for t in list(self.tierers.values())
-            ],
-        )
-        r.gauge(
-            "tierlog_manifest_commits_total",
-            "Manifest commits (monotonic).",
-            lambda: [
-                ((("stream", t.remote.stream_dir),), float(t.committer.commits))
-                for t in list(self.tierers.values())
-            ],
-        )
-        r.gauge(
-            "tierlog_manifest_conflicts_total",
-            "Manifest commits that lost a race or were fenced (monotonic).",
-            lambda: [
-                ((("stream", t.remote.stream_dir),), float(t.committer.conflicts))
-                for t in list(self.tierers.values())
-            ],
-        )
-        r.gauge(
-            "tierlog_prefetch_memory_bytes",
-            "Bytes held by remote-read prefetch buffers (all readers, under one budget).",
-            lambda: [((), float(default_prefetcher().budget.used))],
-        )
-        r.gauge(
-            "tierlog_tiering_halted",
-            "1 when tiering of a stream stopped (conflict or deposed).",
-            lambda: [
-                ((("stream", t.remote.stream_dir),), 1.0 if t.halted else 0.0)
-                for t in list(self.tierers.values())
-            ],
-        )
+        metrics.tier_lag_bytes.read = per_stream(lambda t: t.lag_bytes)
+        metrics.tier_backpressure.read = per_stream(lambda t: self._congested(t))
+        metrics.tiering_halted.read = per_stream(lambda t: t.halted is not None)
+        metrics.remote_next_offset.read = per_stream(lambda t: t.committer.tree.next_offset)
+        metrics.manifest_commits.read = per_stream(lambda t: t.committer.commits)
+        metrics.manifest_conflicts.read = per_stream(lambda t: t.committer.conflicts)
+        metrics.prefetch_memory_bytes.read = lambda: [((), float(default_prefetcher().budget.used))]
 
     def _congested(self, tierer: StreamTierer) -> bool:
         handle = self._handles.get(tierer.remote.stream_dir)

@@ -25,7 +25,6 @@ exactly the missing rows. See docs/spark_jobs.md.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.amqp import Timestamp, encode_message
+from tierlog.logs import get_logger
 from tierlog.spark.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_S, StreamClient
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 PUBLISHER_ID = 0
 MAX_WRITE_ID_BYTES = 200  # leaves room for "-{partition id}" in a 255-byte reference
@@ -235,25 +235,24 @@ class TierlogWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, TierlogCommitMessage)]
         log.info(
-            "tierlog write %s to %s committed: %d partitions, %d rows, %d published, %d skipped",
-            self.options.write_id,
-            self.options.stream,
-            len(done),
-            sum(m.rows for m in done),
-            sum(m.published for m in done),
-            sum(m.skipped for m in done),
+            "spark_write_committed",
+            write_id=self.options.write_id,
+            stream=self.options.stream,
+            partitions=len(done),
+            rows=sum(m.rows for m in done),
+            published=sum(m.published for m in done),
+            skipped=sum(m.skipped for m in done),
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, TierlogCommitMessage)]
         log.warning(
-            "tierlog write %s to %s aborted: %d partitions had completed (%d rows stay in "
-            "the stream); re-run with writeId=%s to publish the rest without duplicates",
-            self.options.write_id,
-            self.options.stream,
-            len(done),
-            sum(m.rows for m in done),
-            self.options.write_id,
+            "spark_write_aborted",
+            write_id=self.options.write_id,
+            stream=self.options.stream,
+            completed_partitions=len(done),
+            rows_kept=sum(m.rows for m in done),
+            hint="re-run with the same writeId to publish the rest without duplicates",
         )
 
 

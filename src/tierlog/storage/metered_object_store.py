@@ -1,12 +1,12 @@
-"""An ObjectStore wrapper that counts requests by operation and outcome (for metrics)."""
+"""An ObjectStore wrapper that records every request into the server's metrics:
+count by operation and outcome, bytes each way, upload and GET latency, GET sizes."""
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
+from tierlog.metrics import Metrics
 from tierlog.storage.errors import StorageError
 from tierlog.storage.object_store import Buffer, MultipartUpload, ObjectMeta, ObjectStore
 
@@ -16,57 +16,59 @@ T = TypeVar("T")
 class MeteredObjectStore(ObjectStore):
     """Counts every call as (op, outcome); outcome is "ok" or the error class name."""
 
-    def __init__(self, inner: ObjectStore) -> None:
+    def __init__(self, inner: ObjectStore, metrics: Metrics) -> None:
         self.inner = inner
-        self._lock = threading.Lock()
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self.bytes_out = 0
-        self.bytes_in = 0
+        self.metrics = metrics
+        requests = metrics.object_store_requests
+        self._ok = {
+            op: requests.labels(op=op, outcome="ok")
+            for op in ("put", "put_if_absent", "get", "head", "list", "delete", "multipart")
+        }
 
     def _count(self, op: str, call: Callable[[], T]) -> T:
         try:
             result = call()
         except StorageError as exc:
-            with self._lock:
-                self.counts[(op, type(exc).__name__)] += 1
+            self.metrics.object_store_requests.labels(op=op, outcome=type(exc).__name__).inc()
             raise
-        with self._lock:
-            self.counts[(op, "ok")] += 1
+        self._ok[op].inc()
         return result
 
-    def snapshot(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            return dict(self.counts)
+    def _upload(self, op: str, data: Buffer, call: Callable[[], ObjectMeta]) -> ObjectMeta:
+        with self.metrics.upload_seconds.labels(op=op).time():
+            meta = self._count(op, call)
+        self.metrics.object_store_uploaded_bytes.inc(len(data))
+        return meta
+
+    def _get(self, call: Callable[[], T], size: Callable[[T], int]) -> T:
+        metrics = self.metrics
+        with metrics.remote_read_seconds.time():
+            data = self._count("get", call)
+        n = size(data)
+        metrics.object_store_downloaded_bytes.inc(n)
+        metrics.remote_get_bytes.observe(n)
+        return data
 
     def put(self, key: str, data: Buffer) -> ObjectMeta:
-        self.bytes_out += len(data)
-        return self._count("put", lambda: self.inner.put(key, data))
+        return self._upload("put", data, lambda: self.inner.put(key, data))
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        self.bytes_out += len(data)
-        return self._count("put_if_absent", lambda: self.inner.put_if_absent(key, data))
+        return self._upload("put_if_absent", data, lambda: self.inner.put_if_absent(key, data))
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        data = self._count("get", lambda: self.inner.get(key, start, end))
-        self.bytes_in += len(data)
-        return data
+        return self._get(lambda: self.inner.get(key, start, end), len)
 
     def get_view(self, key: str, start: int | None = None, end: int | None = None) -> memoryview:
-        data = self._count("get", lambda: self.inner.get_view(key, start, end))
-        self.bytes_in += data.nbytes
-        return data
+        return self._get(lambda: self.inner.get_view(key, start, end), lambda v: v.nbytes)
 
     def get_suffix(self, key: str, length: int) -> bytes:
-        data = self._count("get", lambda: self.inner.get_suffix(key, length))
-        self.bytes_in += len(data)
-        return data
+        return self._get(lambda: self.inner.get_suffix(key, length), len)
 
     def head(self, key: str) -> ObjectMeta:
         return self._count("head", lambda: self.inner.head(key))
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectMeta]:
-        with self._lock:
-            self.counts[("list", "ok")] += 1
+        self._ok["list"].inc()
         return self.inner.list(prefix, start_after)
 
     def delete(self, key: str) -> None:

@@ -10,15 +10,15 @@ A crash anywhere just means the next run repeats the remaining steps.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 
+from tierlog.logs import get_logger
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.keys import stream_prefix
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 DELETE_BATCH = 1000
 
@@ -54,6 +54,6 @@ def run_stream_cleanups(
     for item, incarnation, _deleted_at in catalog.pending_cleanups():
         removed = clean_incarnation(catalog, store, prefix, incarnation, data_dir)
         catalog.meta.complete(item)
-        log.info("stream cleanup done incarnation=%s objects=%d", incarnation, removed)
+        log.info("stream_cleanup_done", incarnation=incarnation, objects=removed)
         done.append(incarnation)
     return done

@@ -9,10 +9,11 @@ is deleted: if it names our new root, the commit happened.
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
+from tierlog.logs import get_logger
 from tierlog.storage.errors import (
     EpochFencedError,
     KeyDeletedError,
@@ -27,7 +28,11 @@ from tierlog.tiering.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.tiering.remote import DeposedError, RemoteStream, StreamDeletedError, TieringError
 from tierlog.tiering.state import FragmentEntry
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
+
+
+def _ignore(seconds: float) -> None:
+    pass
 
 
 class CommitRetryError(TieringError):
@@ -53,6 +58,8 @@ class ManifestCommitter:
         self.pointer = ManifestPointer(root_uid=None, epoch=0, version=0)
         self.tree = self._empty_tree()
         self.commits = 0
+        self.on_commit_seconds: Callable[[float], None] = _ignore
+        """Told each commit attempt's duration (the server points it at a histogram)."""
         self.conflicts = 0
         self.puts = 0
         self._lock = threading.RLock()
@@ -85,7 +92,11 @@ class ManifestCommitter:
         removed in the same commit; they and superseded branches go on the
         pending-deletion list once the commit took effect. Commits are serialised."""
         with self._lock:
-            return self._commit(entries, trim_to)
+            started = time.perf_counter()
+            try:
+                return self._commit(entries, trim_to)
+            finally:
+                self.on_commit_seconds(time.perf_counter() - started)
 
     def _commit(self, entries: Sequence[FragmentEntry], trim_to: int | None) -> ManifestTree:
         if self.tree.is_empty and entries:
@@ -175,4 +186,4 @@ class ManifestCommitter:
         try:
             self.remote.store.delete_many(keys)
         except StorageError:
-            log.warning("could not delete unpublished manifest objects %s", keys)
+            log.warning("unpublished_manifest_objects_not_deleted", keys=keys)

@@ -11,7 +11,6 @@ Every decision is taken by ``TieringState``; this module only carries effects ou
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import queue
 import shutil
@@ -35,6 +34,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.tracking import TrackingState
 from tierlog.log.writer import StreamLog
+from tierlog.logs import get_logger
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.catalog import Catalog
@@ -78,7 +78,7 @@ from tierlog.tiering.state import (
     UploadSucceeded,
 )
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +217,7 @@ class StreamTierer:
             self.backpressure_active = False
             return
         if not self.backpressure_active:
-            log.warning("back-pressure on %s: %s", self.remote.stream_dir, reason)
+            log.warning("tiering_backpressure", stream_dir=self.remote.stream_dir, reason=reason)
         self.backpressure_active = True
         self.backpressure_events += 1
         raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
@@ -298,11 +298,11 @@ class StreamTierer:
         tracking = self._remote_tracking(next_offset)
         epoch = max(self.epoch, self.log.max_epoch + 1)
         log.warning(
-            "remote tier of %s ends at %d, local log at %d: restarting local log, epoch %d",
-            self.remote.stream_dir,
-            next_offset,
-            self.log.next_offset,
-            epoch,
+            "local_log_restarted_past_remote",
+            stream_dir=self.remote.stream_dir,
+            remote_next_offset=next_offset,
+            local_next_offset=self.log.next_offset,
+            epoch=epoch,
         )
         self.log.restart_at(next_offset, epoch, tracking.to_bytes())
 
@@ -387,7 +387,7 @@ class StreamTierer:
                 effects += state.handle(event, now)
                 self._carry_out(effects)
             except Exception as exc:  # never let the tiering thread die silently
-                log.exception("tiering %s failed", self.remote.stream_dir)
+                log.exception("tiering_failed", stream_dir=self.remote.stream_dir)
                 self._halt(f"internal error: {exc}")
                 return
             if self.halted:
@@ -433,7 +433,7 @@ class StreamTierer:
     def _halt(self, reason: str) -> None:
         if self.halted is None:
             self.halted = reason
-            log.error("tiering of %s stopped: %s", self.remote.stream_dir, reason)
+            log.error("tiering_halted", stream_dir=self.remote.stream_dir, reason=reason)
         with self._durable:
             self._durable.notify_all()
 
@@ -462,7 +462,7 @@ class StreamTierer:
         try:
             self.apply_retention()
         except Exception:
-            log.exception("remote retention of %s failed", self.remote.stream_dir)
+            log.exception("remote_retention_failed", stream_dir=self.remote.stream_dir)
         finally:
             self._retention_running.release()
 
@@ -479,7 +479,11 @@ class StreamTierer:
                 self.retention_trims += 1
                 trimmed = self.committer.tree.first_offset
                 self.log.set_stream_first_offset(trimmed)
-                log.info("retention trimmed %s to %d", self.remote.stream_dir, trimmed)
+                log.info(
+                    "remote_retention_trimmed",
+                    stream_dir=self.remote.stream_dir,
+                    first_offset=trimmed,
+                )
         self.deletions.run_due(self.remote.store)
         return trimmed
 

@@ -1,0 +1,351 @@
+"""Every metric tierlog exposes, declared once, on ``prometheus_client``.
+
+A ``Metrics`` owns one ``CollectorRegistry``: each server has its own (tests run several
+servers in one process), and the admin API's ``/metrics`` serves ``metrics.exposition()``.
+Components receive the ``Metrics`` of the server they belong to and update its attributes
+directly (``metrics.published_messages.inc(n)``,
+``metrics.publish_errors.labels(code="2").inc()``, ``with metrics.remote_read_seconds.time():``).
+
+Values that already live in the running objects (per-stream sizes, lags, offsets, counts
+kept by a tierer) are not copied into gauges on every change: they are ``Scraped``
+families whose ``read`` callable the owner of the values sets, and which run at scrape time
+on the event loop. Per-stream families are labelled ``vhost`` and ``stream`` by stream
+*name* (an incarnation directory changes when a stream is re-created; a dashboard must not).
+
+To add a metric: declare it in ``Metrics.__init__`` (counters without ``_total``:
+prometheus_client adds it), record into it where the event happens, and document it in
+docs/metrics.md (a test checks that the two lists agree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+import tierlog
+
+# ``*_created`` series double every counter for no use here; the switch is process-wide.
+prometheus_client.disable_created_metrics()
+
+STREAM_LABELS = ("vhost", "stream")
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""Seconds, from half a millisecond (fsync on fast disks) to object-store timeouts."""
+
+SIZE_BUCKETS = tuple(float(1 << k) for k in range(10, 31, 2))
+"""Bytes: 1 KiB (trailers, index reads) to 1 GiB (the largest fragment), by factors of 4."""
+
+FRAME_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+ScrapedSample = tuple[tuple[str, ...], float]
+"""Label values (in the family's label order) and the value."""
+
+
+def _nothing() -> Iterable[ScrapedSample]:
+    return ()
+
+
+@dataclass(eq=False)
+class Scraped:
+    """A family whose samples are read from live objects at scrape time.
+
+    ``read`` returns ``(label values, value)`` pairs; until an owner sets it the family is
+    exposed with no samples (its HELP and TYPE still tell what will be there).
+    """
+
+    name: str
+    documentation: str
+    kind: Literal["gauge", "counter"]
+    labels: tuple[str, ...] = ()
+    read: Callable[[], Iterable[ScrapedSample]] = _nothing
+
+    def family(self) -> Metric:
+        family: Metric
+        if self.kind == "counter":
+            family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        else:
+            family = GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
+        for values, value in self.read():
+            family.add_metric(list(values), value)
+        return family
+
+
+class _ScrapedCollector(Collector):
+    def __init__(self, families: list[Scraped]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for scraped in self.families:
+            yield scraped.family()
+
+    def describe(self) -> Iterator[Metric]:
+        for scraped in self.families:
+            yield (
+                CounterMetricFamily(scraped.name, scraped.documentation, labels=scraped.labels)
+                if scraped.kind == "counter"
+                else GaugeMetricFamily(scraped.name, scraped.documentation, labels=scraped.labels)
+            )
+
+
+class Metrics:
+    """One server's metrics: one registry, every metric an attribute."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        self._scraped: list[Scraped] = []
+
+        # -- process and build ------------------------------------------------------
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.build = Info("tierlog_build", "tierlog build: version.", registry=r)
+        self.build.info({"version": tierlog.__version__})
+
+        # -- connections ------------------------------------------------------------
+        self.connections = Gauge(
+            "tierlog_connections", "Open stream-protocol connections.", registry=r
+        )
+        self.connections_opened = Counter(
+            "tierlog_connections_opened", "Stream-protocol connections accepted.", registry=r
+        )
+        self.auth_failures = Counter(
+            "tierlog_auth_failures", "Failed SASL authentications.", registry=r
+        )
+        self.frame_errors = Counter(
+            "tierlog_frame_errors",
+            "Connections closed for a bad frame, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.access_refused = Counter(
+            "tierlog_access_refused",
+            "Requests refused by authorisation, by interface (stream, admin) and action.",
+            ["interface", "action"],
+            registry=r,
+        )
+        self.limits_hit = Counter(
+            "tierlog_limits_hit",
+            "Resource limits reached (connections refused or paused, handshakes timed out).",
+            ["limit"],
+            registry=r,
+        )
+        self.unknown_commands = Counter(
+            "tierlog_unknown_commands", "Frames answered with UNKNOWN_FRAME.", registry=r
+        )
+
+        # -- publishing -------------------------------------------------------------
+        self.published_messages = Counter(
+            "tierlog_published_messages", "Messages (publishing ids) received.", registry=r
+        )
+        self.published_bytes = Counter(
+            "tierlog_published_bytes", "Bytes of Publish frames received.", registry=r
+        )
+        self.confirmed_messages = Counter(
+            "tierlog_confirmed_messages", "Publishing ids confirmed.", registry=r
+        )
+        self.duplicate_messages = Counter(
+            "tierlog_duplicate_messages",
+            "Publishing ids dropped as duplicates (and confirmed).",
+            registry=r,
+        )
+        self.publish_errors = Counter(
+            "tierlog_publish_errors",
+            "Publishing ids answered with PublishError, by response code.",
+            ["code"],
+            registry=r,
+        )
+        self.publish_confirm_seconds = Histogram(
+            "tierlog_publish_confirm_seconds",
+            "Time from a Publish frame's arrival to its confirm (written and fsynced).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.throttle_events = Counter(
+            "tierlog_throttle_events",
+            "Times a connection's publishers were throttled (back-pressure).",
+            registry=r,
+        )
+
+        # -- local log --------------------------------------------------------------
+        self.chunks_written = Counter("tierlog_chunks_written", "User chunks written.", registry=r)
+        self.group_commits = Counter(
+            "tierlog_group_commits", "Group commits (one fsync each).", registry=r
+        )
+        self.group_commit_frames = Histogram(
+            "tierlog_group_commit_frames",
+            "Publish frames per group commit.",
+            buckets=FRAME_BUCKETS,
+            registry=r,
+        )
+
+        # -- consuming --------------------------------------------------------------
+        self.subscriptions = Gauge("tierlog_subscriptions", "Active subscriptions.", registry=r)
+        self.delivered_chunks = Counter(
+            "tierlog_delivered_chunks", "Chunks delivered to consumers.", registry=r
+        )
+        self.delivered_messages = Counter(
+            "tierlog_delivered_messages", "Records in delivered chunks.", registry=r
+        )
+        self.delivered_bytes = Counter(
+            "tierlog_delivered_bytes", "Chunk bytes delivered (header and data).", registry=r
+        )
+        self.sendfile_chunks = Counter(
+            "tierlog_sendfile_chunks", "Chunks sent with sendfile.", registry=r
+        )
+        self.overtaken = Counter(
+            "tierlog_overtaken_consumers",
+            "Consumers overtaken by retention, by the action taken (notify or skip).",
+            ["action"],
+            registry=r,
+        )
+
+        # -- object store (recorded by the metered store wrapper) -------------------
+        self.object_store_requests = Counter(
+            "tierlog_object_store_requests",
+            "Object store requests by operation and outcome (ok or the error class).",
+            ["op", "outcome"],
+            registry=r,
+        )
+        self.object_store_uploaded_bytes = Counter(
+            "tierlog_object_store_uploaded_bytes",
+            "Bytes uploaded to the object store (fragments and manifest objects).",
+            registry=r,
+        )
+        self.object_store_downloaded_bytes = Counter(
+            "tierlog_object_store_downloaded_bytes",
+            "Bytes read from the object store.",
+            registry=r,
+        )
+        self.upload_seconds = Histogram(
+            "tierlog_upload_seconds",
+            "Latency of one object upload (put or create-only put), successful or not.",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.remote_read_seconds = Histogram(
+            "tierlog_remote_read_seconds",
+            "Latency of one object-store GET (whole, ranged or suffix), successful or not.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.remote_get_bytes = Histogram(
+            "tierlog_remote_get_bytes",
+            "Bytes returned by one object-store GET.",
+            buckets=SIZE_BUCKETS,
+            registry=r,
+        )
+
+        # -- tiering ----------------------------------------------------------------
+        self.manifest_commit_seconds = Histogram(
+            "tierlog_manifest_commit_seconds",
+            "Latency of one manifest commit (root PUT and conditional pointer update).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+        # -- read at scrape time ----------------------------------------------------
+        self.streams = self._scrape("tierlog_streams", "Streams open on this server.", "gauge")
+        self.stream_local_bytes = self._scrape_stream(
+            "tierlog_stream_local_bytes", "Bytes of the stream's local segment and index files."
+        )
+        self.stream_segments = self._scrape_stream(
+            "tierlog_stream_segments", "Local segment files of the stream."
+        )
+        self.stream_next_offset = self._scrape_stream(
+            "tierlog_stream_next_offset", "Next offset of the stream's committed local log."
+        )
+        self.stream_queued_bytes = self._scrape_stream(
+            "tierlog_stream_queued_bytes", "Publish bytes waiting for the stream's writer."
+        )
+        self.publishers_throttled = self._scrape_stream(
+            "tierlog_publishers_throttled", "1 while the stream's publishers are throttled."
+        )
+        self.tier_lag_bytes = self._scrape_stream(
+            "tierlog_tier_lag_bytes", "Committed bytes of the stream not yet tiered."
+        )
+        self.tier_backpressure = self._scrape_stream(
+            "tierlog_tier_backpressure",
+            "1 while the stream is over its tiering lag or the disk floor (alarm).",
+        )
+        self.tiering_halted = self._scrape_stream(
+            "tierlog_tiering_halted", "1 when tiering of the stream stopped (conflict, deposed)."
+        )
+        self.remote_next_offset = self._scrape_stream(
+            "tierlog_remote_next_offset", "Next offset of the stream's committed manifest."
+        )
+        self.manifest_commits = self._scrape_stream(
+            "tierlog_manifest_commits", "Manifest commits of the stream.", "counter"
+        )
+        self.manifest_conflicts = self._scrape_stream(
+            "tierlog_manifest_conflicts",
+            "Manifest commits of the stream that lost a race or were fenced.",
+            "counter",
+        )
+        self.prefetch_memory_bytes = self._scrape(
+            "tierlog_prefetch_memory_bytes",
+            "Bytes held by remote-read prefetch buffers (all readers, one budget).",
+            "gauge",
+        )
+        r.register(_ScrapedCollector(self._scraped))
+
+    def _scrape(
+        self,
+        name: str,
+        documentation: str,
+        kind: Literal["gauge", "counter"],
+        labels: tuple[str, ...] = (),
+    ) -> Scraped:
+        scraped = Scraped(name, documentation, kind, labels)
+        self._scraped.append(scraped)
+        return scraped
+
+    def _scrape_stream(
+        self, name: str, documentation: str, kind: Literal["gauge", "counter"] = "gauge"
+    ) -> Scraped:
+        return self._scrape(name, documentation, kind, STREAM_LABELS)
+
+    # -- reading ----------------------------------------------------------------------
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The /metrics body and its content type: Prometheus text, or OpenMetrics when
+        the scraper's ``Accept`` header asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+    def value(self, sample: str, **labels: str) -> float:
+        """One sample's current value (0 when absent), e.g.
+        ``value("tierlog_overtaken_consumers_total", action="skip")``."""
+        found = self.registry.get_sample_value(sample, labels)
+        return 0.0 if found is None else found
