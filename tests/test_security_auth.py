@@ -153,6 +153,14 @@ async def test_admin_writes_must_be_json(server: Server) -> None:
     assert server.broker is not None and server.broker.get("/", "alice-f") is None
 
 
+async def test_admin_request_bodies_are_bounded(server: Server) -> None:
+    alice = _basic("alice", ALICE_PASSWORD)
+    huge = {"name": "alice-h", "settings": {"padding": "x" * 200_000}}
+    status, _ = await call(server, "POST", "/api/streams", alice, json=huge)
+    assert status == 413
+    assert server.broker is not None and server.broker.get("/", "alice-h") is None
+
+
 async def test_admin_permissions_per_user_vhost_and_stream(server: Server) -> None:
     alice = _basic("alice", ALICE_PASSWORD)
     bob = _basic("bob", "bob-pw")
