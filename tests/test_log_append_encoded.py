@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tierlog.formats.chunk import SubBatch, encode_entries, encode_records
+from tierlog.formats.protocol.publish import decode_publish, encode_publish
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import InvalidAppendError, LogClosedError, RecordTooLargeError
 from tierlog.log.offset_spec import OffsetSpec
@@ -138,3 +139,35 @@ def test_large_chunks_use_the_background_crc(tmp_path: Path) -> None:
         got = [bytes(b) for _, b in r.records()]
     assert got == batch * 7
     reopened.close()
+
+
+@pytest.mark.parametrize("path", ["append", "append_encoded", "append_records", "append_batches"])
+def test_every_append_path_passes_the_gate(tmp_path: Path, path: str) -> None:
+    """The back-pressure gate guards all append paths alike: nothing is written while
+    it refuses, whichever way the records come in."""
+    log = make(tmp_path)
+
+    class Refused(Exception):
+        pass
+
+    calls: list[str] = []
+
+    def gate() -> None:
+        calls.append(path)
+        raise Refused
+
+    log.set_append_gate(gate)
+    with pytest.raises(Refused):
+        if path == "append":
+            log.append([b"a", b"b"])
+        elif path == "append_encoded":
+            log.append_encoded(encode_records([b"a", b"b"]), 2, 2)
+        elif path == "append_records":
+            log.append_records([b"a", b"b"])
+        else:
+            batch = decode_publish(memoryview(encode_publish(1, [(1, b"a"), (2, b"b")]))[4:])
+            log.append_batches([batch], "app")
+    assert calls == [path]
+    assert log.next_offset == 0
+    log.set_append_gate(None)
+    log.close()

@@ -317,3 +317,39 @@ async def test_tiering_start_failure_is_retried(
         await wait_for(running)  # the housekeeping loop retried and succeeded
     finally:
         await server.stop()
+
+
+async def test_disk_floor_throttles_publishers_and_raises_the_alarm(tmp_path: Path) -> None:
+    """Free disk under ``tier.min_free_disk_bytes``: the tierer's back-pressure rule
+    (the same one its append gate uses) makes the server throttle publishers (never
+    fail them) and set the back-pressure alarm metric."""
+    cfg = config(tmp_path)
+    cfg = replace(cfg, tier=replace(cfg.tier, min_free_disk_bytes=1 << 62))  # never enough
+    server = Server(cfg)
+    await server.start()
+    try:
+        assert server.broker is not None and server.tiering is not None
+        client = await AsyncRawClient.connect(server.stream_port)
+        response = await client.request(c.CreateRequest(client.next_corr(), "full", STREAM_ARGS))
+        assert response.response_code == ResponseCode.OK
+        await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", "full"))
+        handle = server.broker.get("/", "full")
+        assert handle is not None
+        server.broker.refresh_lag(handle)
+        assert handle.congested
+        tierer = server.tiering.tierer_of(handle.record)
+        assert tierer is not None and tierer.backpressure_active
+        client.send(encode_publish(1, [(1, b"a")]))
+        await client.expect(PublishConfirm)  # accepted (never failed), then throttled
+        assert handle.blocked
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{server.admin_port}/metrics"
+            async with http.get(url) as response:
+                metrics = await response.text()
+        alarm = [
+            line for line in metrics.splitlines() if line.startswith("tierlog_tier_backpressure")
+        ]
+        assert alarm and float(alarm[0].split()[-1]) == 1.0, alarm
+        client.close()
+    finally:
+        await server.stop()

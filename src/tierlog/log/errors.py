@@ -43,6 +43,10 @@ class CorruptChunkError(LogError):
     """A reader met a chunk whose bytes do not validate; it is never served."""
 
 
+class ShortReadError(LogError, OSError):
+    """A segment file held fewer bytes than the log's index promised (changed under us)."""
+
+
 class LogClosedError(LogError):
     """The log or reader was closed."""
 

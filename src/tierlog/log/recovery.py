@@ -23,7 +23,7 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
-from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
+from tierlog.formats.chunk import decode_header
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER, IndexRecord
 from tierlog.log.errors import NotAStreamError
@@ -40,7 +40,7 @@ from tierlog.log.segment_files import (
     scan_segment,
     segment_ref,
 )
-from tierlog.log.tracking import TrackingState
+from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.logs import get_logger
 
 log = get_logger(__name__)
@@ -254,20 +254,15 @@ def recover_tracking(state: SegmentState) -> TrackingState:
     if state.num_chunks == 0:
         return tracking
     fd = os.open(state.ref.segment_path, os.O_RDONLY)
+
+    def read(position: int, length: int) -> bytes:
+        return pread_exact(fd, length, position)
+
     try:
         pos = FILE_HEADER_SIZE
         while pos < state.size:
             header = decode_header(pread_exact(fd, 48, pos))
-            start = pos + header.data_start
-            if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
-                data = pread_exact(fd, header.data_length, start)
-                tracking.replace_with_snapshot(single_entry_body(data, header.num_entries))
-            elif header.chunk_type == ChunkType.TRACKING_DELTA:
-                data = pread_exact(fd, header.data_length, start)
-                tracking.apply_delta(header.chunk_id, single_entry_body(data, header.num_entries))
-            elif header.trailer_length:
-                trailer = pread_exact(fd, header.trailer_length, start + header.data_length)
-                tracking.apply_delta(header.chunk_id, trailer)
+            replay_chunk(tracking, header, pos, read)
             pos += header.total_size
     finally:
         os.close(fd)

@@ -37,6 +37,7 @@ from tierlog.formats.segment import (
     unpack_index_field,
 )
 from tierlog.formats.tracking import decode_delta, decode_snapshot
+from tierlog.log.errors import ShortReadError
 
 _FILE_NAME = re.compile(r"^([0-9]{20})\.(segment|index)$")
 _READ_BLOCK = 1 << 20
@@ -164,6 +165,19 @@ def read_chunk_bytes(segment_path: str, position: int, size: int) -> bytes:
     if len(data) != size:
         raise TruncatedError(f"{segment_path}: chunk at {position} is shorter than {size} bytes")
     return data
+
+
+def read_segment_into(segment_path: str, position: int, buf: memoryview) -> None:
+    """Fill ``buf`` with the segment's bytes from ``position`` (one preadv, no copy)."""
+    fd = os.open(segment_path, os.O_RDONLY)
+    try:
+        got = os.preadv(fd, [buf], position)
+    finally:
+        os.close(fd)
+    if got != len(buf):
+        raise ShortReadError(
+            f"{segment_path}: short read of {got} of {len(buf)} bytes at {position}"
+        )
 
 
 class ScanResult(NamedTuple):

@@ -6,6 +6,9 @@ trailers of user chunks), exactly as Osiris recovers it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from tierlog.formats.chunk import ChunkHeader, ChunkType, single_entry_body
 from tierlog.formats.tracking import (
     TrackingSnapshot,
     TrackingType,
@@ -70,3 +73,27 @@ class TrackingState:
         state = cls()
         state.replace_with_snapshot(buf)
         return state
+
+
+ReadAt = Callable[[int, int], bytes | memoryview]
+"""``read(position, length)``: bytes of the chunk's container (segment file or fragment)."""
+
+
+def replay_chunk(tracking: TrackingState, header: ChunkHeader, position: int, read: ReadAt) -> None:
+    """Apply one chunk to ``tracking`` as Osiris does on recovery: a snapshot replaces the
+    state, a delta chunk's entries and a user chunk's trailer update it.
+
+    The chunk starts at ``position`` of its container; only the bytes tracking needs are
+    read (none for a user chunk without a trailer). Recovery (segment files) and the
+    tierer (the remote tail's fragments) replay through this one function.
+    """
+    start = position + header.data_start
+    if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
+        body = read(start, header.data_length)
+        tracking.replace_with_snapshot(single_entry_body(body, header.num_entries))
+    elif header.chunk_type == ChunkType.TRACKING_DELTA:
+        body = read(start, header.data_length)
+        tracking.apply_delta(header.chunk_id, single_entry_body(body, header.num_entries))
+    elif header.trailer_length:
+        trailer = read(start + header.data_length, header.trailer_length)
+        tracking.apply_delta(header.chunk_id, trailer)

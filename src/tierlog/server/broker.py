@@ -7,32 +7,31 @@ them all (up to ``group_commit_max_frames``), appends consecutive frames of the 
 producer as one chunk, fsyncs once, and the loop then sends one PublishConfirm per
 frame. Readers (subscriptions) read the segment files from the loop thread.
 
+Deduplication and chunk splitting are the log's (``StreamLog.append_batches``).
+
 Back-pressure: a stream is *congested* when its queued bytes exceed a bound or the
-tiering lag (``LagProvider``: committed bytes not yet in the remote tier, default 0)
-exceeds the stream's ``max_lag_bytes``. Connections publishing to a congested stream
-stop reading their socket until it is not congested any more (counted, never silent).
+tiering lag (``LagProvider``: committed bytes not yet in the remote tier as tiering's
+back-pressure rule sees them, default 0) exceeds the stream's ``max_lag_bytes``.
+Connections publishing to a congested stream stop reading their socket until it is
+not congested any more (counted, never silent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import operator
 import os
 import shutil
-import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tierlog.errors import ConfigError, TierlogError
-from tierlog.formats.chunk import MAX_ENTRIES_PER_CHUNK, Entry, SubBatch
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
-from tierlog.log.writer import StreamLog
+from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
@@ -42,7 +41,6 @@ from tierlog.tiering.settings import StreamSettings
 
 log = get_logger("tierlog.server.broker")
 
-_SUBBATCH = struct.Struct(">BHII")
 MAX_QUEUED_BYTES = 64 * 1024 * 1024
 """Queued publish bytes per stream above which publishers are paused."""
 LAG_POLL_SECONDS = 0.5
@@ -129,36 +127,6 @@ class _GroupResult:
     error: str = ""
 
 
-def _drop_duplicates(batch: PublishBatch, last: int) -> list[int]:
-    """Indexes of the messages to keep: publishing ids above ``last`` and above every
-    earlier id of the batch (what Osiris keeps); the others are confirmed as duplicates."""
-    kept: list[int] = []
-    for i, pid in enumerate(batch.publishing_ids):
-        if pid > last:
-            kept.append(i)
-            last = pid
-    return kept
-
-
-def entries_of(batch: PublishBatch) -> list[Entry]:
-    """The log's entries for a Publish frame: record bytes, or sub-batches passed verbatim."""
-    raw = batch.entries
-    if batch.record_counts is None:
-        if isinstance(raw, tuple):
-            return [e[4:] for e in raw]
-        return [bytes(e[4:]) for e in raw]
-    entries: list[Entry] = []
-    for e in raw:
-        if e[0] & 0x80:
-            type_byte, records, uncompressed, _length = _SUBBATCH.unpack_from(e, 0)
-            entries.append(
-                SubBatch((type_byte >> 4) & 0x07, records, uncompressed, bytes(e[_SUBBATCH.size :]))
-            )
-        else:
-            entries.append(bytes(e[4:]))
-    return entries
-
-
 @dataclass(eq=False)
 class StreamHandle:
     """One open stream: catalog record, writer log, queue, readers' notifier."""
@@ -222,7 +190,7 @@ class StreamHandle:
         if self.closed:
             done(ResponseCode.STREAM_DOES_NOT_EXIST)
             return
-        size = len(batch.entry_data()) if batch._data is not None else 16 * batch.num_entries
+        size = len(batch.entry_data())
         self.pending.append(_PublishOp(batch, reference, done, size))
         self.pending_bytes += size
         self._kick()
@@ -282,17 +250,17 @@ class StreamHandle:
     def _append_run(self, ops: Sequence[_Op], lo: int, hi: int, result: _GroupResult) -> None:
         run = [op for op in ops[lo:hi] if isinstance(op, _PublishOp)]
         reference = run[0].reference
-        written = [0]  # frames of the run already durable-written (never appended twice)
+        progress = BatchProgress()  # frames of the run already written (never twice)
         try:
-            self._append(run, reference, result, written)
+            self._append(run, reference, result, progress)
             return
         except (RecordTooLargeError, InvalidAppendError, ValueError):
-            if len(run) - written[0] == 1:
-                result.codes[lo + written[0]] = ResponseCode.PRECONDITION_FAILED
+            if len(run) - progress.batches == 1:
+                result.codes[lo + progress.batches] = ResponseCode.PRECONDITION_FAILED
                 return
-        for k in range(written[0], len(run)):  # isolate the frame that cannot be written
+        for k in range(progress.batches, len(run)):  # isolate the frame that cannot be written
             try:
-                self._append([run[k]], reference, result, [0])
+                self._append([run[k]], reference, result, BatchProgress())
             except (RecordTooLargeError, InvalidAppendError, ValueError):
                 result.codes[lo + k] = ResponseCode.PRECONDITION_FAILED
 
@@ -301,86 +269,15 @@ class StreamHandle:
         run: list[_PublishOp],
         reference: str | None,
         result: _GroupResult,
-        written: list[int],
+        progress: BatchProgress,
     ) -> None:
-        """Append a run of frames as pre-encoded chunks (``StreamLog.append_encoded``):
-        frames are concatenated up to ``max_chunk_bytes``; with a ``reference``,
-        publishing ids not above the producer's sequence are dropped first (a frame
-        that is all new, the usual case, is checked in C and passed on as it is).
-        ``written[0]`` counts the frames whose chunk is written."""
-        limit = self.log.config.max_chunk_bytes
-        last = -1
-        if reference is not None:
-            known = self.log.producer_sequence(reference)
-            last = -1 if known is None else known
-        parts: list[bytes] = []
-        size = entries = records = 0
-        first_id = last_id = -1
-        pending = 0  # frames in ``parts``
-
-        def flush() -> None:
-            nonlocal parts, size, entries, records, pending
-            if parts:
-                data = parts[0] if len(parts) == 1 else b"".join(parts)
-                if reference is None:
-                    self.log.append_encoded(data, entries, records)
-                else:
-                    self.log.append_encoded(
-                        data,
-                        entries,
-                        records,
-                        producer=reference,
-                        first_publishing_id=first_id,
-                        last_publishing_id=last_id,
-                    )
-                result.chunks += 1
-            written[0] += pending
-            parts, size, entries, records, pending = [], 0, 0, 0, 0
-
-        for op in run:
-            batch = op.batch
-            data = batch.entry_data()
-            if len(data) > limit:  # one frame over a chunk: the log's general append splits
-                flush()
-                entries_list = entries_of(batch)
-                if reference is None:
-                    appended = self.log.append(entries_list)
-                else:
-                    appended = self.log.append(entries_list, reference, batch.publishing_ids)
-                    known = self.log.producer_sequence(reference)
-                    last = -1 if known is None else known
-                result.chunks += len(appended.chunk_ids)
-                result.duplicates += len(appended.dropped)
-                written[0] += 1
-                continue
-            n_entries = batch.num_entries
-            n_records = batch.num_records
-            if reference is not None:
-                ids = batch.publishing_ids
-                if ids[0] <= last or not all(map(operator.lt, ids, itertools.islice(ids, 1, None))):
-                    kept = _drop_duplicates(batch, last)
-                    result.duplicates += n_entries - len(kept)
-                    if not kept:
-                        pending += 1
-                        continue
-                    data = b"".join(batch.entries[i] for i in kept)
-                    n_entries = len(kept)
-                    counts = batch.record_counts
-                    n_records = n_entries if counts is None else sum(counts[i] for i in kept)
-                    ids = [ids[i] for i in kept]
-                last = ids[-1]
-            if parts and (size + len(data) > limit or entries + n_entries > MAX_ENTRIES_PER_CHUNK):
-                flush()
-            if reference is not None:
-                if not parts:
-                    first_id = ids[0]
-                last_id = ids[-1]
-            parts.append(data)
-            size += len(data)
-            entries += n_entries
-            records += n_records
-            pending += 1
-        flush()
+        """Append a run of frames through the log's one append path for pre-encoded
+        batches (deduplication by ``reference`` and chunk splitting happen there)."""
+        try:
+            self.log.append_batches([op.batch for op in run], reference, progress)
+        finally:
+            result.chunks += progress.chunks
+            result.duplicates += progress.duplicates
 
     def _group_done(self, ops: Sequence[_Op], future: asyncio.Future[_GroupResult]) -> None:
         self.writing = False

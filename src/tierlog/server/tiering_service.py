@@ -2,16 +2,17 @@
 work around it (local retention on each stream's writer thread, remote retention,
 the pending-deletion list, stream cleanups) and its metrics.
 
-The broker calls ``opened`` / ``closing`` as streams come and go; publishers are
-throttled by the broker through ``lag`` (never failed): the tierer's own append gate
-stays off in the server.
+The broker calls ``opened`` / ``closing`` as streams come and go. Back-pressure is the
+tierer's one rule (``tiering.backpressure``: tiering lag over the stream's
+``max_lag_bytes`` or free disk under ``tier.min_free_disk_bytes``); the server reacts by
+throttling publishers through ``lag`` (never failing them), so the tierer's append gate
+is not installed here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -100,6 +101,9 @@ class TieringService:
             upload_bytes_per_second=self.tier.upload_bytes_per_second or None,
             retention=RetentionPolicy(settings.max_bytes, settings.max_age_seconds),
             retention_interval=self.tier.retention_interval_seconds,
+            max_lag_bytes=settings.max_lag_bytes,
+            min_free_disk_bytes=self.tier.min_free_disk_bytes,
+            gate_appends=False,
             memory_budget=self.fragment_memory,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
@@ -145,14 +149,18 @@ class TieringService:
 
     # -- broker providers -------------------------------------------------------------
     def lag(self, record: StreamRecord) -> int:
-        """Un-tiered committed bytes; "infinite" when free disk is below the floor."""
+        """Un-tiered committed bytes as the broker's throttle sees them: the tierer's
+        back-pressure rule decides (and raises its alarm); "infinite" when it is over
+        its limits for want of disk, so the broker throttles whatever the lag."""
         tierer = self.tierer_of(record)
         if tierer is None:
             return 0
-        floor = self.tier.min_free_disk_bytes
-        if floor and shutil.disk_usage(tierer.log.stream_dir).free < floor:
-            return HUGE_LAG
-        return tierer.lag_bytes
+        rule = tierer.backpressure
+        rule.max_lag_bytes = record.settings.max_lag_bytes  # settings may have changed
+        lag = tierer.lag_bytes
+        if rule.check(lag) is not None and lag <= rule.max_lag_bytes:
+            return HUGE_LAG  # over the disk floor
+        return lag
 
     def remote_status(self, record: StreamRecord) -> dict[str, Any]:
         tierer = self.tierer_of(record)
@@ -234,15 +242,9 @@ class TieringService:
             return read
 
         metrics.tier_lag_bytes.read = per_stream(lambda t: t.lag_bytes)
-        metrics.tier_backpressure.read = per_stream(lambda t: self._congested(t))
+        metrics.tier_backpressure.read = per_stream(lambda t: t.backpressure_active)
         metrics.tiering_halted.read = per_stream(lambda t: t.halted is not None)
         metrics.remote_next_offset.read = per_stream(lambda t: t.committer.tree.next_offset)
         metrics.manifest_commits.read = per_stream(lambda t: t.committer.commits)
         metrics.manifest_conflicts.read = per_stream(lambda t: t.committer.conflicts)
         metrics.prefetch_memory_bytes.read = lambda: [((), float(default_prefetcher().budget.used))]
-
-    def _congested(self, tierer: StreamTierer) -> bool:
-        handle = self._handles.get(tierer.remote.stream_dir)
-        if handle is None:
-            return False
-        return self.lag(handle.record) > handle.record.settings.max_lag_bytes

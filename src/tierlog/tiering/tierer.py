@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
+from tierlog.formats.chunk import decode_header
 from tierlog.formats.fragment import (
     HEADER_SIZE,
     ChunkInfo,
@@ -32,11 +31,12 @@ from tierlog.log.commit import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
-from tierlog.log.tracking import TrackingState
+from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
+from tierlog.tiering.backpressure import BackPressure
 from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
@@ -117,6 +117,7 @@ class StreamTierer:
         clock: Callable[[], float] = time.monotonic,
         max_lag_bytes: int | None = None,
         min_free_disk_bytes: int = 0,
+        gate_appends: bool = True,
         upload_bytes_per_second: float | None = None,
         retention: RetentionPolicy | None = None,
         retention_interval: float = 10.0,
@@ -146,10 +147,10 @@ class StreamTierer:
         self._reader: LogReader | None = None
         self._durable = threading.Condition()
         self._stopping = False
-        self.max_lag_bytes = max_lag_bytes
-        self.min_free_disk_bytes = min_free_disk_bytes
-        self.backpressure_active = False  # the alarm: publishers are being throttled
-        self.backpressure_events = 0
+        self.backpressure = BackPressure(
+            self.remote.stream_dir, stream_log.stream_dir, max_lag_bytes, min_free_disk_bytes
+        )
+        self.gate_appends = gate_appends
         self._limiter = RateLimiter(upload_bytes_per_second) if upload_bytes_per_second else None
         self.retention = retention or RetentionPolicy()
         self.retention_interval = retention_interval
@@ -163,7 +164,8 @@ class StreamTierer:
         assert self.state is not None
         self._handed = self.state.committed_next
         self.log.add_commit_listener(self._on_commit)
-        self.log.set_append_gate(self._append_gate)
+        if self.gate_appends:
+            self.log.set_append_gate(self._append_gate)
         self._thread = threading.Thread(
             target=self._run, name=f"tier-{self.remote.stream_dir}", daemon=True
         )
@@ -176,7 +178,8 @@ class StreamTierer:
         if flush and self._thread is not None and not self.halted:
             self.flush(timeout)
         self._stopping = True
-        self.log.set_append_gate(None)
+        if self.gate_appends:
+            self.log.set_append_gate(None)
         with contextlib.suppress(ValueError):
             self.log.remove_commit_listener(self._on_commit)
         self._events.put(None)
@@ -204,23 +207,20 @@ class StreamTierer:
         return self.durable_next >= next_offset
 
     def _append_gate(self) -> None:
-        """Back-pressure (DESIGN.md): refuse appends while too much committed data is not
-        yet durable remotely, or while free disk is below the floor."""
-        reason = None
-        if self.max_lag_bytes is not None and self.lag_bytes > self.max_lag_bytes:
-            reason = f"{self.lag_bytes} bytes not yet tiered (limit {self.max_lag_bytes})"
-        elif self.min_free_disk_bytes:
-            free = shutil.disk_usage(self.log.stream_dir).free
-            if free < self.min_free_disk_bytes:
-                reason = f"free disk {free} below floor {self.min_free_disk_bytes}"
-        if reason is None:
-            self.backpressure_active = False
-            return
-        if not self.backpressure_active:
-            log.warning("tiering_backpressure", stream_dir=self.remote.stream_dir, reason=reason)
-        self.backpressure_active = True
-        self.backpressure_events += 1
-        raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
+        """The log's append gate: refuse appends while the stream is over its
+        back-pressure limits (nothing is written; the caller retries)."""
+        reason = self.backpressure.check(self.lag_bytes)
+        if reason is not None:
+            raise BackPressureError(f"stream {self.remote.stream_dir}: {reason}", retry_after=0.1)
+
+    @property
+    def backpressure_active(self) -> bool:
+        """The alarm: the last evaluation found the stream over its limits."""
+        return self.backpressure.active
+
+    @property
+    def backpressure_events(self) -> int:
+        return self.backpressure.events
 
     # -- queries --------------------------------------------------------------------------
     @property
@@ -325,19 +325,13 @@ class StreamTierer:
         for fragment in reversed(chain):
             key = self.remote.fragment_key(fragment.trailer.first_offset)
             data = memoryview(self.remote.store.get(key))
+
+            def read(position: int, length: int, data: memoryview = data) -> memoryview:
+                return data[position : position + length]
+
             for i in range(len(fragment.index)):
                 _info, position = fragment.index.chunk(i)
-                header = decode_header(data, position)
-                start = position + header.data_start
-                body = data[start : start + header.data_length]
-                if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
-                    tracking.replace_with_snapshot(single_entry_body(body, header.num_entries))
-                elif header.chunk_type == ChunkType.TRACKING_DELTA:
-                    entries = single_entry_body(body, header.num_entries)
-                    tracking.apply_delta(header.chunk_id, entries)
-                elif header.trailer_length:
-                    end = start + header.data_length
-                    tracking.apply_delta(header.chunk_id, data[end : end + header.trailer_length])
+                replay_chunk(tracking, decode_header(data, position), position, read)
         return tracking
 
     def _fragment_starting_before(self, offset: int) -> RemoteFragment | None:
@@ -555,16 +549,7 @@ class StreamTierer:
         span = plan.chunks[-1].position + plan.chunks[-1].size - first.position
         body = bytearray(fragment_size(span, len(plan.chunks)))
         raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
-        path = next(
-            s.segment_path for s in self.log.list_segments() if s.first_offset == plan.segment
-        )
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = os.preadv(fd, [raw], first.position)
-        finally:
-            os.close(fd)
-        if got != span:
-            raise OSError(f"segment {plan.segment}: short read of {got} of {span} bytes")
+        self.log.read_segment_into(plan.segment, first.position, raw)
         buffers: list[bytes | bytearray | memoryview] = []
         infos: list[ChunkInfo] = []
         for c in plan.chunks:

@@ -1,0 +1,104 @@
+"""Fsync batching and the commit point.
+
+The writer records each chunk it writes (``wrote``); the commit point moves up to
+the last written chunk only after an fsync of the active segment, which the fsync
+policy batches: every chunk (``chunk``), at most every ``fsync_interval_ms``
+(``interval``), or only when asked / on roll and close (``never``). Readers in any
+thread read ``committed`` and may block in ``wait_for_commit``; commit listeners are
+called in the writer thread whenever the commit point advances.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from tierlog.log.commit import CommitPoint
+from tierlog.log.config import LogConfig
+from tierlog.logs import get_logger
+
+log = get_logger(__name__)
+
+CommitListener = Callable[[CommitPoint], None]
+
+
+class CommitBatcher:
+    """The written and committed points of one log, and its fsync policy."""
+
+    def __init__(self, config: LogConfig, point: CommitPoint, sync_data: Callable[[], None]):
+        self._config = config
+        self._sync_data = sync_data
+        self.written = point
+        self.committed = point
+        self.closed = False
+        self._cond = threading.Condition()
+        self._listeners: list[CommitListener] = []
+        self._last_sync = time.monotonic()
+
+    @property
+    def pending(self) -> bool:
+        """Chunks are written but not yet committed."""
+        return self.written != self.committed
+
+    def wrote(self, point: CommitPoint) -> None:
+        self.written = point
+
+    def sync(self) -> CommitPoint:
+        """Fsync now and commit everything written."""
+        if self.written != self.committed:
+            self._sync_data()
+            self.publish(self.written)
+        self._last_sync = time.monotonic()
+        return self.committed
+
+    def maybe_sync(self, now: float | None = None) -> bool:
+        """Drive the ``interval`` cadence; True when it synced."""
+        if self._config.fsync != "interval" or self.written == self.committed:
+            return False
+        now = time.monotonic() if now is None else now
+        if (now - self._last_sync) * 1000.0 >= self._config.fsync_interval_ms:
+            self.sync()
+            return True
+        return False
+
+    def after_write(self) -> None:
+        """Apply the fsync policy after an append."""
+        if self._config.fsync == "chunk":
+            self.sync()
+        elif self._config.fsync == "interval":
+            self.maybe_sync()
+
+    def synced_by_roll(self) -> None:
+        """A roll fsynced the sealed segment: commit what was written."""
+        if self.written != self.committed:
+            self.publish(self.written)
+            self._last_sync = time.monotonic()
+
+    def publish(self, point: CommitPoint) -> None:
+        with self._cond:
+            self.committed = point
+            self._cond.notify_all()
+        for listener in list(self._listeners):
+            try:
+                listener(point)
+            except Exception:
+                log.exception("commit_listener_failed", listener=repr(listener))
+
+    def add_listener(self, listener: CommitListener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: CommitListener) -> None:
+        self._listeners.remove(listener)
+
+    def wait_for_commit(self, next_offset: int, timeout: float | None = None) -> CommitPoint:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.committed.next_offset > next_offset or self.closed, timeout
+            )
+            return self.committed
+
+    def close(self) -> None:
+        self.closed = True
+        with self._cond:
+            self._cond.notify_all()
