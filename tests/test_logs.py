@@ -127,8 +127,10 @@ def test_served_process_writes_json_events_only(tmp_path: Path) -> None:
             server.admin_url + "/api/streams", data=body, method="POST"
         )
         request.add_header("Content-Type", "application/json")
+        request.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")  # guest:guest
         assert urllib.request.urlopen(request, timeout=10).status == 201
         delete = urllib.request.Request(server.admin_url + "/api/streams/audit", method="DELETE")
+        delete.add_header("Authorization", "Basic Z3Vlc3Q6Z3Vlc3Q=")
         assert urllib.request.urlopen(delete, timeout=10).status == 200
     finally:
         assert server.stop() == 0

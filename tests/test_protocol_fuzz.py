@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.plugins.tierlog_server import TierlogServerProcess
+from tests.server_fuzz import run_fuzz
 from tests.test_protocol_codec import _publish_frame, client_commands, server_commands
 from tierlog.formats.errors import FormatError
 from tierlog.formats.protocol import commands as c
@@ -125,3 +129,20 @@ def test_splitter_survives_mutated_streams_in_pieces(frames: list[bytes], cuts: 
             pos += cut
     except FormatError:
         pass
+
+
+def test_running_server_survives_fuzzed_sessions(tmp_path: Path) -> None:
+    """Random and mutated valid frames before and after authentication against a server
+    process: it stays up, its RSS stays bounded and a healthy client is served."""
+    frames = int(os.environ.get("TIERLOG_FUZZ_FRAMES", "3000"))
+    config = '[tier]\nenabled = false\n[server]\nlog_level = "ERROR"\n'
+    server = TierlogServerProcess(tmp_path / "data", config_text=config).start()
+    try:
+        report = run_fuzz(server, frames, seed=13, health_every=1000)
+    finally:
+        server.stop()
+    assert report.frames == frames
+    assert report.preauth_sessions > 0 and report.sessions > report.preauth_sessions
+    assert report.closed_by_server > 0  # malformed frames close the connection
+    assert report.rss_growth_mib < 128, report.summary()
+    assert report.health_checks >= frames // 1000

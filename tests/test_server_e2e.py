@@ -90,7 +90,10 @@ async def consume(
 
 
 def admin(server: TierlogServerProcess, path: str) -> Any:
-    with urllib.request.urlopen(server.admin_url + path, timeout=10) as r:
+    request = urllib.request.Request(
+        server.admin_url + path, headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
         return json.loads(r.read())
 
 

@@ -115,7 +115,7 @@ async def server(tmp_path: Path, lag: FixedLag) -> AsyncIterator[Server]:
 
 async def test_admin_api_and_metrics(server: Server) -> None:
     base = f"http://127.0.0.1:{server.admin_port}"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}) as http:
         async with http.get(base + "/api/health") as r:
             assert r.status == 200 and (await r.json())["status"] == "ok"
         body = {"name": "adm", "arguments": {"max-age": "1D"}, "settings": {"max_bytes": 10**9}}
@@ -130,7 +130,8 @@ async def test_admin_api_and_metrics(server: Server) -> None:
         bad = {"name": "x", "settings": {"nope": 1}}
         async with http.post(base + "/api/streams", json=bad) as r:
             assert r.status == 400
-        async with http.post(base + "/api/streams", data=b"{not json") as r:
+        json_type = {"Content-Type": "application/json"}
+        async with http.post(base + "/api/streams", data=b"{not json", headers=json_type) as r:
             assert r.status == 400
         patch = {
             "arguments": {"max-length-bytes": "5000000"},

@@ -57,7 +57,7 @@ async def publish(client: AsyncRawClient, name: str, frames: int) -> None:
 
 
 async def status(server: Server, name: str) -> dict:
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}) as http:
         url = f"http://127.0.0.1:{server.admin_port}/api/streams/{name}"
         async with http.get(url) as response:
             assert response.status == 200
@@ -96,7 +96,9 @@ async def test_server_tiers_frees_local_and_restarts(tmp_path: Path) -> None:
         s = await status(server, "orders")
         assert s["remote"]["tiering"] == "running"
         assert s["remote"]["fragments"] >= 1 and s["remote"]["bytes"] > 500_000
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(
+            headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}
+        ) as http:
             url = f"http://127.0.0.1:{server.admin_port}/metrics"
             async with http.get(url) as response:
                 metrics = await response.text()

@@ -149,6 +149,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.access_refused = Counter(
+            "tierlog_access_refused",
+            "Requests refused by authorisation, by interface (stream, admin) and action.",
+            ["interface", "action"],
+            registry=r,
+        )
+        self.limits_hit = Counter(
+            "tierlog_limits_hit",
+            "Resource limits reached (connections refused or paused, handshakes timed out).",
+            ["limit"],
+            registry=r,
+        )
         self.unknown_commands = Counter(
             "tierlog_unknown_commands", "Frames answered with UNKNOWN_FRAME.", registry=r
         )

@@ -42,6 +42,7 @@ class TierlogServerProcess:
         self.extra_env = dict(env or {})
         self.stream_port = 0
         self.admin_port = 0
+        self.tls_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
 
@@ -84,6 +85,7 @@ class TierlogServerProcess:
                 info = json.loads(ready.read_text())
                 self.stream_port = int(info["stream_port"])
                 self.admin_port = int(info["admin_port"])
+                self.tls_port = int(info.get("tls_port", 0))
                 return self
             time.sleep(0.05)
         self.kill()

@@ -39,9 +39,9 @@ def decompress(code: int, data: bytes | memoryview, uncompressed_length: int) ->
     elif code == Compression.GZIP:
         out = _gunzip(data, uncompressed_length)
     elif code == Compression.SNAPPY:
-        out = _unsnappy(data)
+        out = _unsnappy(data, uncompressed_length)
     elif code == Compression.LZ4:
-        out = _unlz4(data)
+        out = _unlz4(data, uncompressed_length)
     elif code == Compression.ZSTD:
         out = _unzstd(data, uncompressed_length)
     else:
@@ -86,7 +86,38 @@ def _gunzip(data: bytes | memoryview, limit: int) -> bytes:
     return out
 
 
-def _unsnappy(data: bytes | memoryview) -> bytes:
+def _snappy_declared_length(raw: bytes) -> int:
+    """Uncompressed size a snappy block (varint prefix) or framed stream declares.
+
+    Read before decompressing, so a small input cannot expand past the sub-batch's
+    declared length (a decompression bomb); malformed input is left to the decoder.
+    """
+    if raw[:1] != b"\xff":
+        return _varint(raw, 0)
+    total, pos = 0, 0
+    while pos + 4 <= len(raw):
+        kind = raw[pos]
+        length = int.from_bytes(raw[pos + 1 : pos + 4], "little")
+        if kind == 0x00:  # compressed chunk: CRC, then a snappy block
+            total += _varint(raw, pos + 8)
+        elif kind == 0x01:  # uncompressed chunk: CRC, then the data
+            total += max(length - 4, 0)
+        pos += 4 + length
+    return total
+
+
+def _varint(raw: bytes, pos: int) -> int:
+    value, shift = 0, 0
+    while pos < len(raw) and shift < 35:
+        byte = raw[pos]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value
+        pos, shift = pos + 1, shift + 7
+    return 0
+
+
+def _unsnappy(data: bytes | memoryview, limit: int) -> bytes:
     try:
         import snappy
     except ImportError as exc:  # pragma: no cover - dependency is declared
@@ -94,6 +125,9 @@ def _unsnappy(data: bytes | memoryview) -> bytes:
     raw = bytes(data)
     if not raw:
         return b""
+    declared = _snappy_declared_length(raw)
+    if declared > limit:
+        raise InvalidSizeError(f"snappy sub-batch declares {declared} bytes, header says {limit}")
     try:
         if raw[:1] == b"\xff":  # framing format stream identifier chunk
             return bytes(snappy.StreamDecompressor().decompress(raw))
@@ -102,13 +136,14 @@ def _unsnappy(data: bytes | memoryview) -> bytes:
         raise FormatError(f"snappy sub-batch is corrupt: {exc}") from exc
 
 
-def _unlz4(data: bytes | memoryview) -> bytes:
+def _unlz4(data: bytes | memoryview, limit: int) -> bytes:
     try:
         import lz4.frame
     except ImportError as exc:  # pragma: no cover - dependency is declared
         raise UnsupportedError("lz4 sub-batches need the lz4 package") from exc
     try:
-        return bytes(lz4.frame.decompress(bytes(data)))
+        # at most one byte past the declared length: the caller reports the mismatch
+        return bytes(lz4.frame.LZ4FrameDecompressor().decompress(bytes(data), limit + 1))
     except Exception as exc:
         raise FormatError(f"lz4 sub-batch is corrupt: {exc}") from exc
 
@@ -118,7 +153,15 @@ def _unzstd(data: bytes | memoryview, limit: int) -> bytes:
         import zstandard
     except ImportError as exc:  # pragma: no cover - dependency is declared
         raise UnsupportedError("zstd sub-batches need the zstandard package") from exc
+    raw = bytes(data)
     try:
-        return bytes(zstandard.ZstdDecompressor().decompress(bytes(data), max_output_size=limit))
+        # max_output_size only applies when the frame does not declare its size
+        declared = zstandard.frame_content_size(raw)
+    except zstandard.ZstdError as exc:
+        raise FormatError(f"zstd sub-batch is corrupt: {exc}") from exc
+    if declared > limit:
+        raise InvalidSizeError(f"zstd sub-batch declares {declared} bytes, header says {limit}")
+    try:
+        return bytes(zstandard.ZstdDecompressor().decompress(raw, max_output_size=limit))
     except zstandard.ZstdError as exc:
         raise FormatError(f"zstd sub-batch is corrupt: {exc}") from exc

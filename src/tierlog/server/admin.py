@@ -1,6 +1,8 @@
 """The admin HTTP API (aiohttp, JSON) and the Prometheus /metrics endpoint.
 
-Routes (``vhost`` is a query parameter, default ``/``):
+Every request passes AdminGuard (Host / Origin checks, JSON writes, HTTP basic or
+bearer credentials); routes check the user's configure / read permission on the
+stream. Routes (``vhost`` is a query parameter, default ``/``):
 
 * ``GET /api/health`` — ``{"status": "ok", "streams": n, "connections": n}``
 * ``GET /api/streams`` — every stream's status
@@ -24,8 +26,10 @@ from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
 from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.remote.settings import StreamSettings
+from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
+from tierlog.server.limits import Gatekeeper
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -57,8 +61,19 @@ def _changes(data: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
-    app = web.Application()
+def _check_log_limits(broker: Broker, settings: StreamSettings) -> None:
+    """The whole resulting configuration must open: reject it now, not at the next start."""
+    broker.config.log.log_config(
+        settings.max_segment_bytes, settings.max_segment_chunks, broker.config.server.frame_max
+    )
+
+
+def build_admin_app(
+    broker: Broker, metrics: Metrics, guard: AdminGuard | None = None
+) -> web.Application:
+    if guard is None:
+        guard = AdminGuard(broker.config.auth, Gatekeeper(broker.config, metrics))
+    app = web.Application(middlewares=[guard.middleware], client_max_size=64 * 1024)
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response(
@@ -70,7 +85,13 @@ def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
         )
 
     async def list_streams(request: web.Request) -> web.Response:
-        return web.json_response({"streams": [h.status() for h in broker.streams()]})
+        visible = [
+            h.status()
+            for h in broker.streams()
+            if guard.may(request, h.vhost, "read", h.name)
+            or guard.may(request, h.vhost, "configure", h.name)
+        ]
+        return web.json_response({"streams": visible})
 
     async def create_stream(request: web.Request) -> web.Response:
         data = await _body(request)
@@ -78,8 +99,10 @@ def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
         vhost = data.get("vhost", "/")
         if not isinstance(name, str) or not isinstance(vhost, str):
             return _error(400, "'name' (and 'vhost') must be strings")
+        guard.require(request, vhost, "configure", name)
         try:
             settings = StreamSettings().updated(**_changes(data))
+            _check_log_limits(broker, settings)
             handle = await broker.create_stream(vhost, name, settings)
         except StreamExistsError as exc:
             return _error(409, str(exc))
@@ -92,6 +115,8 @@ def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
 
     async def get_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
+        if not guard.may(request, vhost, "configure", name):
+            guard.require(request, vhost, "read", name)
         handle = broker.get(vhost, name)
         if handle is None:
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
@@ -99,11 +124,15 @@ def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
 
     async def patch_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
+        guard.require(request, vhost, "configure", name)
         data = await _body(request)
-        if broker.get(vhost, name) is None:
+        current = broker.get(vhost, name)
+        if current is None:
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
         try:
-            broker.update_settings(vhost, name, _changes(data))
+            changes = _changes(data)
+            _check_log_limits(broker, current.record.settings.updated(**changes))
+            broker.update_settings(vhost, name, changes)
         except (ConfigError, TypeError) as exc:
             return _error(400, str(exc))
         except StreamNotFoundError as exc:
@@ -114,6 +143,7 @@ def build_admin_app(broker: Broker, metrics: Metrics) -> web.Application:
 
     async def delete_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
+        guard.require(request, vhost, "configure", name)
         try:
             record = await broker.delete_stream(vhost, name)
         except StreamNotFoundError as exc:

@@ -26,6 +26,7 @@ from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
 from tierlog.remote.catalog import Catalog
 from tierlog.server.admin import build_admin_app
+from tierlog.server.admin_security import AdminGuard
 from tierlog.server.broker import (
     Broker,
     LagProvider,
@@ -36,7 +37,9 @@ from tierlog.server.broker import (
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.errors import ListenError, StoreUnavailableError
+from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
+from tierlog.server.tls import server_context
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 
@@ -71,6 +74,8 @@ class Server:
         self._lag_provider = lag_provider
         self._remote_status = remote_status
         self._server: asyncio.AbstractServer | None = None
+        self._tls_server: asyncio.AbstractServer | None = None
+        self.tls_port = 0
         self._runner: web.AppRunner | None = None
         self.stream_port = 0
         self.admin_port = 0
@@ -122,25 +127,58 @@ class Server:
         loop = asyncio.get_running_loop()
         broker, config, metrics = self.broker, self.config, self.metrics
         s = config.server
-        self._server = await _listen(
-            "server.port",
-            s.host,
-            s.port,
-            loop.create_server(
-                lambda: Connection(broker, config, metrics), s.host, s.port, reuse_address=True
-            ),
+        gate = Gatekeeper(config, metrics)
+        tls_context = server_context(config.tls)
+        if config.tls.plain_listener:
+            self._server = await _listen(
+                "server.port",
+                s.host,
+                s.port,
+                loop.create_server(
+                    lambda: Connection(broker, config, metrics, gate),
+                    s.host,
+                    s.port,
+                    reuse_address=True,
+                ),
+            )
+            stream_sockets = getattr(self._server, "sockets", None)
+            assert stream_sockets
+            self.stream_port = int(stream_sockets[0].getsockname()[1])
+        if tls_context is not None:
+            self._tls_server = await _listen(
+                "tls.port",
+                s.host,
+                config.tls.port,
+                loop.create_server(
+                    lambda: Connection(broker, config, metrics, gate),
+                    s.host,
+                    config.tls.port,
+                    reuse_address=True,
+                    ssl=tls_context,
+                    ssl_handshake_timeout=config.limits.handshake_timeout_seconds,
+                ),
+            )
+            tls_sockets = getattr(self._tls_server, "sockets", None)
+            assert tls_sockets
+            self.tls_port = int(tls_sockets[0].getsockname()[1])
+        guard = AdminGuard(config.auth, gate)
+        self._runner = web.AppRunner(
+            build_admin_app(self.broker, self.metrics, guard), access_log=None
         )
-        stream_sockets = getattr(self._server, "sockets", None)
-        assert stream_sockets
-        self.stream_port = int(stream_sockets[0].getsockname()[1])
-        self._runner = web.AppRunner(build_admin_app(self.broker, self.metrics), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, s.admin_host, s.admin_port, reuse_address=True)
+        admin_tls = (
+            server_context(config.tls, client_certificates=False) if config.tls.admin else None
+        )
+        guard.scheme = "https" if admin_tls is not None else "http"
+        site = web.TCPSite(
+            self._runner, s.admin_host, s.admin_port, reuse_address=True, ssl_context=admin_tls
+        )
         await _listen("server.admin_port", s.admin_host, s.admin_port, site.start())
         # the only way to learn the port of a port-0 bind (uvloop's Server too)
         sockets = getattr(site._server, "sockets", None)
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
+        guard.port = self.admin_port
         if s.ready_file:
             tmp = s.ready_file + ".tmp"
             with open(tmp, "w") as f:
@@ -149,6 +187,7 @@ class Server:
                         "host": s.host,
                         "stream_port": self.stream_port,
                         "admin_port": self.admin_port,
+                        "tls_port": self.tls_port,
                         "pid": os.getpid(),
                     },
                     f,
@@ -160,6 +199,7 @@ class Server:
             host=s.host,
             stream_port=self.stream_port,
             admin_port=self.admin_port,
+            tls_port=self.tls_port,
             data_dir=storage.data_dir,
             object_store=redact_uri(storage.object_store) if config.tier.enabled else None,
             meta_store=redact_uri(storage.meta_store),
@@ -192,6 +232,8 @@ class Server:
     async def _close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         if self.broker is not None:
             for conn in list(self.broker.connections):
                 if conn.transport is not None:

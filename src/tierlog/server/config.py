@@ -20,9 +20,11 @@ from tierlog.errors import ConfigError
 from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
+from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 
 DEFAULT_STREAM_PORT = 5552
 DEFAULT_ADMIN_PORT = 15552
+DEFAULT_TLS_PORT = 5551
 DEFAULT_FRAME_MAX = 1_048_576
 DEFAULT_HEARTBEAT_S = 60
 DELIVER_OVERHEAD = 13 + 48
@@ -104,10 +106,106 @@ class LogSection:
 
 @dataclass(frozen=True, slots=True)
 class AuthSection:
-    """PLAIN users; users in ``loopback_users`` may only connect from loopback."""
+    """Users (plain or ``scrypt$`` passwords); users in ``loopback_users`` may only
+    connect from loopback. ``tokens`` maps bearer tokens (plain or ``sha256$hex``) to
+    users for the admin API. ``permissions`` is ``{user: {vhost: {configure, write,
+    read}}}`` regexes; a user without an entry has full access to vhost ``/`` only.
+    ``admin_hosts`` / ``admin_origins``: accepted ``Host`` / ``Origin`` of admin
+    requests (empty: localhost, 127.0.0.1 and [::1] on the admin port)."""
 
     users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: tuple[str, ...] = ("guest",)
+    tokens: Mapping[str, str] = field(default_factory=dict)
+    permissions: PermissionTable = field(default_factory=dict)
+    admin_hosts: tuple[str, ...] = ()
+    admin_origins: tuple[str, ...] = ()
+    metrics_public: bool = True
+    """``GET /metrics`` without credentials (Prometheus scrapers); no secrets in it."""
+
+    def validate(self) -> None:
+        if not self.users:
+            raise ConfigError("auth.users must name at least one user")
+        for user, stored in self.users.items():
+            check_stored_secret(stored, f"auth.users.{user}")
+        for stored, user in self.tokens.items():
+            check_stored_secret(stored, "auth.tokens")
+            if user not in self.users:
+                raise ConfigError(f"auth.tokens: a token names unknown user {user!r}")
+        for user in self.permissions:
+            if user not in self.users:
+                raise ConfigError(f"auth.permissions names unknown user {user!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSection:
+    """TLS for a second stream listener (RabbitMQ's 5551) and the admin API.
+
+    Active when ``certfile`` and ``keyfile`` are set. ``cafile`` holds the CAs client
+    certificates must chain to; ``verify_client`` is ``none``, ``optional`` or
+    ``required`` (mutual TLS; SASL EXTERNAL then takes the user from the CN).
+    """
+
+    certfile: str = ""
+    keyfile: str = ""
+    cafile: str = ""
+    port: int = DEFAULT_TLS_PORT
+    verify_client: str = "none"
+    plain_listener: bool = True
+    """Keep the plain stream listener on ``server.port`` beside the TLS one."""
+    admin: bool = True
+    """Serve the admin API over HTTPS (with the same certificate) when TLS is on."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.certfile)
+
+    def validate(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"tls.port must be 0..65535, got {self.port}")
+        if self.verify_client not in ("none", "optional", "required"):
+            raise ConfigError("tls.verify_client must be 'none', 'optional' or 'required'")
+        if bool(self.certfile) != bool(self.keyfile):
+            raise ConfigError("tls.certfile and tls.keyfile must be given together")
+        if self.verify_client != "none" and not self.cafile:
+            raise ConfigError("tls.verify_client needs tls.cafile")
+        if not self.enabled and not self.plain_listener:
+            raise ConfigError("tls.plain_listener = false needs tls.certfile and tls.keyfile")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSection:
+    """Per-server and per-connection resource limits (memory, sockets, handshake)."""
+
+    max_connections: int = 4096
+    max_connections_per_user: int = 1024
+    max_publishers_per_connection: int = 256
+    max_subscriptions_per_connection: int = 256
+    preauth_frame_max: int = 8192
+    """Largest frame accepted before authentication (PeerProperties, SASL)."""
+    handshake_timeout_seconds: float = 10.0
+    """A connection not open (authenticated, tuned, vhost opened) by then is closed."""
+    connection_memory_bytes: int = 16 * 1024 * 1024
+    """Queued publishes plus unsent output of one connection; over it, reading stops."""
+    fragment_memory_bytes: int = 512 * 1024 * 1024
+    """Fragments being built and uploaded, across all streams; uploads wait beyond it."""
+
+    def validate(self) -> None:
+        for name in (
+            "max_connections",
+            "max_connections_per_user",
+            "max_publishers_per_connection",
+            "max_subscriptions_per_connection",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"limits.{name} must be >= 1")
+        if not 64 <= self.preauth_frame_max <= 1_048_576:
+            raise ConfigError("limits.preauth_frame_max must be 64..1048576")
+        if self.handshake_timeout_seconds <= 0:
+            raise ConfigError("limits.handshake_timeout_seconds must be > 0")
+        if self.connection_memory_bytes < 65536:
+            raise ConfigError("limits.connection_memory_bytes must be >= 65536")
+        if self.fragment_memory_bytes < 1:
+            raise ConfigError("limits.fragment_memory_bytes must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +231,8 @@ class ServerConfig:
     log: LogSection = field(default_factory=LogSection)
     auth: AuthSection = field(default_factory=AuthSection)
     tier: TierSection = field(default_factory=TierSection)
+    tls: TlsSection = field(default_factory=TlsSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -155,8 +255,9 @@ class ServerConfig:
         if self.log.group_commit_max_frames < 1:
             raise ConfigError("log.group_commit_max_frames must be >= 1")
         self.log.log_config(500_000_000, 256_000, s.frame_max)  # validates chunk limits
-        if not self.auth.users:
-            raise ConfigError("auth.users must name at least one user")
+        self.auth.validate()
+        self.tls.validate()
+        self.limits.validate()
         t = self.tier
         if t.epoch < 1 or t.max_uploads < 1 or t.upload_bytes_per_second < 0:
             raise ConfigError("tier.epoch and tier.max_uploads must be >= 1, rates >= 0")
@@ -176,11 +277,15 @@ _SECTIONS: dict[str, type[Any]] = {
     "log": LogSection,
     "auth": AuthSection,
     "tier": TierSection,
+    "tls": TlsSection,
+    "limits": LimitsSection,
 }
 
 
 def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     where = f"{section}.{key}"
+    if section == "auth" and key == "permissions":
+        return parse_permissions(value, where)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value

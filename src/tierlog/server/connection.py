@@ -10,7 +10,6 @@ Commands the server does not handle are answered with UNKNOWN_FRAME.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import time
 from collections.abc import Callable
@@ -85,6 +84,7 @@ from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
+from tierlog.server.limits import Gatekeeper
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
     OVERTAKEN_PROPERTY,
@@ -128,11 +128,24 @@ def is_loopback(host: str) -> bool:
 class Connection(asyncio.Protocol):
     """The server side of one client connection."""
 
-    def __init__(self, broker: Broker, config: ServerConfig, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig,
+        metrics: Metrics,
+        gate: Gatekeeper | None = None,
+    ) -> None:
         self.broker = broker
         self.config = config
         self.metrics = metrics
-        self.splitter = FrameSplitter(config.server.frame_max)
+        self.gate = gate if gate is not None else Gatekeeper(config, metrics)
+        self.limits = config.limits
+        # until Tune, only handshake-sized frames: an anonymous peer cannot make us buffer MiBs
+        self.splitter = FrameSplitter(self.limits.preauth_frame_max)
+        self._admitted = False
+        self._user_counted = False
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._queued_publish_bytes = 0
         self.transport: asyncio.Transport | None = None
         self.peer_host = ""
         self.local_addr: tuple[str, int] = ("127.0.0.1", 0)
@@ -193,9 +206,26 @@ class Connection(asyncio.Protocol):
         self.metrics.connections.inc()
         self.metrics.connections_opened.inc()
         self.broker.connections.add(self)
+        self._admitted = self.gate.admit_connection()
+        if not self._admitted:
+            log.warning("connection_refused", reason="max_connections", peer=self.peer_host)
+            self.state = "closed"
+            transport.abort()
+            return
+        self._handshake_timer = self._loop.call_later(
+            self.limits.handshake_timeout_seconds, self._handshake_expired
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = "closed"
+        if self._admitted:
+            self._admitted = False
+            self.gate.release_connection()
+        if self._user_counted:
+            self._user_counted = False
+            self.gate.release_user(self.user)
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self.metrics.connections.dec()
         self.broker.connections.discard(self)
         if self._heartbeat_task is not None:
@@ -213,10 +243,15 @@ class Connection(asyncio.Protocol):
         self._can_write.set()
 
     def pause_writing(self) -> None:
+        # a peer that does not read (confirms, deliveries) is not read either
         self._can_write.clear()
+        self.pause("output")
 
     def resume_writing(self) -> None:
         self._can_write.set()
+        self.unpause("output")
+        if "memory" in self._pause_reasons and not self._over_budget(2):
+            self.unpause("memory")
 
     def data_received(self, data: bytes) -> None:
         if self.state == "closed":
@@ -315,23 +350,71 @@ class Connection(asyncio.Protocol):
         )
 
     def _on_sasl_handshake(self, cmd: SaslHandshakeRequest) -> None:
-        self.send(SaslHandshakeResponse(cmd.correlation_id, ResponseCode.OK, ["PLAIN"]).encode())
+        mechanisms = ["PLAIN"]
+        if certificate_user(self.transport) is not None:
+            mechanisms.append("EXTERNAL")
+        self.send(SaslHandshakeResponse(cmd.correlation_id, ResponseCode.OK, mechanisms).encode())
 
     def _on_sasl_authenticate(self, cmd: SaslAuthenticateRequest) -> None:
         if self.state != "start":
             self._fail("reauthenticate", ResponseCode.SASL_ERROR, "already authenticated")
             return
+        corr = cmd.correlation_id
+        auth = self.gate.auth
+        if cmd.mechanism == "EXTERNAL":
+            user = certificate_user(self.transport)
+            if user is None or user not in auth.users:
+                self._auth_done(corr, user or "", ResponseCode.AUTHENTICATION_FAILURE)
+            else:
+                self._auth_done(corr, user, self._loopback_rule(user))
+            return
         if cmd.mechanism != "PLAIN":
             unsupported = ResponseCode.SASL_MECHANISM_NOT_SUPPORTED
-            self.send(SaslAuthenticateResponse(cmd.correlation_id, unsupported).encode())
+            self.send(SaslAuthenticateResponse(corr, unsupported).encode())
             return
         try:
             user, password = plain_credentials(cmd.data)
         except ProtocolError:
             user, password = "", ""
-        code = self._check_credentials(user, password)
-        self.send(SaslAuthenticateResponse(cmd.correlation_id, code).encode())
+        if auth.limiter.blocked(self.peer_host) and not auth.is_verified(user, password):
+            self._auth_done(corr, user, ResponseCode.AUTHENTICATION_FAILURE)
+            return
+        if not auth.needs_slow_check(user, password):
+            self._auth_done(corr, user, self._password_code(user, password))
+            return
+        # a slow hash runs off the event loop; nothing else is read meanwhile
+        self.pause("auth")
+        future = self._loop.run_in_executor(None, self._password_code, user, password)
+
+        def finished(f: asyncio.Future[int]) -> None:
+            self.unpause("auth")
+            if self.state == "start":
+                failed = f.cancelled() or f.exception() is not None
+                code = ResponseCode.AUTHENTICATION_FAILURE if failed else f.result()
+                self._auth_done(corr, user, code)
+
+        future.add_done_callback(finished)
+
+    def _password_code(self, user: str, password: str) -> int:
+        if not self.gate.auth.check_password(user, password):
+            return ResponseCode.AUTHENTICATION_FAILURE
+        return self._loopback_rule(user)
+
+    def _loopback_rule(self, user: str) -> int:
+        if user in self.config.auth.loopback_users and not is_loopback(self.peer_host):
+            return ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK
+        return ResponseCode.OK
+
+    def _auth_done(self, correlation_id: int, user: str, code: int) -> None:
+        if code == ResponseCode.OK and not self.gate.admit_user(user):
+            log.warning("connection_refused", reason="max_connections_per_user", user=user)
+            code = ResponseCode.ACCESS_REFUSED
+        elif code == ResponseCode.OK:
+            self._user_counted = True
+        self.send(SaslAuthenticateResponse(correlation_id, code).encode())
         if code != ResponseCode.OK:
+            if code == ResponseCode.AUTHENTICATION_FAILURE:
+                self.gate.auth.limiter.failed(self.peer_host)
             self.metrics.auth_failures.inc()
             log.warning("auth_failed", user=user, peer=self.peer_host, code=code)
             self._loop.call_later(0.05, self._close_transport)
@@ -341,16 +424,19 @@ class Connection(asyncio.Protocol):
         self.state = "authenticated"
         self.send(Tune(self.config.server.frame_max, self.config.server.heartbeat).encode())
 
-    def _check_credentials(self, user: str, password: str) -> int:
-        users = self.config.auth.users
-        expected = users.get(user)
-        if expected is None or not hmac.compare_digest(
-            expected.encode("utf-8"), password.encode("utf-8")
-        ):
-            return ResponseCode.AUTHENTICATION_FAILURE
-        if user in self.config.auth.loopback_users and not is_loopback(self.peer_host):
-            return ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK
-        return ResponseCode.OK
+    def _handshake_expired(self) -> None:
+        self._handshake_timer = None
+        if self.state not in ("open", "closed"):
+            self.metrics.limits_hit.labels(limit="handshake_timeout").inc()
+            self._fail("handshake_timeout", ResponseCode.INTERNAL_ERROR, "handshake too slow")
+
+    def _permitted(self, action: str, stream: str) -> bool:
+        """May this connection's user do ``action`` on ``stream``? Refusals are counted."""
+        if self.gate.auth.allowed(self.user, self.vhost, action, stream):
+            return True
+        self.gate.refused("stream", action)
+        log.info("access_refused", user=self.user, vhost=self.vhost, action=action, stream=stream)
+        return False
 
     def _close_transport(self) -> None:
         if self.transport is not None:
@@ -373,11 +459,21 @@ class Connection(asyncio.Protocol):
         if self.state != "tuned":
             self._fail("open_before_tune", ResponseCode.ACCESS_REFUSED, "Open before Tune")
             return
+        if self.gate.auth.vhost_permission(self.user, cmd.virtual_host) is None:
+            self.gate.refused("stream", "vhost")
+            code = ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE
+            self.send(OpenResponse(cmd.correlation_id, code, {}).encode())
+            self._loop.call_later(0.05, self._close_transport)
+            self.state = "closed"
+            return
         self.vhost = cmd.virtual_host
         host, port = self._advertised()
         props = {"advertised_host": host, "advertised_port": str(port)}
         self.send(OpenResponse(cmd.correlation_id, ResponseCode.OK, props).encode())
         self.state = "open"
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
 
     def _advertised(self) -> tuple[str, int]:
         s = self.config.server
@@ -407,6 +503,10 @@ class Connection(asyncio.Protocol):
     # ----------------------------------------------------------------- streams
 
     async def _on_create(self, cmd: CreateRequest) -> None:
+        if not self._permitted("configure", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
+            self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
+            return
         try:
             settings = settings_from_arguments(cmd.arguments)
             await self.broker.create_stream(self.vhost, cmd.stream, settings)
@@ -422,6 +522,10 @@ class Connection(asyncio.Protocol):
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
     async def _on_delete(self, cmd: DeleteRequest) -> None:
+        if not self._permitted("configure", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
+            self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
+            return
         try:
             await self.broker.delete_stream(self.vhost, cmd.stream)
             code = ResponseCode.OK
@@ -448,8 +552,9 @@ class Connection(asyncio.Protocol):
 
     def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
-        if handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        if handle is None or not self._permitted("read", cmd.stream):
+            refused = ResponseCode.ACCESS_REFUSED
+            code = ResponseCode.STREAM_DOES_NOT_EXIST if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
         stats = {
@@ -479,7 +584,12 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
+        elif not self._permitted("write", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
         elif cmd.publisher_id in self.publishers:
+            code = ResponseCode.PRECONDITION_FAILED
+        elif len(self.publishers) >= self.limits.max_publishers_per_connection:
+            self.metrics.limits_hit.labels(limit="max_publishers").inc()
             code = ResponseCode.PRECONDITION_FAILED
         else:
             reference = cmd.reference or None
@@ -503,6 +613,12 @@ class Connection(asyncio.Protocol):
         if handle is None:
             response = QueryPublisherSequenceResponse(
                 cmd.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0
+            )
+        elif not self.gate.auth.allowed(
+            self.user, self.vhost, "write", cmd.stream
+        ) and not self._permitted("read", cmd.stream):
+            response = QueryPublisherSequenceResponse(
+                cmd.correlation_id, ResponseCode.ACCESS_REFUSED, 0
             )
         else:
             sequence = 0
@@ -534,8 +650,13 @@ class Connection(asyncio.Protocol):
         handle = publisher.stream
         publisher_id = batch.publisher_id
         received = time.perf_counter()
+        size = len(frame)
+        self._queued_publish_bytes += size
 
         def done(code: int) -> None:
+            self._queued_publish_bytes -= size
+            if "memory" in self._pause_reasons and not self._over_budget(2):
+                self.unpause("memory")
             if code == ResponseCode.OK:
                 metrics.confirmed_messages.inc(len(ids))
                 metrics.publish_confirm_seconds.observe(time.perf_counter() - received)
@@ -547,6 +668,16 @@ class Connection(asyncio.Protocol):
         if handle.congested:
             handle.block(self)
             self.pause(f"stream:{handle.name}")
+        if self._over_budget(1):
+            self.metrics.limits_hit.labels(limit="memory_paused").inc()
+            self.pause("memory")
+
+    def _over_budget(self, divisor: int) -> bool:
+        """Queued publishes plus unsent output above the budget (``/ divisor``)."""
+        transport = self.transport
+        unsent = transport.get_write_buffer_size() if transport is not None else 0
+        used = self._queued_publish_bytes + unsent
+        return used > self.limits.connection_memory_bytes // divisor
 
     def _publish_error(self, publisher_id: int, ids: Any, code: int) -> None:
         self.metrics.publish_errors.labels(code=str(code)).inc(len(ids))
@@ -561,6 +692,11 @@ class Connection(asyncio.Protocol):
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
         elif handle is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
+        elif not self._permitted("read", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
+        elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
+            self.metrics.limits_hit.labels(limit="max_subscriptions").inc()
+            code = ResponseCode.PRECONDITION_FAILED
         else:
             action = cmd.properties.get(OVERTAKEN_PROPERTY, "notify")
             if action not in OVERTAKEN_ACTIONS:
@@ -610,6 +746,8 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None or not cmd.reference or len(cmd.reference.encode("utf-8")) > 255:
             return  # StoreOffset has no response; RabbitMQ ignores these too
+        if not self._permitted("read", cmd.stream):
+            return
         handle.submit_store_offset(cmd.reference, cmd.offset)
 
     async def _on_query_offset(self, cmd: QueryOffsetRequest) -> None:
@@ -617,6 +755,8 @@ class Connection(asyncio.Protocol):
         corr = cmd.correlation_id
         if handle is None:
             response = QueryOffsetResponse(corr, ResponseCode.STREAM_DOES_NOT_EXIST, 0)
+        elif not self._permitted("read", cmd.stream):
+            response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
         else:
             await handle.flush()  # a StoreOffset sent just before is visible
             offset = None
@@ -658,6 +798,23 @@ class Connection(asyncio.Protocol):
 
     def subscription_failed(self, subscription: Subscription, reason: str) -> None:
         self.subscription_overtaken(subscription)
+
+
+def certificate_user(transport: asyncio.BaseTransport | None) -> str | None:
+    """The CN of a verified client certificate (mutual TLS), or None."""
+    if transport is None:
+        return None
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    if not certificate:
+        return None
+    for rdn in certificate.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
 
 
 def _log_spec(spec: OffsetSpec) -> LogOffsetSpec:

@@ -29,6 +29,7 @@ from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
+from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.retention import RetentionPolicy
 from tierlog.tiering.tierer import StreamTierer
 
@@ -60,6 +61,9 @@ class TieringService:
         self._not_started: dict[str, StreamHandle] = {}
         self._retry_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        # one budget for every stream's fragments in flight (an upload backlog across
+        # many streams would otherwise hold streams x max_uploads fragments in memory)
+        self.fragment_memory = ByteBudget(config.limits.fragment_memory_bytes)
         self._register_metrics(metrics)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -101,6 +105,7 @@ class TieringService:
             max_lag_bytes=settings.max_lag_bytes,
             min_free_disk_bytes=self.tier.min_free_disk_bytes,
             gate_appends=False,
+            memory_budget=self.fragment_memory,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tierlog.errors import ConfigError
+from tierlog.storage.credentials import CREDENTIALS_FILE_ENV, load_credentials_file
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z0-9-]{1,64}$")
@@ -94,18 +95,23 @@ class S3Config:
     @classmethod
     def from_uri(cls, uri: str, env: Mapping[str, str] | None = None, **overrides: Any) -> S3Config:
         """``s3://bucket/prefix?endpoint=http://127.0.0.1:8333&region=us-east-1``; other
-        settings (credentials, timeouts, concurrency) from ``overrides`` or the environment."""
+        settings (credentials, timeouts, concurrency) from ``overrides`` or the environment.
+        Credentials: ``credentials_file=PATH`` in the URI or ``TIERLOG_S3_CREDENTIALS_FILE``
+        (a TOML file only its owner may read), else ``AWS_*`` variables, else the chain."""
         parts = urlsplit(uri)
         if parts.scheme != "s3" or not parts.netloc:
             raise ConfigError(f"invalid S3 URI {uri!r}: need s3://bucket[/prefix]")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        unknown = set(query) - {"endpoint", "region"}
+        unknown = set(query) - {"endpoint", "region", "credentials_file"}
         if unknown:
             raise ConfigError(f"unknown S3 URI parameters {sorted(unknown)} in {uri!r}")
         values: dict[str, Any] = {"bucket": parts.netloc, "prefix": parts.path.strip("/")}
+        env = os.environ if env is None else env
+        credentials_file = query.pop("credentials_file", "") or env.get(CREDENTIALS_FILE_ENV)
+        if credentials_file:
+            values.update(load_credentials_file(credentials_file))
         values.update(query)
         values.update(overrides)
-        env = os.environ if env is None else env
         for name, var in (
             ("access_key_id", "AWS_ACCESS_KEY_ID"),
             ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),

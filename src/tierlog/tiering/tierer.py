@@ -44,6 +44,7 @@ from tierlog.tiering.backpressure import BackPressure
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.errors import FragmentConflictError, TieringError
+from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.rate_limit import RateLimiter
 from tierlog.tiering.resolution import (
     Chain,
@@ -138,8 +139,10 @@ class StreamTierer:
         upload_bytes_per_second: float | None = None,
         retention: RetentionPolicy | None = None,
         retention_interval: float = 10.0,
+        memory_budget: ByteBudget | None = None,
     ) -> None:
         self.log = stream_log
+        self._memory_budget = memory_budget
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
         self.catalog = catalog
         self.deletions = deletions
@@ -572,6 +575,19 @@ class StreamTierer:
 
     # -- effects (run on the pool) ----------------------------------------------------------
     def _upload(self, plan: FragmentPlan) -> None:
+        budget, size = self._memory_budget, 0
+        if budget is not None:
+            last = plan.chunks[-1]
+            span = last.position + last.size - plan.chunks[0].position
+            size = fragment_size(span, len(plan.chunks))
+            budget.acquire(size)
+        try:
+            self._build_and_put(plan)
+        finally:
+            if budget is not None:
+                budget.release(size)
+
+    def _build_and_put(self, plan: FragmentPlan) -> None:
         try:
             body, entry = self._build_fragment(plan)
             key = self.remote.fragment_key(plan.first_offset)
