@@ -73,11 +73,11 @@ def tierlog_server(tiering: bool) -> Iterator[tuple[int, int]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all threads), from /proc/<pid>/stat."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU of a process (all threads), from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,14 +114,16 @@ async def publish(
             now = time.perf_counter()
             if now - window_start >= WINDOW:
                 cpu = cpu_seconds(pid)
+                span = now - window_start
                 lat, latencies = latencies, []
                 if windows:
                     after_first.extend(lat)
                 windows.append(
                     {
                         "t": now - start,
-                        "cpu_pct": 100 * (cpu - window_cpu) / (now - window_start),
-                        "msg_s": (sent - window_sent) / (now - window_start),
+                        "cpu_pct": 100 * (sum(cpu) - sum(window_cpu)) / span,
+                        "user_pct": 100 * (cpu[0] - window_cpu[0]) / span,
+                        "msg_s": (sent - window_sent) / span,
                         "p50_ms": 1000 * percentile(lat, 0.50),
                         "p99_ms": 1000 * percentile(lat, 0.99),
                         "confirms": len(lat),
@@ -129,7 +131,8 @@ async def publish(
                 )
                 w = windows[-1]
                 print(
-                    f"  {w['t']:6.1f} s  server CPU {w['cpu_pct']:5.1f} %  "
+                    f"  {w['t']:6.1f} s  server CPU {w['cpu_pct']:5.1f} % "
+                    f"(user {w['user_pct']:4.1f} %)  "
                     f"{w['msg_s']:7,.0f} msg/s  confirm p50 {w['p50_ms']:.2f} ms  "
                     f"p99 {w['p99_ms']:.2f} ms",
                     flush=True,
