@@ -532,6 +532,26 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
         for i in range(0, count, 7):
             self.feed(ChunksCommitted(chunks[i : i + 7]))
 
+    @rule(extra=st.sampled_from([-1, 0, 0, 1]), then=st.integers(0, 2))
+    def fill_to_the_limit(self, extra: int, then: int) -> None:
+        """A chunk that fills the fragment being filled exactly (or one byte short or
+        over), maybe followed by more: the boundary cases of the size cut."""
+        open_size, limit = self.new._open_size, self.new._open_limit
+        size = limit - open_size + extra if self.new._open else self.config.fragment_bytes
+        chunks = [self.next_chunk(1, max(1, size), roll=False)]
+        chunks += [self.next_chunk(1, 5 + i, roll=False) for i in range(then)]
+        self.feed(ChunksCommitted(tuple(chunks)))
+
+    @rule(count=st.integers(2, 4))
+    def trickle_then_age(self, count: int) -> None:
+        """Chunks handed over at different times, then time runs to the next deadline:
+        the age cut counts from the fragment's first chunk."""
+        step = self.config.max_fragment_age / 3
+        for i in range(count):
+            self.feed(ChunksCommitted((self.next_chunk(1, 3 + i, roll=False),)))
+            self.now += step
+        self.until_next_deadline()
+
     @rule(back=st.integers(1, 10), extra=st.integers(0, 3))
     def replay_some(self, back: int, extra: int) -> None:
         """Chunks already handed over again (idempotent), maybe followed by new ones."""
