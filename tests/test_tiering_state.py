@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import note
+from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -22,6 +22,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tests.tiering_state_reference import ReferenceTieringState
 from tierlog.errors import ConfigError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.tiering.state import (
@@ -431,3 +432,226 @@ def test_debounce_waits_for_uploads_that_would_complete_the_count() -> None:
     assert commit is None
     (commit,) = state.handle(UploadSucceeded(p2.plan_id, p2.entry(KEY)), 3.2)
     assert isinstance(commit, StartCommit) and len(commit.entries) == 3
+
+
+# --- the incremental machine takes exactly the decisions of the rescanning one -----------
+
+
+class SameDecisionsAsReference(RuleBasedStateMachine):
+    """Feeds the incremental ``TieringState`` and the rescanning reference copy
+    (tests/tiering_state_reference.py) the same events and asserts identical effects and
+    identical observable state after every step: chunks of varied sizes, segments
+    (rolls, positions near a segment's end), timestamps and epochs; replays and gaps;
+    upload successes, failures, conflicts and adoptions of shorter or longer objects;
+    commit successes, failures and deposition; time passing; flushes; restarts."""
+
+    @initialize(
+        fragment_bytes=st.integers(20, 600),
+        max_uploads=st.integers(1, 4),
+        debounce_count=st.integers(1, 5),
+        debounce_seconds=st.sampled_from([0.0, 1.0, 2.0]),
+        max_fragment_age=st.sampled_from([0.5, 5.0, 60.0]),
+        segment_bytes=st.none() | st.integers(50, 3000),
+    )
+    def setup(
+        self,
+        fragment_bytes: int,
+        max_uploads: int,
+        debounce_count: int,
+        debounce_seconds: float,
+        max_fragment_age: float,
+        segment_bytes: int | None,
+    ) -> None:
+        self.config = TieringConfig(
+            fragment_bytes=fragment_bytes,
+            max_fragment_age=max_fragment_age,
+            max_uploads=max_uploads,
+            debounce_count=debounce_count,
+            debounce_seconds=debounce_seconds,
+            retry_base=0.5,
+            retry_max=4.0,
+            segment_bytes=segment_bytes,
+        )
+        self.now = 0.0
+        self.log: list[ChunkRef] = []
+        self.segment = 0
+        self.epoch = 1
+        self.uploads: list[FragmentPlan] = []  # every plan ever started (stale ids too)
+        self.commit_ids: list[int] = []
+        self.committed_next = 0
+        self._restart(0, None)
+
+    def _restart(self, committed_next: int, last: tuple[int, int] | None) -> None:
+        self.new = TieringState(self.config, committed_next=committed_next, last_fragment=last)
+        self.old = ReferenceTieringState(
+            self.config, committed_next=committed_next, last_fragment=last
+        )
+
+    def feed(self, event: object) -> None:
+        new = self.new.handle(event, self.now)  # type: ignore[arg-type]
+        old = self.old.handle(event, self.now)  # type: ignore[arg-type]
+        assert new == old, (event, new, old)
+        for effect in new:
+            if isinstance(effect, StartUpload):
+                self.uploads.append(effect.plan)
+            elif isinstance(effect, StartCommit):
+                self.commit_ids.append(effect.commit_id)
+
+    def next_chunk(self, records: int, size: int, roll: bool) -> ChunkRef:
+        if roll and self.log:
+            self.segment = self.log[-1].next_offset
+        start = self.log[-1].next_offset if self.log else 0
+        prev = self.log[-1] if self.log and self.log[-1].segment == self.segment else None
+        position = prev.position + prev.size if prev else 8
+        chunk = ChunkRef(
+            chunk_id=start,
+            next_offset=start + records,
+            timestamp=int(self.now * 1000) + size % 7,
+            epoch=self.epoch,
+            segment=self.segment,
+            position=position,
+            size=size,
+            data_crc=start * 31 + size,
+            chunk_type=size % 3,
+        )
+        self.log.append(chunk)
+        return chunk
+
+    @rule(
+        sizes=st.lists(st.integers(1, 700), min_size=1, max_size=12),
+        records=st.integers(1, 5),
+        roll_at=st.none() | st.integers(0, 11),
+    )
+    def chunks_committed(self, sizes: list[int], records: int, roll_at: int | None) -> None:
+        chunks = tuple(
+            self.next_chunk(records, size, roll=i == roll_at) for i, size in enumerate(sizes)
+        )
+        self.feed(ChunksCommitted(chunks))
+
+    @rule(count=st.integers(20, 300), size=st.integers(1, 40), roll_every=st.integers(0, 150))
+    def many_small_chunks(self, count: int, size: int, roll_every: int) -> None:
+        """Many chunks pending against a large fragment: the case rescans were slow at."""
+        chunks = tuple(
+            self.next_chunk(1, size + i % 5, roll=roll_every > 0 and i % roll_every == 0)
+            for i in range(count)
+        )
+        for i in range(0, count, 7):
+            self.feed(ChunksCommitted(chunks[i : i + 7]))
+
+    @rule(extra=st.sampled_from([-1, 0, 0, 1]), then=st.integers(0, 2))
+    def fill_to_the_limit(self, extra: int, then: int) -> None:
+        """A chunk that fills the fragment being filled exactly (or one byte short or
+        over), maybe followed by more: the boundary cases of the size cut."""
+        open_size, limit = self.new._open_size, self.new._open_limit
+        size = limit - open_size + extra if self.new._open else self.config.fragment_bytes
+        chunks = [self.next_chunk(1, max(1, size), roll=False)]
+        chunks += [self.next_chunk(1, 5 + i, roll=False) for i in range(then)]
+        self.feed(ChunksCommitted(tuple(chunks)))
+
+    @rule(count=st.integers(2, 4))
+    def trickle_then_age(self, count: int) -> None:
+        """Chunks handed over at different times, then time runs to the next deadline:
+        the age cut counts from the fragment's first chunk."""
+        step = self.config.max_fragment_age / 3
+        for i in range(count):
+            self.feed(ChunksCommitted((self.next_chunk(1, 3 + i, roll=False),)))
+            self.now += step
+        self.until_next_deadline()
+
+    @rule(back=st.integers(1, 10), extra=st.integers(0, 3))
+    def replay_some(self, back: int, extra: int) -> None:
+        """Chunks already handed over again (idempotent), maybe followed by new ones."""
+        old = self.log[-back:]
+        new = [self.next_chunk(1, 10 + i, roll=False) for i in range(extra)]
+        self.feed(ChunksCommitted(tuple(old + new)))
+
+    @rule(skip=st.integers(1, 3))
+    def gap(self, skip: int) -> None:
+        start = self.log[-1].next_offset + skip if self.log else skip
+        chunk = ChunkRef(start, start + 1, 0, self.epoch, self.segment, 8, 10, 0, 0)
+        self.feed(ChunksCommitted((chunk,)))
+
+    @rule(dt=st.sampled_from([0.0, 0.01, 0.3, 0.5, 1.0, 2.0, 4.5, 5.0, 61.0]))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self.feed(Tick())
+
+    @rule()
+    def until_next_deadline(self) -> None:
+        deadline = self.new.next_deadline()
+        if deadline is not None:
+            self.now = max(self.now, deadline)
+            self.feed(Tick())
+
+    @rule()
+    def flush(self) -> None:
+        self.feed(Flush())
+
+    @precondition(lambda self: self.uploads)
+    @rule(
+        i=st.integers(0, 1000),
+        outcome=st.sampled_from(["ok", "ok", "fail", "conflict", "adopt"]),
+        adopt_by=st.integers(-3, 6),
+    )
+    def upload_completes(self, i: int, outcome: str, adopt_by: int) -> None:
+        plan = self.uploads[i % len(self.uploads)]  # may be stale, finished or cancelled
+        if outcome == "ok":
+            self.feed(UploadSucceeded(plan.plan_id, plan.entry()))
+        elif outcome == "fail":
+            self.feed(UploadFailed(plan.plan_id, "injected"))
+        elif outcome == "conflict":
+            self.feed(UploadFailed(plan.plan_id, "conflict", retryable=False))
+        else:
+            # An existing object at the plan's key with another range: some chunks of
+            # the log starting at the plan's first chunk (shorter or longer than the plan).
+            ids = [c.chunk_id for c in self.log]
+            start = ids.index(plan.first_offset)
+            end = min(len(self.log), max(start + 1, start + len(plan.chunks) + adopt_by))
+            self.feed(UploadSucceeded(plan.plan_id, entry_of(self.log[start:end])))
+
+    @precondition(lambda self: self.commit_ids)
+    @rule(i=st.integers(0, 1000), outcome=st.sampled_from(["ok", "ok", "fail", "deposed"]))
+    def commit_completes(self, i: int, outcome: str) -> None:
+        commit_id = self.commit_ids[-1 - i % len(self.commit_ids)]  # mostly the latest
+        if outcome == "ok":
+            self.feed(CommitSucceeded(commit_id))
+        elif outcome == "fail":
+            self.feed(CommitFailed(commit_id, "version conflict"))
+        else:
+            self.feed(CommitFailed(commit_id, "newer epoch", deposed=True))
+
+    @rule(new_epoch=st.booleans(), keep_last=st.booleans())
+    def restart(self, new_epoch: bool, keep_last: bool) -> None:
+        """Both machines lose their state and resume from what was committed; the log
+        is handed over again from there."""
+        committed = self.new.committed_next
+        last = self.new.last_fragment if keep_last else None
+        self._restart(committed, last)
+        self.uploads.clear()
+        self.commit_ids.clear()
+        if new_epoch:
+            self.epoch += 1
+        self.feed(ChunksCommitted(tuple(c for c in self.log if c.next_offset > committed)))
+
+    @invariant()
+    def same_observable_state(self) -> None:
+        if not hasattr(self, "new"):
+            return
+        new, old = self.new, self.old
+        assert new.halted == old.halted
+        assert new.committed_next == old.committed_next
+        assert new.last_fragment == old.last_fragment
+        assert new.commits == old.commits
+        assert new.upload_attempts == old.upload_attempts
+        assert new.lag_bytes == old.lag_bytes
+        assert new.cut_next == old.cut_next
+        assert new.pending_offset == old.pending_offset
+        assert new.pending_chunks == len(old._pending)
+        assert new.plans() == old.plans()
+        assert new.in_flight() == old.in_flight()
+        assert new.idle() == old.idle()
+        assert new.next_deadline() == old.next_deadline()
+
+
+SameDecisionsAsReference.TestCase.settings = settings(stateful_step_count=60)
+TestSameDecisionsAsReference = SameDecisionsAsReference.TestCase

@@ -231,8 +231,17 @@ class TieringState:
     halted: str | None = None
     commits: int = 0
     upload_attempts: int = 0
-    _pending: deque[tuple[ChunkRef, float]] = field(default_factory=deque)
+    # Pending chunks (handed over, not cut) are held in two parts so that no event
+    # rescans them: ``_open`` is the fragment being filled (consecutive chunks of one
+    # segment, its running size and size limit kept alongside), ``_unscanned`` the
+    # chunks accepted since the last cut pass (only non-empty inside ``handle``, or
+    # after a halt). Each chunk is looked at a constant number of times.
+    _open: list[tuple[ChunkRef, float]] = field(default_factory=list)
+    _open_size: int = 0
+    _open_limit: int = 0
+    _unscanned: deque[tuple[ChunkRef, float]] = field(default_factory=deque)
     _plans: list[_PlanState] = field(default_factory=list)
+    _uploading: int = 0  # plans in UPLOADING
     _cut_next: int = -1
     _next_plan_id: int = 1
     _commit: tuple[int, int] | None = None  # (commit id, number of plans in it)
@@ -259,27 +268,42 @@ class TieringState:
     @property
     def pending_offset(self) -> int:
         """Offset after the last chunk handed to the machine."""
-        if self._pending:
-            return self._pending[-1][0].next_offset
+        if self._unscanned:
+            return self._unscanned[-1][0].next_offset
+        if self._open:
+            return self._open[-1][0].next_offset
         return self._cut_next
+
+    @property
+    def pending_chunks(self) -> int:
+        """Chunks handed over and not yet cut into a fragment."""
+        return len(self._open) + len(self._unscanned)
 
     def plans(self) -> list[tuple[FragmentPlan, PlanStatus]]:
         return [(p.plan, p.status) for p in self._plans]
 
     def in_flight(self) -> int:
-        return sum(1 for p in self._plans if p.status is PlanStatus.UPLOADING)
+        return self._uploading
 
     def idle(self) -> bool:
         """Nothing pending, cut or committing: everything handed over is durable."""
-        return not self._pending and not self._plans and self._commit is None
+        return not self._open and not self._unscanned and not self._plans and self._commit is None
+
+    def _first_pending_seen(self) -> float | None:
+        if self._open:
+            return self._open[0][1]
+        if self._unscanned:
+            return self._unscanned[0][1]
+        return None
 
     def next_deadline(self) -> float | None:
         """The earliest time at which a Tick may produce effects."""
         if self.halted:
             return None
         times: list[float] = []
-        if self._pending:
-            times.append(self._pending[0][1] + self.config.max_fragment_age)
+        first_seen = self._first_pending_seen()
+        if first_seen is not None:
+            times.append(first_seen + self.config.max_fragment_age)
         for p in self._plans:
             if p.status is PlanStatus.WAITING_RETRY:
                 times.append(p.retry_at)
@@ -331,34 +355,41 @@ class TieringState:
                     effects,
                 )
                 return
-            self._pending.append((chunk, now))
+            self._unscanned.append((chunk, now))
             self._lag_bytes += chunk.size
 
     def _cut(self, now: float) -> None:
-        cfg = self.config
-        while self._pending:
-            first, first_seen = self._pending[0]
-            limit = self._size_limit(first)
-            take = 0
-            size = 0
-            full = False
-            for chunk, _ in self._pending:
-                if chunk.segment != first.segment:
-                    full = True  # a segment roll ends the fragment
-                    break
-                if take and size + chunk.size > limit:
-                    full = True
-                    break
-                take += 1
-                size += chunk.size
-            if size >= limit:
-                full = True
-            aged = now - first_seen >= cfg.max_fragment_age
-            if not (full or aged or self._flush):
-                return
-            chunks = tuple(self._pending.popleft()[0] for _ in range(take))
-            self._plans.append(_PlanState(plan=self._new_plan(chunks)))
-            self._cut_next = chunks[-1].next_offset
+        """Move the unscanned chunks into the open fragment, cutting it whenever the next
+        chunk is in another segment (a segment roll ends the fragment) or would overflow
+        its size limit; then cut the open fragment if it reached its limit, is old enough,
+        or a flush is on. The first chunk of a fragment is always taken, even if larger
+        than the limit. Cost: constant per chunk, whatever the number pending."""
+        unscanned = self._unscanned
+        while unscanned:
+            item = unscanned.popleft()
+            chunk = item[0]
+            if self._open and (
+                chunk.segment != self._open[0][0].segment
+                or self._open_size + chunk.size > self._open_limit
+            ):
+                self._cut_open()
+            if not self._open:
+                self._open_limit = self._size_limit(chunk)
+            self._open.append(item)
+            self._open_size += chunk.size
+        if not self._open:
+            return
+        full = self._open_size >= self._open_limit
+        aged = now - self._open[0][1] >= self.config.max_fragment_age
+        if full or aged or self._flush:
+            self._cut_open()
+
+    def _cut_open(self) -> None:
+        chunks = tuple(c for c, _ in self._open)
+        self._open = []
+        self._open_size = 0
+        self._plans.append(_PlanState(plan=self._new_plan(chunks)))
+        self._cut_next = chunks[-1].next_offset
 
     def _size_limit(self, first: ChunkRef) -> int:
         """Target size of a fragment starting at ``first``: the configured size, or up to
@@ -391,6 +422,7 @@ class TieringState:
             )
             if ready:
                 p.status = PlanStatus.UPLOADING
+                self._uploading += 1
                 p.attempts += 1
                 self.upload_attempts += 1
                 effects.append(StartUpload(plan=p.plan, attempt=p.attempts))
@@ -413,6 +445,7 @@ class TieringState:
         if entry.first_offset != p.plan.first_offset:
             raise ValueError("adopted fragment must start at the plan's first offset")
         p.status = PlanStatus.UPLOADED
+        self._uploading -= 1
         p.uploaded_at = now
         p.entry = entry
         if entry.next_offset == p.plan.next_offset:
@@ -422,16 +455,23 @@ class TieringState:
         # Cancelled uploads are forgotten; their objects are left for garbage collection.
         returned = [(c, now) for c in p.plan.chunks]
         for later in self._plans[i + 1 :]:
+            if later.status is PlanStatus.UPLOADING:
+                self._uploading -= 1
             returned.extend((c, now) for c in later.plan.chunks)
         del self._plans[i + 1 :]
-        returned.extend(self._pending)
-        self._pending = deque((c, seen) for c, seen in returned if c.chunk_id >= entry.next_offset)
+        returned.extend(self._open)
+        returned.extend(self._unscanned)
+        self._open = []
+        self._open_size = 0
+        self._unscanned = deque(
+            (c, seen) for c, seen in returned if c.chunk_id >= entry.next_offset
+        )
         self._cut_next = entry.next_offset
         self._lag_bytes = self._recount_lag()
         self.last_fragment = (p.plan.segment, p.plan.seq)
 
     def _recount_lag(self) -> int:
-        total = sum(c.size for c, _ in self._pending)
+        total = sum(c.size for c, _ in self._open) + sum(c.size for c, _ in self._unscanned)
         for p in self._plans:
             if p.entry is not None:
                 total += p.entry.data_size
@@ -451,6 +491,7 @@ class TieringState:
             self._halt(reason, effects)
             return
         p.status = PlanStatus.WAITING_RETRY
+        self._uploading -= 1
         p.retry_at = now + self._backoff(p.attempts)
 
     def _backoff(self, attempts: int) -> float:

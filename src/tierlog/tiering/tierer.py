@@ -176,6 +176,7 @@ class StreamTierer:
         self._next_retention = 0.0
         self._retention_running = threading.Lock()
         self.retention_trims = 0
+        self._sealed_newest: dict[int, int] = {}  # sealed segment -> newest timestamp
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -549,16 +550,27 @@ class StreamTierer:
         """Local segments that local retention may delete now (DESIGN.md's rule)."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
 
+        # A sealed segment never changes once all its chunks are committed: its newest
+        # timestamp is read from its index once, not on every pass (~5 µs per chunk).
+        listed = self.log.list_segments()
+        chunk_counts = {s.first_offset: s.num_chunks for s in listed}
+        known = self._sealed_newest
+
         def newest(first: int) -> int:
             if max_age_seconds is None:
                 return 0  # not needed: spare reading the segment's index
+            if first in known:
+                return known[first]
             chunks = self.log.segment_chunks(first)
-            return chunks[-1].timestamp if chunks else 0
+            stamp = chunks[-1].timestamp if chunks else 0
+            if len(chunks) == chunk_counts[first]:
+                known[first] = stamp
+            return stamp
 
         segments = describe_segments(
-            [(s.first_offset, s.next_offset, s.size, s.sealed) for s in self.log.list_segments()],
-            newest,
+            [(s.first_offset, s.next_offset, s.size, s.sealed) for s in listed], newest
         )
+        self._sealed_newest = {f: known[f] for f in chunk_counts if f in known}
         tree = self.committer.tree
         return local_segments_to_free(
             segments, tree.next_offset, tree.first_offset, max_bytes, max_age_seconds, now_ms
