@@ -596,7 +596,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
     def upload_completes(self, i: int, outcome: str, adopt_by: int) -> None:
         plan = self.uploads[i % len(self.uploads)]  # may be stale, finished or cancelled
         if outcome == "ok":
-            self.feed(UploadSucceeded(plan.plan_id, plan.entry()))
+            self.feed(UploadSucceeded(plan.plan_id, plan.entry(KEY)))
         elif outcome == "fail":
             self.feed(UploadFailed(plan.plan_id, "injected"))
         elif outcome == "conflict":
