@@ -115,9 +115,12 @@ RECORDS = [
 ]
 
 
-def _metadata(records: list[IndexRecord], next_offset: int, size: int) -> SegmentMetadata:
+def _metadata(
+    records: list[IndexRecord], next_offset: int, size: int, payloads: list[bytes]
+) -> SegmentMetadata:
     arr = np.frombuffer(b"".join(r.encode() for r in records), dtype=INDEX_RECORD_DTYPE)
-    return SegmentMetadata(records[0].chunk_id, next_offset, size, arr)
+    crcs = np.array([zlib.crc32(p) for p in payloads], dtype=np.uint32)
+    return SegmentMetadata(records[0].chunk_id, next_offset, size, arr, crcs)
 
 
 def golden_index() -> bytes:
@@ -129,17 +132,17 @@ def golden_index() -> bytes:
             "000000000000000d00000000000003e900000000000000010000000d01",
             "000000000000001400000000000003ea00000000000000020000001000",
         )
-    )
+    ) + b"".join(struct.pack(">I", zlib.crc32(p)) for p in PAYLOADS)  # chunk CRCs
     mappings = bytes.fromhex(
         "000000000000000a00000001000000000000000000000000000000140000000200000000000000a5"
     )
     head = bytes.fromhex(
         "de47de47"  # magic
-        "000000cb"  # index length 203 = 32 + 131 + 2 * 20
+        "000000d7"  # index length 215 = 32 + 143 + 2 * 20
         "0000000000000135"  # data object length 309 = 165 + 144
         "0000000000000080"  # data header length 128
         "00000002"  # block count
-        "00000083"  # segment metadata length 131 = 36 + 3 * 29 + 8
+        "0000008f"  # segment metadata length 143 = 36 + 3 * (29 + 4) + 8
     ) + (
         b"OSSM"
         + bytes.fromhex("00010000")
@@ -150,7 +153,7 @@ def golden_index() -> bytes:
 
 
 def test_index_golden() -> None:
-    index, plans = build_index(_metadata(RECORDS, 22, 20), 165)
+    index, plans = build_index(_metadata(RECORDS, 22, 20, PAYLOADS), 165)
     encoded = encode_index(index)
     assert encoded == golden_index()
     decoded = decode_index(encoded)
@@ -159,6 +162,7 @@ def test_index_golden() -> None:
     assert decoded.metadata.records.tobytes() == b"".join(r.encode() for r in RECORDS)
     assert (decoded.metadata.first_offset, decoded.metadata.next_offset) == (10, 22)
     locs = chunk_locations(decoded)
+    assert locs.crcs.tolist() == [zlib.crc32(p) for p in PAYLOADS]
     # payload offsets: block 1 at 0 (+128 +12), then +5+12; block 2 at 165 (+128 +12)
     assert locs.data_offsets.tolist() == [140, 157, 305]
     assert locs.sizes.tolist() == [5, 3, 4]
@@ -252,10 +256,10 @@ RECORDS_AT = 32 + 36
         (_reseal(_patch(GOLDEN, RECORDS_AT + 28, b"\x07")), FormatError),  # chunk type
         (_reseal(_patch(GOLDEN, RECORDS_AT + 24, struct.pack(">I", 9))), FormatError),
         (_reseal(_patch(GOLDEN, 8, struct.pack(">q", 310))), LayoutMismatchError),
-        (_reseal(_patch(GOLDEN, 203 - 8, struct.pack(">q", 164))), LayoutMismatchError),
-        (_reseal(_patch(GOLDEN, 203 - 12, struct.pack(">i", 3))), LayoutMismatchError),
-        (_reseal(_patch(GOLDEN, 203 - 20, struct.pack(">q", 13))), LayoutMismatchError),
-        (_reseal(_patch(GOLDEN, 203 - 40, struct.pack(">q", 13))), LayoutMismatchError),
+        (_reseal(_patch(GOLDEN, 215 - 8, struct.pack(">q", 164))), LayoutMismatchError),
+        (_reseal(_patch(GOLDEN, 215 - 12, struct.pack(">i", 3))), LayoutMismatchError),
+        (_reseal(_patch(GOLDEN, 215 - 20, struct.pack(">q", 13))), LayoutMismatchError),
+        (_reseal(_patch(GOLDEN, 215 - 40, struct.pack(">q", 13))), LayoutMismatchError),
     ],
 )
 def test_index_decoder_rejects_corruption(buf: bytes, error: type[Exception]) -> None:
@@ -308,7 +312,7 @@ def test_round_trip(segment: tuple[list[int], list[bytes], int]) -> None:
     records = [
         IndexRecord(i, 5, 1, int(pos), 0) for i, pos in zip(ids, positions[:-1], strict=True)
     ]
-    index, _ = build_index(_metadata(records, ids[-1] + 1, size), block_size)
+    index, _ = build_index(_metadata(records, ids[-1] + 1, size, payloads), block_size)
     decoded = decode_index(encode_index(index))
     assert decoded.data_object_length == len(data)
     locs = chunk_locations(decoded)

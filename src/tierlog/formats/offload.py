@@ -38,12 +38,15 @@ block in the data object (the sum of the lengths of the blocks before it).
     32      4     chunk_count u32
     36      29*n  the segment's Osiris index records, as in its .index file
                   (chunk id u64, timestamp i64, epoch u64, file position u32, chunk type u8)
-    36+29n  4     mappings_crc u32: CRC-32 of the index object's mapping section
-    40+29n  4     crc u32: CRC-32 of the index object from byte 0 up to this field
+    36+29n  4*n   chunk_crcs u32: CRC-32 of each chunk's whole bytes (header to trailer)
+    36+33n  4     mappings_crc u32: CRC-32 of the index object's mapping section
+    40+33n  4     crc u32: CRC-32 of the index object from byte 0 up to this field
 
 With the records, a reader knows every chunk's size (the next position minus its own) and so
 its exact byte range in the data object: a seek by offset or timestamp costs the index object
-plus one ranged GET. The two CRCs cover every byte of the index object. The decoder
+plus one ranged GET. The chunk CRCs let a reader check every byte it serves (the Osiris CRC
+covers entry data only, not the header, bloom filter or trailer; the block format itself has no
+checksum). The two last CRCs cover every byte of the index object. The decoder
 recomputes the block layout from the records and the block size (the distance between the
 first two blocks, or the only block's length) and requires the mappings and the data object
 length to match it exactly.
@@ -96,6 +99,7 @@ METADATA_MAGIC = b"OSSM"
 METADATA_VERSION = 1
 METADATA_HEADER_SIZE = 36
 METADATA_TRAILER_SIZE = 8
+CHUNK_CRC_SIZE = 4
 MAX_INDEX_LENGTH = (1 << 31) - 1
 
 _BLOCK_HEADER = struct.Struct(">Iqqq")  # magic, header len, block len, first entry id
@@ -364,6 +368,7 @@ class SegmentMetadata:
     next_offset: int
     segment_size: int
     records: np.ndarray  # INDEX_RECORD_DTYPE, one per chunk
+    chunk_crcs: np.ndarray | None = None  # uint32, one per chunk; needed to encode
 
     @property
     def chunk_count(self) -> int:
@@ -445,8 +450,11 @@ def build_index(metadata: SegmentMetadata, block_size: int) -> tuple[OffloadInde
 def encode_index(index: OffloadIndex) -> bytes:
     """The index object's bytes."""
     meta = index.metadata
-    records = np.ascontiguousarray(meta.records, dtype=INDEX_RECORD_DTYPE).tobytes()
     n = meta.chunk_count
+    if meta.chunk_crcs is None or len(meta.chunk_crcs) != n:
+        raise InvalidSizeError(f"{n} chunks need {n} chunk CRCs")
+    records = np.ascontiguousarray(meta.records, dtype=INDEX_RECORD_DTYPE).tobytes()
+    records += np.ascontiguousarray(meta.chunk_crcs, dtype=">u4").tobytes()
     metadata_len = METADATA_HEADER_SIZE + len(records) + METADATA_TRAILER_SIZE
     total = INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * len(index.blocks)
     if total > MAX_INDEX_LENGTH:
@@ -515,13 +523,13 @@ def decode_index(buf: bytes | bytearray | memoryview) -> OffloadIndex:
     if version != METADATA_VERSION or reserved != 0:
         raise UnsupportedError(f"segment metadata version {version} (flags {reserved})")
     records_at = INDEX_HEADER_SIZE + METADATA_HEADER_SIZE
-    if records_at + count * INDEX_RECORD_SIZE + METADATA_TRAILER_SIZE != meta_end:
+    crcs_at = records_at + count * INDEX_RECORD_SIZE
+    if crcs_at + count * CHUNK_CRC_SIZE + METADATA_TRAILER_SIZE != meta_end:
         raise InvalidSizeError(f"{count} index records do not fill the segment metadata")
-    records = np.frombuffer(
-        bytes(view[records_at : records_at + count * INDEX_RECORD_SIZE]), dtype=INDEX_RECORD_DTYPE
-    )
+    records = np.frombuffer(bytes(view[records_at:crcs_at]), dtype=INDEX_RECORD_DTYPE)
+    crcs = np.frombuffer(bytes(view[crcs_at : crcs_at + count * CHUNK_CRC_SIZE]), dtype=">u4")
     check_records(records, first, next_offset, seg_size)
-    metadata = SegmentMetadata(first, next_offset, seg_size, records)
+    metadata = SegmentMetadata(first, next_offset, seg_size, records, crcs)
     blocks = tuple(
         BlockMapping(*_MAPPING.unpack_from(mapping_bytes, i * MAPPING_SIZE))
         for i in range(block_count)
@@ -551,16 +559,22 @@ class ChunkLocations:
     chunk_types: np.ndarray  # uint8
     data_offsets: np.ndarray  # int64: payload start in the data object
     sizes: np.ndarray  # int64: payload (chunk) length
+    crcs: np.ndarray  # uint32: CRC-32 of the whole chunk
+    blocks: np.ndarray  # int64: the block (part number - 1) holding the chunk
 
 
 def chunk_locations(index: OffloadIndex) -> ChunkLocations:
     """Every chunk's byte range in the data object, from the index alone."""
     meta = index.metadata
+    if meta.chunk_crcs is None:
+        raise InvalidSizeError("chunk locations need the chunk CRCs")
     sizes = meta.chunk_sizes()
     plans = plan_blocks(meta.records["chunk_id"], sizes, index.block_size)
     offsets = np.empty(len(sizes), dtype=np.int64)
+    blocks = np.empty(len(sizes), dtype=np.int64)
     for plan in plans:
         lo, hi = plan.first_entry, plan.first_entry + plan.entry_count
+        blocks[lo:hi] = plan.part_number - 1
         steps = sizes[lo:hi] + ENTRY_HEADER_SIZE
         starts = np.concatenate(([0], np.cumsum(steps)[:-1]))
         offsets[lo:hi] = plan.offset + BLOCK_HEADER_SIZE + ENTRY_HEADER_SIZE + starts
@@ -570,4 +584,6 @@ def chunk_locations(index: OffloadIndex) -> ChunkLocations:
         meta.records["chunk_type"].astype(np.uint8),
         offsets,
         sizes,
+        np.asarray(meta.chunk_crcs, dtype=np.uint32),
+        blocks,
     )
