@@ -2,7 +2,8 @@
 
 ``offload`` copies one sealed segment to the object store as a block-format data object (a
 multipart upload, one part per block from part 1, streamed from the segment file with
-``os.preadv`` so at most one block is in memory) plus an index object
+``os.preadv``: the next block is read while the current one uploads, so two blocks at most are
+in memory, never the segment) plus an index object
 (``tierlog.formats.offload``). ``read_offloaded`` returns a handle whose readers behave like
 local segment readers; ``delete_offloaded`` removes both objects.
 
@@ -24,6 +25,7 @@ import uuid as uuid_module
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -265,14 +267,24 @@ class ObjectStoreOffloader(SegmentOffloader):
             self._step("initiated")
             attempt = self.attempts.set_upload_id(attempt, upload.upload_id)
             self._step("upload-id-recorded")
-            buf = bytearray(plans[0].length)
             crcs = np.zeros(meta.chunk_count, dtype=np.uint32)
-            for plan in plans:
-                view = memoryview(buf)[: plan.length]
-                self._fill_block(view, plan, meta, sizes, crcs, source.fd, segment)
-                upload.put_part(plan.part_number, view)
-                self._step(f"part-{plan.part_number}")
-            del buf
+            buffers = [bytearray(plans[0].length) for _ in plans[:2]]
+
+            def fill(k: int) -> memoryview:
+                view = memoryview(buffers[k % 2])[: plans[k].length]
+                self._fill_block(view, plans[k], meta, sizes, crcs, source.fd, segment)
+                return view
+
+            # block k + 1 is read and checked while block k uploads: two blocks in memory
+            with ThreadPoolExecutor(1, thread_name_prefix="tierlog-offload") as pool:
+                ready = pool.submit(fill, 0)
+                for k, plan in enumerate(plans):
+                    view = ready.result()
+                    if k + 1 < len(plans):
+                        ready = pool.submit(fill, k + 1)
+                    upload.put_part(plan.part_number, view)
+                    self._step(f"part-{plan.part_number}")
+            buffers.clear()
             upload.complete()
             self._step("completed")
             index = replace(index, metadata=replace(meta, chunk_crcs=crcs))
