@@ -245,9 +245,11 @@ def test_config_and_source_errors(
     assert list(fs_store.list_multipart_uploads()) == []
     assert meta.list("offload-attempts/") == []
     attempt = uuid.uuid4()
-    offloader.offload(ref, attempt, {})
+    result = offloader.offload(ref, attempt, {})
     with pytest.raises(AttemptExistsError):
         offloader.offload(ref, attempt, {})
+    assert all_objects(fs_store) == sorted([result.data_key, result.index_key])  # untouched
+    assert [a.uuid for a in offloader.attempts.list()] == [attempt]
 
 
 def test_corrupt_or_missing_objects_are_refused(

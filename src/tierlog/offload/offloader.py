@@ -57,6 +57,7 @@ from tierlog.formats.segment import (
 from tierlog.log.segment_files import SegmentRef, pread_exact, read_file
 from tierlog.offload.attempts import Attempt, AttemptLog
 from tierlog.offload.errors import (
+    AttemptExistsError,
     OffloadedDataCorruptError,
     OffloadNotFoundError,
     OffloadSourceError,
@@ -257,11 +258,21 @@ class ObjectStoreOffloader(SegmentOffloader):
             "tierlog-attempt": uuid.hex,
         }
         dkey, ikey = self.data_key(first, uuid), self.index_key(first, uuid)
+        # marked running before it is recorded, so a concurrent ``recover`` never takes it
+        # for a crashed attempt; a uuid already recorded belongs to another attempt, whose
+        # objects the cleanup below must not touch
         with self._lock:
+            if uuid in self._running:
+                raise AttemptExistsError(f"offload attempt {uuid} is already running")
             self._running.add(uuid)
-        upload: MultipartUpload | None = None
         try:
             attempt = self.attempts.begin(first, uuid)
+        except BaseException:
+            with self._lock:
+                self._running.discard(uuid)
+            raise
+        upload: MultipartUpload | None = None
+        try:
             self._step("recorded")
             upload = self.store.create_multipart(dkey, metadata=metadata)
             self._step("initiated")
@@ -390,14 +401,15 @@ class ObjectStoreOffloader(SegmentOffloader):
         a crash between initiation and recording the id), both objects deleted, and then
         their record removed. Finally abort stray uploads under the stream's segment prefix
         that no running attempt owns."""
-        with self._lock:
+        recorded = self.attempts.list()
+        with self._lock:  # after listing: every attempt recorded by this process is in it
             running = set(self._running)
         cleaned: list[Attempt] = []
         kept: list[Attempt] = []
         pending = list(
             self.store.list_multipart_uploads(segments_prefix(self.prefix, self.stream_dir))
         )
-        for attempt in self.attempts.list():
+        for attempt in recorded:
             if attempt.uuid in running:
                 continue
             first, uuid = attempt.first_offset, attempt.uuid
