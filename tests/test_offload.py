@@ -449,3 +449,41 @@ def test_recovery_aborts_stray_uploads_and_spares_running_ones(
     result = running.offload(segments[0], uuid.uuid4(), {})
     assert seen and seen[0].cleaned == () and seen[0].stray_uploads_aborted == 0  # type: ignore[attr-defined]
     assert object_store.head(result.index_key).size == result.index_length
+
+
+def test_every_offset_and_timestamp_attaches_like_a_local_reader(
+    fs_store: ObjectStore, meta: SqliteMetaStore, segments: list[SegmentRef]
+) -> None:
+    """Exhaustive over one segment: every chunk id, the offsets around it and inside it, and
+    every chunk timestamp around it; the first chunk handed out and the reader's position must
+    be the local reader's."""
+    ref = segments[1]
+    offloader = make_offloader(fs_store, meta)
+    attempt = uuid.uuid4()
+    offloader.offload(ref, attempt, {})
+    handle = offloader.read_offloaded(ref.first_offset, attempt)
+    local_source = OneSegmentSource(ref)
+    specs = []
+    for chunk in index_chunks(ref.segment_path, ref.index_path):
+        for offset in (
+            chunk.chunk_id - 1,
+            chunk.chunk_id,
+            chunk.chunk_id + 1,
+            chunk.next_offset - 1,
+        ):
+            specs.append(OffsetSpec.offset(max(0, offset)))
+        for ts in (chunk.timestamp - 1, chunk.timestamp, chunk.timestamp + 1):
+            specs.append(OffsetSpec.timestamp(ts))
+    for spec in specs:
+        with LogReader(local_source, spec) as local, handle.reader(spec) as remote:
+            assert remote.next_offset == local.next_offset, spec
+            expected = local.read_chunk()
+            got = remote.read_chunk(load=False)
+            assert (got is None) == (expected is None), spec
+            if got is not None and expected is not None:
+                assert (got.header, got.skip_below, got.raw) == (
+                    expected.header,
+                    expected.skip_below,
+                    None,
+                ), spec
+            assert remote.next_offset == local.next_offset, spec
