@@ -487,3 +487,28 @@ def test_every_offset_and_timestamp_attaches_like_a_local_reader(
                     None,
                 ), spec
             assert remote.next_offset == local.next_offset, spec
+
+
+def test_keys_share_the_stream_prefix_of_fragments() -> None:
+    from tierlog.offload.keys import data_key, index_key, parse_offload_key, stream_prefix
+    from tierlog.storage.errors import InvalidKeyError
+    try:  # the fragment keys' home moves from tiering/ to remote/
+        from tierlog.remote.keys import stream_prefix as fragments_stream_prefix
+    except ImportError:
+        from tierlog.tiering.keys import stream_prefix as fragments_stream_prefix
+
+    for prefix in ("", "p", "/a/b/"):
+        assert stream_prefix(prefix, STREAM) == fragments_stream_prefix(prefix, STREAM)
+    attempt = uuid.UUID(int=0x1234)
+    key = data_key("p", STREAM, 42, attempt)
+    assert key == f"p/stream/{STREAM}/segments/00000000000000000042.{attempt.hex}.data"
+    assert index_key("p", STREAM, 42, attempt) == key[: -len("data")] + "index"
+    parsed = parse_offload_key(key, "p", STREAM)
+    assert (parsed.first_offset, parsed.uuid, parsed.kind) == (42, attempt, "data")
+    for bad in ("", ".", "..", "a/b", "a\\b", "a\x00b"):
+        with pytest.raises(InvalidKeyError):
+            stream_prefix("p", bad)
+    with pytest.raises(InvalidKeyError):
+        parse_offload_key(key.replace(".data", ".fragment"), "p", STREAM)
+    with pytest.raises(InvalidKeyError):
+        data_key("p", STREAM, -1, attempt)

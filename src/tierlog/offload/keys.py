@@ -20,7 +20,6 @@ import uuid as uuid_module
 from dataclasses import dataclass
 
 from tierlog.storage.errors import InvalidKeyError
-from tierlog.tiering.keys import stream_prefix
 
 SEGMENTS_DIR = "segments/"
 ATTEMPTS_PREFIX = "offload-attempts/"
@@ -33,6 +32,16 @@ class OffloadKey:
     first_offset: int
     uuid: uuid_module.UUID
     kind: str  # "data" or "index"
+
+
+def stream_prefix(prefix: str, stream_dir: str) -> str:
+    """``{prefix}/stream/{stream-dir}/``, the stream's prefix exactly as the fragment keys
+    spell it (kept here, not imported, so offload depends on no sibling package; it belongs
+    with the other key functions in the remote tier's model)."""
+    if not stream_dir or stream_dir in (".", "..") or any(c in stream_dir for c in "/\\\x00"):
+        raise InvalidKeyError(f"invalid stream dir {stream_dir!r}")
+    base = prefix.strip("/")
+    return f"{base}/stream/{stream_dir}/" if base else f"stream/{stream_dir}/"
 
 
 def _check_offset(offset: int) -> int:
