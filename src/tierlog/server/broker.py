@@ -22,14 +22,13 @@ import logging
 import operator
 import os
 import shutil
-import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tierlog.errors import ConfigError, TierlogError
-from tierlog.formats.chunk import MAX_ENTRIES_PER_CHUNK, Entry, SubBatch
+from tierlog.formats.chunk import MAX_ENTRIES_PER_CHUNK, Entry, decode_sub_batch_entry
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
@@ -42,7 +41,6 @@ from tierlog.tiering.settings import StreamSettings
 
 log = logging.getLogger("tierlog.server.broker")
 
-_SUBBATCH = struct.Struct(">BHII")
 MAX_QUEUED_BYTES = 64 * 1024 * 1024
 """Queued publish bytes per stream above which publishers are paused."""
 LAG_POLL_SECONDS = 0.5
@@ -150,10 +148,7 @@ def entries_of(batch: PublishBatch) -> list[Entry]:
     entries: list[Entry] = []
     for e in raw:
         if e[0] & 0x80:
-            type_byte, records, uncompressed, _length = _SUBBATCH.unpack_from(e, 0)
-            entries.append(
-                SubBatch((type_byte >> 4) & 0x07, records, uncompressed, bytes(e[_SUBBATCH.size :]))
-            )
+            entries.append(decode_sub_batch_entry(e))
         else:
             entries.append(bytes(e[4:]))
     return entries

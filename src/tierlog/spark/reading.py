@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from tierlog.formats.arrow_batch import fragment_to_record_batch
+from tierlog.spark.arrow_batch import fragment_to_record_batch
 from tierlog.spark.connections import object_store
 from tierlog.spark.errors import FragmentExpiredError
 from tierlog.spark.planning import PlannedFragment, ReadTask
