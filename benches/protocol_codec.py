@@ -6,14 +6,14 @@ import tierlog from, so two checkouts can be compared in one run, alternating ro
 
     .venv/bin/python benches/protocol_codec.py --src /path/old/src --src /path/new/src
 
-Prints one line per case and source: the median of ``--rounds`` rounds in ns per call;
-with two sources also the ratio new ÷ old (above 1 = slower).
+Prints one line per case and source: the best of ``--rounds`` rounds (each the best of
+5 repeats) in ns per call, the least disturbed figure on a shared machine; with two
+sources also the ratio last ÷ first (above 1 = slower).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 
@@ -75,7 +75,7 @@ out = {}
 for name, fn in cases.items():
     timer = timeit.Timer(fn)
     number, _ = timer.autorange()
-    out[name] = min(timer.repeat(3, number)) / number * 1e9
+    out[name] = min(timer.repeat(5, number)) / number * 1e9
 print(json.dumps(out))
 """
 
@@ -101,7 +101,7 @@ def main() -> None:
         for i, src in enumerate(args.src):  # alternate sources within each round
             for name, ns in run_once(src).items():
                 samples[i].setdefault(name, []).append(ns)
-    medians = [{k: statistics.median(v) for k, v in s.items()} for s in samples]
+    medians = [{k: min(v) for k, v in s.items()} for s in samples]
     for name in medians[0]:
         cols = [f"{m[name]:10.0f} ns" for m in medians]
         ratio = f"  new/old {medians[-1][name] / medians[0][name]:.2f}" if len(medians) > 1 else ""

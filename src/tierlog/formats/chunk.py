@@ -484,28 +484,7 @@ def iter_sub_batch_records(
 
 def check_entries(data: bytes | memoryview, num_entries: int, num_records: int) -> None:
     """Check that ``num_entries`` entries exactly fill ``data`` and hold ``num_records``."""
-    view = memoryview(data)
-    unpack = _U32.unpack_from
-    end = len(view)
-    pos = 0
-    records = 0
-    for _ in range(num_entries):
-        if pos + 4 > end:
-            raise TruncatedError("entry header runs past the chunk data")
-        (word,) = unpack(view, pos)
-        if word < 0x80000000:
-            pos += 4 + word
-            records += 1
-        else:
-            if pos + SUB_BATCH_HEADER_SIZE > end:
-                raise TruncatedError("sub-batch header runs past the chunk data")
-            _, count, _, length = SUB_BATCH_HEADER.unpack_from(view, pos)
-            pos += SUB_BATCH_HEADER_SIZE + length
-            records += count
-        if pos > end:
-            raise TruncatedError("entry body runs past the chunk data")
-    if pos != end:
-        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+    records = count_entry_data(data, num_entries, MAX_SIMPLE_ENTRY_BYTES, 0xFFFFFFFF)
     if records != num_records:
         raise InvalidSizeError(f"entries hold {records} records, header says {num_records}")
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tierlog.formats.chunk import HEADER as CHUNK_HEADER
 from tierlog.formats.chunk import HEADER_SIZE as CHUNK_HEADER_SIZE
-from tierlog.formats.chunk import MAGIC_VERSION as CHUNK_MAGIC_VERSION
+from tierlog.formats.chunk import check_crc
+from tierlog.formats.chunk import decode_header as decode_chunk_header
 from tierlog.formats.errors import (
     BadMagicError,
     CrcMismatchError,
@@ -197,14 +197,20 @@ def encode_fragment(
         len(infos),
         placement.seq_no,
     )
-    body = TRAILER.pack(*fields, 0, 0, FRAGMENT_VERSION, TRAILER_MAGIC)[:_TRAILER_CRC_AT]
-    crc = zlib.crc32(body, zlib.crc32(records))
+    crc = _metadata_crc(records, fields)
     trailer_bytes = TRAILER.pack(*fields, 0, crc, FRAGMENT_VERSION, TRAILER_MAGIC)
     parts: list[bytes | bytearray | memoryview] = [HEADER.pack(FRAGMENT_MAGIC, FRAGMENT_VERSION)]
     parts.extend(chunks)
     parts.append(bytes(records))
     parts.append(trailer_bytes)
     return parts, FragmentTrailer(*fields, crc=crc)
+
+
+def _metadata_crc(index: bytes | bytearray | memoryview, fields: tuple[int, ...]) -> int:
+    """The trailer CRC: over the index (header and records) and the trailer fields
+    before the CRC (``fields`` are the first eleven, in trailer order)."""
+    body = TRAILER.pack(*fields, 0, 0, FRAGMENT_VERSION, TRAILER_MAGIC)[:_TRAILER_CRC_AT]
+    return zlib.crc32(body, zlib.crc32(index))
 
 
 def decode_trailer(tail: bytes | bytearray | memoryview) -> FragmentTrailer:
@@ -324,7 +330,7 @@ def decode_index(
     if version != FRAGMENT_VERSION:
         raise UnsupportedError(f"fragment index version {version} not supported")
     region = view[:length]
-    body = TRAILER.pack(
+    fields = (
         trailer.first_offset,
         trailer.next_offset,
         trailer.min_timestamp,
@@ -336,12 +342,8 @@ def decode_index(
         trailer.data_size,
         trailer.chunk_count,
         trailer.seq_no,
-        0,
-        trailer.crc,
-        FRAGMENT_VERSION,
-        TRAILER_MAGIC,
-    )[:_TRAILER_CRC_AT]
-    crc = zlib.crc32(body, zlib.crc32(region))
+    )
+    crc = _metadata_crc(region, fields)
     if crc != trailer.crc:
         raise CrcMismatchError(f"fragment metadata CRC {crc:#010x} != stored {trailer.crc:#010x}")
     records = np.frombuffer(region, dtype=INDEX_DTYPE, count=trailer.chunk_count, offset=8)
@@ -409,22 +411,17 @@ def validate_fragment(
 
 
 def _check_chunk(chunk: memoryview, info: ChunkInfo) -> None:
-    (
-        magic,
-        chunk_type,
-        num_entries,
-        num_records,
-        timestamp,
-        epoch,
-        chunk_id,
-        crc,
-        data_len,
-        trailer_len,
-        bloom,
-    ) = CHUNK_HEADER.unpack_from(chunk, 0)
-    if magic != CHUNK_MAGIC_VERSION:
-        raise BadMagicError(f"chunk {info.chunk_id}: bad chunk magic {magic:#04x}")
-    header = (chunk_id, timestamp, epoch, num_records, crc, chunk_type, num_entries)
+    """Check one chunk's Osiris header against its index record, and its data CRC."""
+    header = decode_chunk_header(chunk)
+    fields = (
+        header.chunk_id,
+        header.timestamp,
+        header.epoch,
+        header.num_records,
+        header.data_crc,
+        header.chunk_type,
+        header.num_entries,
+    )
     indexed = (
         info.chunk_id,
         info.timestamp,
@@ -434,11 +431,9 @@ def _check_chunk(chunk: memoryview, info: ChunkInfo) -> None:
         info.chunk_type,
         info.num_entries,
     )
-    if header != indexed:
-        raise InvalidSizeError(f"chunk {info.chunk_id}: header {header} != index {indexed}")
-    start = CHUNK_HEADER_SIZE + bloom
-    if start + data_len + trailer_len != info.size:
+    if fields != indexed:
+        raise InvalidSizeError(f"chunk {info.chunk_id}: header {fields} != index {indexed}")
+    if header.total_size != info.size:
         raise InvalidSizeError(f"chunk {info.chunk_id}: sizes do not add up to {info.size}")
-    actual = zlib.crc32(chunk[start : start + data_len])
-    if actual != crc:
-        raise CrcMismatchError(f"chunk {info.chunk_id}: data CRC {actual:#010x} != {crc:#010x}")
+    start = header.data_start
+    check_crc(header, chunk[start : start + header.data_length])

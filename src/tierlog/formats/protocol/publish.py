@@ -151,6 +151,7 @@ def _decode_general(
     filter_values: list[str | None] | None = [] if version == 2 else None
     num_records = 0
     id_unpack = _ID_WORD.unpack_from
+    sub_batch_bit = _SUB_BATCH_BIT
     for index in range(count):
         if filter_values is not None:
             if pos + 8 > end:
@@ -167,7 +168,7 @@ def _decode_general(
                 raise TruncatedFrameError("Publish frame ends inside a message header")
             pid, word = id_unpack(view, pos)
             entry_pos = pos + 8
-        if not word & _SUB_BATCH_BIT:
+        if not word & sub_batch_bit:
             entry_end = entry_pos + SIMPLE_ENTRY_HEADER_SIZE + word
             records = 1
         else:
