@@ -71,7 +71,6 @@ from tierlog.formats.protocol.schema import (
     CLIENT_COMMANDS,
     SERVER_COMMANDS,
     Message,
-    Trailing,
     UInt16,
     UInt32,
 )
@@ -227,7 +226,7 @@ def _may_be_bare_error(cls: type[Message]) -> bool:
         len(fields) > 2
         and fields[0] == ("correlation_id", UInt32)
         and fields[1] == ("response_code", UInt16)
-        and not isinstance(fields[-1][1], Trailing)
+        and not cls.SCHEMA.has_trailing
     )
 
 

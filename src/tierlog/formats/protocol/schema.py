@@ -21,6 +21,7 @@ specialised by hand in ``publish`` and ``deliver`` and dispatched next to these.
 
 import copy
 import dataclasses
+import operator
 import struct
 import typing
 from collections.abc import Callable, Sequence
@@ -207,32 +208,102 @@ class Trailing:
 
 
 class Schema:
-    """The named, typed fields of a command or structure, in wire order."""
+    """The named, typed fields of a command or structure, in wire order.
 
-    __slots__ = ("build", "fields", "min_size", "names", "types")
+    Runs of consecutive fixed-size integers are compiled into one ``struct.Struct`` each,
+    so a run costs one pack or unpack however many fields it holds; a command made only
+    of such fields is encoded with one pack call, frame header included.
+    """
+
+    __slots__ = ("_decode_steps", "_encode_steps", "_whole", "build", "fields", "min_size", "types")
 
     def __init__(self, fields: Sequence[tuple[str, FieldType]], build: Callable[..., Any]):
         self.fields = tuple(fields)
-        self.names = tuple(name for name, _ in fields)
         self.types = tuple(kind for _, kind in fields)
         self.min_size = sum(kind.min_size for kind in self.types)
         self.build = build
         for kind in self.types[:-1]:
             if isinstance(kind, Trailing):
                 raise TypeError("only the last field may be Trailing")
+        encode_steps: list[tuple[struct.Struct | None, Callable[[Any], Any], FieldType | None]] = []
+        decode_steps: list[tuple[struct.Struct | None, FieldType | None]] = []
+        run: list[tuple[str, Fixed]] = []
+
+        def flush() -> None:
+            if run:
+                fmt = struct.Struct(">" + "".join(k.fmt.format.lstrip("<>!=@") for _, k in run))
+                encode_steps.append((fmt, _tuple_getter([name for name, _ in run]), None))
+                decode_steps.append((fmt, None))
+                run.clear()
+
+        for name, kind in self.fields:
+            if isinstance(kind, Fixed):
+                run.append((name, kind))
+                continue
+            flush()
+            encode_steps.append((None, operator.attrgetter(name), kind))
+            decode_steps.append((None, kind))
+        flush()
+        self._encode_steps = tuple(encode_steps)
+        self._decode_steps = tuple(decode_steps)
+        self._whole: tuple[struct.Struct, Callable[[Any], Any]] | None = None
+        if not self.fields:
+            self._whole = (struct.Struct(">IHH"), _tuple_getter([]))
+        elif len(encode_steps) == 1:
+            fmt, getter, _ = encode_steps[0]
+            if fmt is not None:
+                self._whole = (struct.Struct(">IHH" + fmt.format.lstrip(">")), getter)
 
     def encode(self, value: Any) -> bytes:
+        """The fields of ``value`` in wire order (no frame header)."""
+        parts: list[bytes] = []
         try:
-            return b"".join([kind.encode(getattr(value, name)) for name, kind in self.fields])
+            for fmt, getter, kind in self._encode_steps:
+                if fmt is not None:
+                    parts.append(fmt.pack(*getter(value)))
+                else:
+                    assert kind is not None
+                    parts.append(kind.encode(getter(value)))
         except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as exc:
             raise ProtocolError(f"cannot encode {type(value).__name__}: {exc}") from None
+        return b"".join(parts)
+
+    def encode_frame(self, value: Any, key: int, version: int) -> bytes:
+        """The whole frame of ``value``: size, key, version, then its fields."""
+        whole = self._whole
+        if whole is not None:
+            fmt, getter = whole
+            try:
+                return fmt.pack(fmt.size - 4, key, version, *getter(value))
+            except (struct.error, OverflowError, TypeError) as exc:
+                raise ProtocolError(f"cannot encode {type(value).__name__}: {exc}") from None
+        body = self.encode(value)
+        return FRAME_HEADER.pack(len(body) + 4, key, version) + body
 
     def decode(self, reader: Reader) -> Any:
-        return self.build(*[kind.decode(reader) for kind in self.types])
+        values: list[Any] = []
+        for fmt, kind in self._decode_steps:
+            if fmt is not None:
+                values += reader.take_all(fmt)
+            else:
+                assert kind is not None
+                values.append(kind.decode(reader))
+        return self.build(*values)
 
     @property
     def has_trailing(self) -> bool:
+        """Whether the last field may be left out by senders."""
         return bool(self.types) and isinstance(self.types[-1], Trailing)
+
+
+def _tuple_getter(names: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """A C-level getter of these attributes as a tuple (attrgetter of one name is not)."""
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda value: (one(value),)
+    if not names:
+        return lambda value: ()
+    return operator.attrgetter(*names)
 
 
 class StructType:
@@ -298,8 +369,7 @@ class Message:
 
     def encode(self) -> bytes:
         """The whole frame, size prefix included."""
-        body = self.SCHEMA.encode(self)
-        return FRAME_HEADER.pack(len(body) + 4, self.KEY, self.VERSION) + body
+        return self.SCHEMA.encode_frame(self, self.KEY, self.VERSION)
 
 
 M = TypeVar("M", bound=type[Message])

@@ -7,6 +7,7 @@ the items.
 """
 
 import struct
+from typing import Any
 
 from tierlog.formats.protocol.constants import FRAME_SIZE_BYTES
 from tierlog.formats.protocol.errors import ProtocolError, TruncatedFrameError
@@ -47,6 +48,14 @@ class Reader:
         self.pos = pos + fmt.size
         value: int = fmt.unpack_from(self.buf, pos)[0]
         return value
+
+    def take_all(self, fmt: struct.Struct) -> tuple[Any, ...]:
+        """Every field of ``fmt`` at once (several fixed-size fields in one unpack)."""
+        pos = self.pos
+        if pos + fmt.size > self.end:
+            raise TruncatedFrameError(f"frame ends at {self.end}, fields need {fmt.size} at {pos}")
+        self.pos = pos + fmt.size
+        return fmt.unpack_from(self.buf, pos)
 
     def u8(self) -> int:
         return self.take(U8)
