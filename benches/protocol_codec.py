@@ -6,14 +6,17 @@ import tierlog from, so two checkouts can be compared in one run, alternating ro
 
     .venv/bin/python benches/protocol_codec.py --src /path/old/src --src /path/new/src
 
-Prints one line per case and source: the best of ``--rounds`` rounds (each the best of
-5 repeats) in ns per call, the least disturbed figure on a shared machine; with two
-sources also the ratio last ÷ first (above 1 = slower).
+Each source runs in its own long-lived interpreter; case by case, the sources are timed
+in turn ``--rounds`` times (each time the best of 3 repeats), so old and new see the same
+machine load. Prints one line per case: the best time per call of each source, the least
+disturbed figure on a shared machine, and with two sources the ratio last ÷ first (above
+1 = slower).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -71,41 +74,56 @@ RUNNER = r"""
 import json, sys, timeit
 sys.path.insert(0, sys.argv[1])
 exec(sys.argv[2])
-out = {}
-for name, fn in cases.items():
+print(json.dumps(list(cases)), flush=True)
+for line in sys.stdin:
+    fn = cases[line.strip()]
     timer = timeit.Timer(fn)
     number, _ = timer.autorange()
-    out[name] = min(timer.repeat(5, number)) / number * 1e9
-print(json.dumps(out))
+    print(min(timer.repeat(3, number)) / number * 1e9, flush=True)
 """
 
 
-def run_once(src: str) -> dict[str, float]:
-    """One round in a fresh interpreter (so two checkouts never share a module cache)."""
-    import json
+class Child:
+    """A long-lived interpreter importing tierlog from one ``src``; times a case on request."""
 
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, src, CASES], check=True, capture_output=True, text=True
-    )
-    result: dict[str, float] = json.loads(done.stdout)
-    return result
+    def __init__(self, src: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, src, CASES],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.cases: list[str] = json.loads(self.stdout.readline())
+
+    def time(self, case: str) -> float:
+        self.stdin.write(case + "\n")
+        self.stdin.flush()
+        return float(self.stdout.readline())
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.proc.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", action="append", required=True, help="a src directory")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    samples: list[dict[str, list[float]]] = [{} for _ in args.src]
-    for _ in range(args.rounds):
-        for i, src in enumerate(args.src):  # alternate sources within each round
-            for name, ns in run_once(src).items():
-                samples[i].setdefault(name, []).append(ns)
-    medians = [{k: min(v) for k, v in s.items()} for s in samples]
-    for name in medians[0]:
-        cols = [f"{m[name]:10.0f} ns" for m in medians]
-        ratio = f"  new/old {medians[-1][name] / medians[0][name]:.2f}" if len(medians) > 1 else ""
-        print(f"{name:40s} {' '.join(cols)}{ratio}")
+    children = [Child(src) for src in args.src]
+    try:
+        for case in children[0].cases:
+            best = [child.time(case) for child in children]
+            for _ in range(args.rounds - 1):  # alternate the sources, case by case
+                best = [min(b, child.time(case)) for b, child in zip(best, children, strict=True)]
+            cols = " ".join(f"{b:10.0f} ns" for b in best)
+            ratio = f"  new/old {best[-1] / best[0]:.2f}" if len(best) > 1 else ""
+            print(f"{case:40s} {cols}{ratio}", flush=True)
+    finally:
+        for child in children:
+            child.close()
 
 
 if __name__ == "__main__":

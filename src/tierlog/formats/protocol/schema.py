@@ -281,8 +281,11 @@ class Schema:
         return FRAME_HEADER.pack(len(body) + 4, key, version) + body
 
     def decode(self, reader: Reader) -> Any:
+        steps = self._decode_steps
+        if len(steps) == 1 and steps[0][0] is not None:  # only fixed-size fields: one unpack
+            return self.build(*reader.take_all(steps[0][0]))
         values: list[Any] = []
-        for fmt, kind in self._decode_steps:
+        for fmt, kind in steps:
             if fmt is not None:
                 values += reader.take_all(fmt)
             else:
