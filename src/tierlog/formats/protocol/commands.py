@@ -56,14 +56,13 @@ from tierlog.formats.protocol.handshake import (
 from tierlog.formats.protocol.publish import (
     PublishBatch,
     PublishConfirm,
-    PublishError,
     decode_publish,
     decode_publish_confirm,
-    decode_publish_error,
 )
 from tierlog.formats.protocol.publishers import (
     DeclarePublisherRequest,
     DeletePublisherRequest,
+    PublishError,
     QueryPublisherSequenceRequest,
     QueryPublisherSequenceResponse,
 )
@@ -238,7 +237,6 @@ _FrameDecoder = Callable[[memoryview | bytes], object]
 _CLIENT_FRAME_DECODERS: dict[int, _FrameDecoder] = {Command.PUBLISH: decode_publish}
 _SERVER_FRAME_DECODERS: dict[int, _FrameDecoder] = {
     Command.PUBLISH_CONFIRM: decode_publish_confirm,
-    Command.PUBLISH_ERROR: decode_publish_error,
     Command.DELIVER: decode_deliver,
 }
 _MULTI_VERSION = {

@@ -1,4 +1,4 @@
-"""The publish hot path: Publish decoding, PublishConfirm / PublishError encoding.
+"""The publish hot path: Publish decoding and encoding, PublishConfirm encoding.
 
 A Publish message is ``PublishingId:uint64 [FilterValue:string (v2)] Entry`` where
 ``Entry`` is an Osiris entry verbatim: simple ``0:1 Len:31 Data`` or sub-batch
@@ -31,6 +31,7 @@ from tierlog.formats.chunk import encode_records as subbatch_records
 from tierlog.formats.chunk import sub_batch_entry as subbatch_entry
 from tierlog.formats.protocol.constants import Command
 from tierlog.formats.protocol.errors import ProtocolError, TruncatedFrameError
+from tierlog.formats.protocol.publishers import PublishError
 from tierlog.formats.protocol.wire import U32, U64, Reader, encode_string, frame
 
 _FRAME_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
@@ -39,7 +40,6 @@ _V1_MESSAGE_HEAD_DTYPE = np.dtype([("id", ">u8"), ("len", ">u4")])
 """A v1 message holding a simple entry starts with its publishing id and the entry length."""
 _ID_WORD = struct.Struct(">QI")  # publishing id, first 4 bytes of the entry
 _CONFIRM_HEAD = struct.Struct(">IHHBI")
-_ERROR_ITEM = struct.Struct(">QH")
 
 PUBLISH_HEADER_SIZE = _HEAD.size
 PUBLISH_FRAME_HEADER_SIZE = _FRAME_HEAD.size
@@ -326,36 +326,12 @@ def decode_publish_confirm(body: memoryview | bytes) -> PublishConfirm:
     return PublishConfirm(publisher_id, tuple(ids))
 
 
-@dataclass(frozen=True, slots=True)
-class PublishError:
-    """Server → client: (publishing id, response code) pairs that were not stored."""
-
-    publisher_id: int
-    errors: Sequence[tuple[int, int]]
-
-    def encode(self) -> bytes:
-        items = b"".join(_ERROR_ITEM.pack(pid, code) for pid, code in self.errors)
-        return frame(
-            Command.PUBLISH_ERROR, 1, bytes((self.publisher_id,)), U32.pack(len(self.errors)), items
-        )
-
-
-def decode_publish_error(body: memoryview | bytes) -> PublishError:
-    reader = Reader(body, 4)
-    publisher_id = reader.u8()
-    count = reader.count(_ERROR_ITEM.size)
-    errors = [(reader.u64(), reader.u16()) for _ in range(count)]
-    reader.done()
-    return PublishError(publisher_id, errors)
-
-
 __all__ = [
     "PublishBatch",
     "PublishConfirm",
     "PublishError",
     "decode_publish",
     "decode_publish_confirm",
-    "decode_publish_error",
     "encode_publish",
     "encode_publish_columns",
     "encode_publish_confirm",

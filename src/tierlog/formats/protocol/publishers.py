@@ -1,9 +1,9 @@
-"""Publisher management: declare, query the last publishing id, delete.
+"""Publisher management: declare, query the last publishing id, delete; PublishError.
 
-Publish itself, PublishConfirm and PublishError are the hot path, specialised in
-``publish``.
+Publish itself and PublishConfirm are the hot path, specialised in ``publish``.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -11,8 +11,10 @@ from tierlog.formats.protocol.constants import Command
 from tierlog.formats.protocol.schema import (
     CLIENT,
     SERVER,
+    Array,
     Message,
     String,
+    TupleOf,
     UInt8,
     UInt16,
     UInt32,
@@ -53,3 +55,12 @@ class QueryPublisherSequenceResponse(Message):
 class DeletePublisherRequest(Message):
     correlation_id: Annotated[int, UInt32]
     publisher_id: Annotated[int, UInt8]
+
+
+@command(Command.PUBLISH_ERROR, sent_by=SERVER)
+@dataclass(frozen=True, slots=True)
+class PublishError(Message):
+    """Server → client: (publishing id, response code) pairs that were not stored."""
+
+    publisher_id: Annotated[int, UInt8]
+    errors: Annotated[Sequence[tuple[int, int]], Array(TupleOf(UInt64, UInt16))]

@@ -137,6 +137,23 @@ NullableString = _NullableString()
 Bytes = _Bytes()
 
 
+class TupleOf:
+    """Several fixed-size integers as one tuple (e.g. the items of PublishError)."""
+
+    __slots__ = ("fmt", "items", "min_size")
+
+    def __init__(self, *items: Fixed) -> None:
+        self.items = items
+        self.fmt = struct.Struct(">" + "".join(k.fmt.format.lstrip("<>!=@") for k in items))
+        self.min_size = self.fmt.size
+
+    def encode(self, value: Any) -> bytes:
+        return self.fmt.pack(*value)
+
+    def decode(self, reader: Reader) -> Any:
+        return reader.take_all(self.fmt)
+
+
 class Array:
     """int32 count + items; decodes into ``container`` (list unless told)."""
 
@@ -429,6 +446,7 @@ __all__ = [
     "String",
     "StringMap",
     "Trailing",
+    "TupleOf",
     "UInt8",
     "UInt16",
     "UInt32",
