@@ -242,8 +242,11 @@ class Schema:
         for kind in self.types[:-1]:
             if isinstance(kind, Trailing):
                 raise TypeError("only the last field may be Trailing")
-        encode_steps: list[tuple[struct.Struct | None, Callable[[Any], Any], FieldType | None]] = []
-        decode_steps: list[tuple[struct.Struct | None, FieldType | None]] = []
+        # (struct of a fixed run, getter) or (None, getter, the field's encode / decode).
+        encode_steps: list[
+            tuple[struct.Struct | None, Callable[[Any], Any], Callable[[Any], bytes] | None]
+        ] = []
+        decode_steps: list[tuple[struct.Struct | None, Callable[[Reader], Any] | None]] = []
         run: list[tuple[str, Fixed]] = []
 
         def flush() -> None:
@@ -258,8 +261,8 @@ class Schema:
                 run.append((name, kind))
                 continue
             flush()
-            encode_steps.append((None, operator.attrgetter(name), kind))
-            decode_steps.append((None, kind))
+            encode_steps.append((None, operator.attrgetter(name), kind.encode))
+            decode_steps.append((None, kind.decode))
         flush()
         self._encode_steps = tuple(encode_steps)
         self._decode_steps = tuple(decode_steps)
@@ -275,12 +278,11 @@ class Schema:
         """The fields of ``value`` in wire order (no frame header)."""
         parts: list[bytes] = []
         try:
-            for fmt, getter, kind in self._encode_steps:
+            for fmt, getter, encode in self._encode_steps:
                 if fmt is not None:
                     parts.append(fmt.pack(*getter(value)))
                 else:
-                    assert kind is not None
-                    parts.append(kind.encode(getter(value)))
+                    parts.append(encode(getter(value)))  # type: ignore[misc]
         except (struct.error, OverflowError, TypeError, UnicodeEncodeError) as exc:
             raise ProtocolError(f"cannot encode {type(value).__name__}: {exc}") from None
         return b"".join(parts)
@@ -302,12 +304,11 @@ class Schema:
         if len(steps) == 1 and steps[0][0] is not None:  # only fixed-size fields: one unpack
             return self.build(*reader.take_all(steps[0][0]))
         values: list[Any] = []
-        for fmt, kind in steps:
+        for fmt, decode in steps:
             if fmt is not None:
                 values += reader.take_all(fmt)
             else:
-                assert kind is not None
-                values.append(kind.decode(reader))
+                values.append(decode(reader))  # type: ignore[misc]
         return self.build(*values)
 
     @property
