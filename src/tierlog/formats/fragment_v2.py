@@ -13,6 +13,10 @@ Layout (all integers big-endian)::
     trailer  96 bytes, the v1 trailer layout with version 2; its reserved u32 is the index
              size (index header to trailer) so the object's size follows from the trailer
 
+``data_size`` in the trailer (and so in the manifest entry) stays the size of the chunks
+themselves, as in v1: retention, lag and planning count the stream's bytes whatever the
+coding. Where the frames end (``index_start``) is what the stored size says.
+
 A frame is the chunk's original Osiris bytes, compressed as one zstd frame when the codec is
 zstd, then sealed when the fragment is encrypted. A reader decodes a frame back into the
 original chunk, byte for byte, and checks it against its index record: so consumers get the
@@ -75,6 +79,7 @@ CODEC_ZSTD = 1
 CODECS = {"none": CODEC_NONE, "zstd": CODEC_ZSTD}
 FLAG_ENCRYPTED = 1
 
+MAX_KEY_BLOCK = 2 + 64 + 12 + 48  # the largest key block ``formats/encryption.py`` makes
 DICTIONARY_ID_SIZE = 16
 NO_DICTIONARY = bytes(DICTIONARY_ID_SIZE)
 
@@ -286,6 +291,13 @@ def decode_fragment(
     return decode_index(view[start:end], trailer, cipher_for)
 
 
+def index_tail_guess(chunk_count: int) -> int:
+    """Bytes of a suffix GET that hold the trailer and the whole index of any v1 fragment and
+    of a v2 fragment whose chunks carry no bloom filters (else the tail says what is missing:
+    ``index_region``)."""
+    return INDEX_HEADER_SIZE + MAX_KEY_BLOCK + chunk_count * INDEX_RECORD_SIZE + 16 + TRAILER_SIZE
+
+
 def is_v2(index: FragmentIndex) -> bool:
     return isinstance(index, FragmentIndexV2)
 
@@ -368,7 +380,7 @@ def encode_fragment_v2(
         placement.segment_first_offset,
         placement.segment_position,
         position,
-        position - HEADER_SIZE,
+        sum(i.size for i in infos),
         len(infos),
         placement.seq_no,
         index_size,
@@ -442,8 +454,8 @@ def _decode_trailer_v2(tail: bytes | bytearray | memoryview) -> FragmentTrailerV
     index_size, crc = fields[11], fields[12]
     if (
         count < 1
-        or index_start != HEADER_SIZE + data_size
-        or data_size < count
+        or index_start < HEADER_SIZE + count
+        or data_size < count * CHUNK_HEADER_SIZE
         or index_size < INDEX_HEADER_SIZE + count * INDEX_RECORD_SIZE
     ):
         raise InvalidSizeError(
@@ -565,6 +577,7 @@ def _check_index_v2(index: FragmentIndexV2, body: memoryview) -> None:
         and int(pos[0]) == HEADER_SIZE
         and bool(np.all(pos[1:] == ends[:-1]))
         and int(ends[-1]) == t.index_start
+        and int(records["size"].astype(np.uint64).sum()) == t.data_size
     )
     if not ok:
         raise InvalidSizeError(
