@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import threading
 from collections.abc import Mapping
 
 from tierlog.errors import ConfigError
@@ -99,3 +100,40 @@ class Keyring:
 
     def open(self, object_key: str, data: bytes) -> bytes:
         return open_object(data, object_key, self.keys)
+
+
+_process_lock = threading.Lock()
+_process_keyring: Keyring | None = None
+_process_loaded = False
+
+
+def process_keyring() -> Keyring | None:
+    """The keyring this process's environment configures (read once), or None."""
+    global _process_keyring, _process_loaded
+    with _process_lock:
+        if not _process_loaded:
+            _process_keyring = Keyring.from_environment()
+            _process_loaded = True
+        return _process_keyring
+
+
+def set_process_keyring(keyring: Keyring | None) -> None:
+    """Replace the process keyring (a server configured from a file; tests)."""
+    global _process_keyring, _process_loaded
+    with _process_lock:
+        _process_keyring = keyring
+        _process_loaded = True
+
+
+def reset_process_keyring() -> None:
+    """Forget the process keyring; the next use reads the environment again."""
+    global _process_keyring, _process_loaded
+    with _process_lock:
+        _process_keyring = None
+        _process_loaded = False
+
+
+def opener_for(object_key: str, keyring: Keyring | None = None) -> CipherFor | None:
+    """How to open the frames of ``object_key`` with ``keyring`` (default: the process's)."""
+    ring = keyring if keyring is not None else process_keyring()
+    return ring.cipher_for(object_key) if ring is not None else None
