@@ -15,8 +15,16 @@ from collections import OrderedDict
 
 from tierlog.formats.encryption import SEALED_MAGIC
 from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import FragmentIndex
-from tierlog.formats.fragment_v2 import NO_DICTIONARY, FragmentIndexV2, FrameDecoder
+from tierlog.formats.fragment import FragmentIndex, FragmentPlacement, encode_fragment
+from tierlog.formats.fragment_v2 import (
+    NO_DICTIONARY,
+    FragmentIndexV2,
+    FrameDecoder,
+    decode_fragment,
+    fragment_version,
+    stored_sizes,
+    validate_fragment,
+)
 from tierlog.formats.zstd_dictionary import decode_dictionary, encode_dictionary
 from tierlog.remote import keys
 from tierlog.remote.encryption import Keyring, opener_for, process_keyring
@@ -121,3 +129,53 @@ def frame_decoder(
         return FrameDecoder(index, dictionary=dictionary, cipher_for=opener_for(key))
     except FormatError as exc:
         raise CorruptFragmentError(f"{key}: {exc}") from exc
+
+
+def as_v1_fragment(
+    store: ObjectStore,
+    key: str,
+    data: bytes | bytearray | memoryview,
+    dictionaries: DictionaryCache | None = None,
+) -> bytes | bytearray | memoryview:
+    """A whole fragment object with its chunks in the clear: v1 objects as they are, v2 ones
+    decoded (frames opened, decompressed and checked) and laid out as the v1 fragment of the
+    same chunks, for consumers of whole fragments (Spark). CorruptFragmentError when bad."""
+    view = memoryview(data).cast("B")
+    try:
+        if fragment_version(view) == 1:
+            return data
+        index = decode_fragment(view, opener_for(key))
+    except FormatError as exc:
+        raise CorruptFragmentError(f"{key}: {exc}") from exc
+    decoder = frame_decoder(key, index, dictionaries or DictionaryCache(store))
+    assert decoder is not None
+    positions = index.records["position"].astype(int).tolist()
+    stored = stored_sizes(index).astype(int).tolist()
+    chunks: list[bytes] = []
+    infos = []
+    try:
+        for i, (p, s) in enumerate(zip(positions, stored, strict=True)):
+            chunks.append(decoder.decode(i, view[p : p + s]))
+            infos.append(index.chunk(i)[0])
+        t = index.trailer
+        placement = FragmentPlacement(t.seq_no, t.segment_first_offset, t.segment_position)
+        parts, _ = encode_fragment(placement, chunks, infos)
+    except FormatError as exc:
+        raise CorruptFragmentError(f"{key}: {exc}") from exc
+    return b"".join(parts)
+
+
+def validate_stored_fragment(
+    store: ObjectStore, key: str, data: bytes | bytearray | memoryview
+) -> FragmentIndex:
+    """Check a whole v1 or v2 fragment object, every chunk included (v2: with the stream's
+    dictionary and key). FormatError when damaged; MissingDictionaryError when a dictionary
+    it names is absent; CorruptFragmentError when its dictionary or key is unusable."""
+    return validate_fragment(
+        data,
+        check_chunks=True,
+        dictionary_for=lambda dictionary_id: load_dictionary(
+            store, dictionary_key_beside(key, dictionary_id), dictionary_id
+        ),
+        cipher_for=opener_for(key),
+    )

@@ -33,7 +33,8 @@ log = get_logger(__name__)
 
 DICTIONARY_BYTES = 32 << 10
 SAMPLE_BYTES = 2 << 20
-SAMPLE_PIECE = 4 << 10
+SAMPLE_PIECE = 1 << 10
+MIN_DICTIONARY_BYTES = 1 << 10
 RETRAIN_FACTOR = 1.25
 
 
@@ -132,8 +133,10 @@ class FragmentCoder:
             samples = _samples(chunks)
             if len(samples) < MIN_TRAINING_SAMPLES:
                 return None  # too little data yet: this fragment goes without
+            size = sum(len(x) for x in samples) // 10  # zstd wants ~10x the dictionary
+            size = min(DICTIONARY_BYTES, max(MIN_DICTIONARY_BYTES, size))
             try:
-                data = train_dictionary(samples, DICTIONARY_BYTES)
+                data = train_dictionary(samples, size)
             except ValueError as exc:  # FormatError: data zstd cannot train on
                 log.warning(
                     "dictionary_training_failed", stream=self.remote.stream_dir, error=str(exc)
