@@ -39,6 +39,31 @@ class SegmentNotSealedError(LogError):
     """The operation needs a sealed segment but the segment is the active one."""
 
 
+class DamagedSegmentError(LogError):
+    """Recovery found damage it may not cut: a sealed segment, or chunks inside the last
+    segment followed by trustworthy ones. The stream is refused until the range is
+    repaired from a healthy copy (remote tier) or an operator deals with the file, which
+    is moved aside (never deleted). Offsets ``[first_offset, end_offset)`` of
+    ``segment_path`` are affected (``end_offset`` None: up to the segment's end)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        segment_path: str,
+        segment_first_offset: int,
+        position: int,
+        first_offset: int,
+        end_offset: int | None,
+    ) -> None:
+        super().__init__(message)
+        self.segment_path = segment_path
+        self.segment_first_offset = segment_first_offset
+        self.position = position
+        self.first_offset = first_offset
+        self.end_offset = end_offset
+
+
 class CorruptChunkError(LogError):
     """A reader met a chunk whose bytes do not validate; it is never served."""
 

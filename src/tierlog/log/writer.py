@@ -16,7 +16,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 from tierlog.formats.chunk import (
@@ -192,10 +192,20 @@ class StreamLog:
         return cls.open(stream_dir, config)
 
     @classmethod
-    def open(cls, stream_dir: str, config: LogConfig | None = None) -> StreamLog:
-        """Open an existing stream directory for writing, running crash recovery first."""
+    def open(
+        cls, stream_dir: str, config: LogConfig | None = None, *, adopt_disk_epoch: bool = False
+    ) -> StreamLog:
+        """Open an existing stream directory for writing, running crash recovery first.
+
+        With ``adopt_disk_epoch`` the writer's epoch is max(configured, largest on disk):
+        a single-node server whose log was restarted past the remote tail (with a raised
+        epoch) must reopen it; without it a lower configured epoch is a deposed writer.
+        """
         config = config or LogConfig()
-        return cls(stream_dir, config, recover(stream_dir, repair=True))
+        recovered = recover(stream_dir, repair=True)
+        if adopt_disk_epoch and recovered.max_epoch > config.epoch:
+            config = replace(config, epoch=recovered.max_epoch)
+        return cls(stream_dir, config, recovered)
 
     def close(self) -> None:
         """Fsync (committing everything written) and close the files."""

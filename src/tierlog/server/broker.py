@@ -32,7 +32,14 @@ from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.chunk import MAX_ENTRIES_PER_CHUNK, Entry, SubBatch
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
-from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
+from tierlog.log.config import LogConfig
+from tierlog.log.errors import (
+    DamagedSegmentError,
+    InvalidAppendError,
+    LogError,
+    RecordTooLargeError,
+)
+from tierlog.log.recovery import quarantine
 from tierlog.log.writer import StreamLog
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
@@ -89,6 +96,10 @@ class StreamLifecycle(Protocol):
     async def opened(self, handle: StreamHandle) -> None: ...
 
     async def closing(self, handle: StreamHandle, *, flush: bool) -> None: ...
+
+    def repair_damaged(self, record: StreamRecord, error: DamagedSegmentError) -> bool:
+        """Rewrite a damaged local range from a healthy copy; True if anything was."""
+        ...
 
 
 class StreamListener(Protocol):
@@ -496,6 +507,14 @@ class Broker:
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
         metrics.streams.source = lambda: [((), float(len(self._streams)))]
+        self.damage_repaired = metrics.registry.counter(
+            "tierlog_local_damage_repaired_total",
+            "Damaged local segment ranges rewritten from the remote tier (by stream).",
+        )
+        self.damage_refused = metrics.registry.counter(
+            "tierlog_local_damage_refused_total",
+            "Streams refused because a local segment is damaged and no healthy copy exists.",
+        )
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -531,7 +550,7 @@ class Broker:
 
         def open_log() -> StreamLog:
             if os.path.isdir(path):
-                return StreamLog.open(path, config)
+                return self._open_existing(record, path, config)
             return StreamLog.create(
                 self.streams_dir, record.vhost, record.name, config, created_ns=record.created_ns
             )
@@ -552,6 +571,53 @@ class Broker:
             stream_log.next_offset,
         )
         return handle
+
+    def _open_existing(self, record: StreamRecord, path: str, config: LogConfig) -> StreamLog:
+        """Open with recovery; damage recovery may not cut is repaired from the remote tier
+        when it holds the range durably, else the file is moved aside and the stream
+        refused (DamagedSegmentError naming file and range)."""
+        for _attempt in range(8):
+            try:
+                return StreamLog.open(path, config, adopt_disk_epoch=True)
+            except DamagedSegmentError as exc:
+                if not os.path.exists(exc.segment_path):
+                    raise  # already moved aside: stays refused
+                try:
+                    repaired = self.lifecycle is not None and self.lifecycle.repair_damaged(
+                        record, exc
+                    )
+                except (TierlogError, OSError) as repair_exc:
+                    log.error(
+                        "event=segment_repair_failed stream=%s file=%s error=%r",
+                        record.name,
+                        exc.segment_path,
+                        repair_exc,
+                    )
+                    repaired = False
+                if repaired:
+                    self.damage_repaired.inc(stream=record.incarnation)
+                    continue
+                moved = quarantine(exc)
+                self.damage_refused.inc(stream=record.incarnation)
+                log.error(
+                    "event=stream_refused_damaged stream=%s file=%s offsets=[%d,%s) "
+                    "moved_to=%s error=%s",
+                    record.name,
+                    exc.segment_path,
+                    exc.first_offset,
+                    exc.end_offset if exc.end_offset is not None else "end",
+                    ",".join(moved),
+                    exc,
+                )
+                raise
+        raise DamagedSegmentError(
+            f"{path}: damage remains after repairs from the remote tier",
+            segment_path=path,
+            segment_first_offset=0,
+            position=0,
+            first_offset=0,
+            end_offset=None,
+        )
 
     # ----------------------------------------------------------------- streams
 

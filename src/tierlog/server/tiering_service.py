@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
+from tierlog.log.errors import DamagedSegmentError
 from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
@@ -26,6 +27,7 @@ from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.retention import RetentionPolicy
+from tierlog.tiering.segment_repair import repair_from_remote
 from tierlog.tiering.tierer import StreamTierer
 
 if TYPE_CHECKING:
@@ -128,6 +130,13 @@ class TieringService:
             return
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: tierer.stop(flush=flush, timeout=30.0))
+
+    def repair_damaged(self, record: StreamRecord, error: DamagedSegmentError) -> bool:
+        """Rewrite a damaged local range from the committed remote tier (writer thread of
+        the stream being opened); False when the remote tier does not hold it."""
+        if not self.tier.enabled:
+            return False
+        return repair_from_remote(self.catalog, self.store, self.tier.prefix, error) > 0
 
     def tierer_of(self, record: StreamRecord) -> StreamTierer | None:
         return self.tierers.get(record.incarnation)

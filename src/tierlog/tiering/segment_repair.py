@@ -1,0 +1,89 @@
+"""Repairing a damaged local segment from the remote tier.
+
+Fragments hold the chunks of one segment verbatim, with the byte position of their
+first chunk in the segment, so a durably tiered range of a damaged segment is repaired
+by writing the fragment's chunk bytes back at that position. Only the committed
+manifest counts as durable; every chunk fetched is validated (CRC and entries) before
+it is written, so a repair can never make things worse. Recovery then rebuilds the
+segment's index from the repaired file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from tierlog.formats.chunk import decode_header
+from tierlog.formats.errors import FormatError
+from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
+from tierlog.log.errors import DamagedSegmentError
+from tierlog.log.recovery import patch_segment
+from tierlog.log.segment_files import validate_chunk
+from tierlog.storage.errors import NotFoundError
+from tierlog.storage.object_store import ObjectStore
+from tierlog.tiering.catalog import Catalog
+from tierlog.tiering.committed import read_committed_root
+from tierlog.tiering.manifest_tree import ManifestTree, OffsetOutOfRangeError
+from tierlog.tiering.remote import RemoteStream
+
+log = logging.getLogger(__name__)
+
+
+def repair_from_remote(
+    catalog: Catalog, store: ObjectStore, prefix: str, error: DamagedSegmentError
+) -> int:
+    """Rewrite the damaged range of ``error``'s segment from committed fragments.
+
+    Returns the number of bytes rewritten (0 when the remote tier does not durably hold
+    the start of the damaged range). Raises StorageError on object-store trouble.
+    """
+    stream_dir = os.path.dirname(error.segment_path)
+    incarnation = os.path.basename(stream_dir)
+    _pointer, root = read_committed_root(catalog, store, prefix, incarnation)
+    if root is None:
+        return 0
+    tree = ManifestTree.from_root(root, prefix)
+    remote = RemoteStream(store, prefix, incarnation)
+    end = error.end_offset if error.end_offset is not None else tree.next_offset
+    at = max(error.first_offset, error.segment_first_offset)
+    try:
+        location = tree.locate_offset(at, remote.load)
+    except OffsetOutOfRangeError:
+        return 0
+    repaired = 0
+    offset = location.entry.first_offset
+    while offset < min(end, tree.next_offset):
+        fragment = remote.read_fragment(offset)
+        if fragment is None:
+            break
+        t = fragment.trailer
+        if t.segment_first_offset != error.segment_first_offset:
+            break  # the next segment: outside the damaged file
+        key = remote.fragment_key(offset)
+        try:
+            data = store.get(key, FRAGMENT_HEADER_SIZE, FRAGMENT_HEADER_SIZE + t.data_size)
+        except NotFoundError:
+            break
+        _validate_chunks(memoryview(data), key)
+        patch_segment(error.segment_path, t.segment_position, data)
+        repaired += len(data)
+        log.warning(
+            "event=segment_repaired_from_remote file=%s position=%d bytes=%d fragment=%s",
+            error.segment_path,
+            t.segment_position,
+            len(data),
+            key,
+        )
+        offset = t.next_offset
+    return repaired
+
+
+def _validate_chunks(data: memoryview, key: str) -> None:
+    pos = 0
+    while pos < len(data):
+        try:
+            header = decode_header(data, pos)
+            validate_chunk(header, data[pos : pos + header.total_size])
+        except FormatError as exc:
+            raise FormatError(f"{key}: chunk at {pos} does not validate: {exc}") from exc
+        pos += header.total_size

@@ -1,0 +1,140 @@
+"""Local damage under ``tierlog serve`` (in process): damaged sealed segments are repaired
+from the remote tier when it holds them durably, otherwise the stream is refused, the
+file moved aside and the refusal counted; a stream restarted past the remote tail
+reopens (its raised epoch is adopted)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from tests.test_server_inprocess import AsyncRawClient
+from tests.test_server_tiering import config, publish, rstream_consume, status, wait_for
+from tierlog.formats.protocol import commands as c
+from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.server.app import Server
+
+KEEP_LOCAL_ARGS = {
+    "x-tierlog-fragment-bytes": str(1 << 20),
+    "x-tierlog-max-fragment-age": "1s",
+    "x-tierlog-debounce-seconds": "0.05",
+    "stream-max-segment-size-bytes": "65536",
+}
+FRAMES = 30
+TOTAL = FRAMES * 20
+
+
+def expected_bodies() -> list[bytes]:
+    return [bytes([k % 256]) * 1000 for k in range(FRAMES) for _ in range(20)]
+
+
+async def fill(tmp_path: Path, name: str, *, tiered: bool) -> str:
+    """Create ``name`` with several local segments (tiered or not); its stream dir."""
+    cfg = config(tmp_path)
+    if not tiered:
+        cfg = replace(cfg, tier=replace(cfg.tier, enabled=False))
+    server = Server(cfg)
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        response = await client.request(c.CreateRequest(client.next_corr(), name, KEEP_LOCAL_ARGS))
+        assert response.response_code == ResponseCode.OK
+        await publish(client, name, FRAMES)
+        client.close()
+        if tiered:
+
+            async def all_tiered() -> bool:
+                s = await status(server, name)
+                return s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+
+            await wait_for(all_tiered)
+        assert server.broker is not None
+        handle = server.broker.get("/", name)
+        assert handle is not None
+        return handle.log.stream_dir
+    finally:
+        await server.stop()
+
+
+def segments(stream_dir: str) -> list[str]:
+    return sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment"))
+
+
+async def consume_all(server: Server, name: str) -> list[tuple[int, bytes]]:
+    from rstream import ConsumerOffsetSpecification, OffsetType
+
+    return await rstream_consume(
+        server.stream_port, name, ConsumerOffsetSpecification(OffsetType.FIRST), TOTAL
+    )
+
+
+async def test_damaged_sealed_segment_is_repaired_from_the_remote_tier(tmp_path: Path) -> None:
+    stream_dir = await fill(tmp_path, "rep", tiered=True)
+    names = segments(stream_dir)
+    assert len(names) >= 3
+    victim = os.path.join(stream_dir, names[1])
+    healthy = Path(victim).read_bytes()
+    os.truncate(victim, len(healthy) - 700)  # lost tail of a sealed segment
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        assert server.broker is not None
+        assert server.broker.get("/", "rep") is not None
+        assert Path(victim).read_bytes() == healthy
+        assert server.broker.damage_repaired.value(stream=os.path.basename(stream_dir)) == 1
+        got = await consume_all(server, "rep")
+        assert [o for o, _ in got] == list(range(TOTAL))
+        assert [b for _, b in got] == expected_bodies()
+    finally:
+        await server.stop()
+
+
+async def test_damaged_segment_without_a_healthy_copy_is_refused(tmp_path: Path) -> None:
+    stream_dir = await fill(tmp_path, "lone", tiered=False)
+    names = segments(stream_dir)
+    victim = os.path.join(stream_dir, names[0])
+    os.truncate(victim, os.path.getsize(victim) - 100)
+    cfg = config(tmp_path)
+    server = Server(replace(cfg, tier=replace(cfg.tier, enabled=False)))
+    await server.start()
+    try:
+        assert server.broker is not None
+        assert server.broker.get("/", "lone") is None  # refused
+        assert server.broker.damage_refused.value(stream=os.path.basename(stream_dir)) == 1
+        assert not os.path.exists(victim) and os.path.exists(victim + ".damaged")
+        assert segments(stream_dir) == names[1:]  # nothing else touched or deleted
+    finally:
+        await server.stop()
+    server = Server(replace(cfg, tier=replace(cfg.tier, enabled=False)))
+    await server.start()  # stays refused while the file is aside
+    try:
+        assert server.broker is not None and server.broker.get("/", "lone") is None
+    finally:
+        await server.stop()
+
+
+async def test_stream_restarted_past_the_remote_tail_reopens(tmp_path: Path) -> None:
+    stream_dir = await fill(tmp_path, "lost", tiered=True)
+    shutil.rmtree(stream_dir)  # the local disk is lost
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        s = await status(server, "lost")
+        assert s["local"]["next_offset"] > TOTAL  # restarted past the remote tail
+    finally:
+        await server.stop()
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        assert server.broker is not None
+        handle = server.broker.get("/", "lost")
+        assert handle is not None, "the stream must reopen after the epoch was raised"
+        assert handle.log.epoch >= 2
+        tierer = server.tiering.tierer_of(handle.record) if server.tiering else None
+        assert tierer is not None and tierer.epoch >= handle.log.epoch
+        got = await consume_all(server, "lost")
+        assert [b for _, b in got] == expected_bodies()
+    finally:
+        await server.stop()
