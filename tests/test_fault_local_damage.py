@@ -14,6 +14,7 @@ from tests.test_server_inprocess import AsyncRawClient
 from tests.test_server_tiering import config, publish, rstream_consume, status, wait_for
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
 from tierlog.server.app import Server
 
 KEEP_LOCAL_ARGS = {
@@ -136,5 +137,42 @@ async def test_stream_restarted_past_the_remote_tail_reopens(tmp_path: Path) -> 
         assert tierer is not None and tierer.epoch >= handle.log.epoch
         got = await consume_all(server, "lost")
         assert [b for _, b in got] == expected_bodies()
+    finally:
+        await server.stop()
+
+
+async def test_readers_get_offsets_only_the_remote_tier_holds(tmp_path: Path) -> None:
+    """The local log lost its tail (older disk image): the restart continues past the
+    remote tail, leaving a local gap that readers serve from the remote tier."""
+    from rstream import ConsumerOffsetSpecification, OffsetType
+
+    stream_dir = await fill(tmp_path, "gap", tiered=True)
+    names = segments(stream_dir)
+    assert len(names) >= 4
+    for name in names[-2:]:
+        os.unlink(os.path.join(stream_dir, name))
+        os.unlink(os.path.join(stream_dir, name.replace(".segment", ".index")))
+    local_end_before = int(names[-2][:20])
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", "gap"))
+        client.send(encode_publish(1, [(10_000 + i, b"after") for i in range(20)]))
+        await client.expect(PublishConfirm)
+        client.close()
+        got = await rstream_consume(
+            server.stream_port, "gap", ConsumerOffsetSpecification(OffsetType.FIRST), TOTAL + 20
+        )
+        offsets = [o for o, _ in got]
+        assert offsets[:TOTAL] == list(range(TOTAL))  # nothing skipped in the local gap
+        assert [b for _, b in got[:TOTAL]] == expected_bodies()
+        assert [b for _, b in got[TOTAL:]] == [b"after"] * 20
+        assert offsets == sorted(set(offsets))
+        mid = (local_end_before + TOTAL) // 2  # inside the gap
+        at = await rstream_consume(
+            server.stream_port, "gap", ConsumerOffsetSpecification(OffsetType.OFFSET, mid), 5
+        )
+        assert [o for o, _ in at][:5] == list(range(mid, mid + 5))
     finally:
         await server.stop()

@@ -68,6 +68,18 @@ class CorruptChunkError(LogError):
     """A reader met a chunk whose bytes do not validate; it is never served."""
 
 
+class OffsetGapError(CorruptChunkError):
+    """The local log jumps forward: offsets ``[missing_from, missing_to)`` are not in the
+    local segment files (the log was restarted past the remote tail, or local retention
+    freed them). A local reader never skips them: the cross-tier reader serves the gap
+    from the remote tier; anyone else gets this error."""
+
+    def __init__(self, message: str, missing_from: int, missing_to: int) -> None:
+        super().__init__(message)
+        self.missing_from = missing_from
+        self.missing_to = missing_to
+
+
 class LogClosedError(LogError):
     """The log or reader was closed."""
 

@@ -13,12 +13,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.log.errors import OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
 from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
 from tierlog.read.manifest_source import TiererManifest
 from tierlog.read.strategies import ReadStrategy
-from tierlog.read.tiered_reader import TieredChunk, TieredReader, default_prefetcher
+from tierlog.read.tiered_reader import (
+    TieredChunk,
+    TieredReader,
+    default_prefetcher,
+    local_gap_resumes,
+)
 from tierlog.server.chunk_source import (
     CommitNotifier,
     DeliverableChunk,
@@ -112,6 +118,8 @@ class TieredChunkCursor:
         position = reader.next_offset
         if position < self._source._log.segment_refs()[0].first_offset:
             return
+        if local_gap_resumes(self._source._log, position) is not None:
+            return  # between local segments: the remote tier serves it
         try:
             local = self._source._local.attach(
                 OffsetSpec.offset(position), want_file=self._want_file
@@ -132,8 +140,9 @@ class TieredChunkCursor:
         if self._local is not None:
             try:
                 return await self._local.read()
-            except (OvertakenError, FileNotFoundError):
-                # Local retention freed the segment: continue from the remote tier.
+            except (OvertakenError, FileNotFoundError, OffsetGapError):
+                # Local retention freed the segment, or the local log jumps past offsets
+                # only the remote tier holds: continue through the cross-tier reader.
                 position = self._local.next_offset
                 self._local.close()
                 self._local = None
