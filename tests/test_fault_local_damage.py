@@ -10,11 +10,13 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from tests.test_server_inprocess import AsyncRawClient
 from tests.test_server_tiering import config, publish, rstream_consume, status, wait_for
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
-from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
+from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encode_publish
 from tierlog.server.app import Server
 
 KEEP_LOCAL_ARGS = {
@@ -174,5 +176,55 @@ async def test_readers_get_offsets_only_the_remote_tier_holds(tmp_path: Path) ->
             server.stream_port, "gap", ConsumerOffsetSpecification(OffsetType.OFFSET, mid), 5
         )
         assert [o for o, _ in at][:5] == list(range(mid, mid + 5))
+    finally:
+        await server.stop()
+
+
+async def test_failed_resolution_refuses_appends_until_it_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Local directory lost and the object store unreachable at start: the stream must not
+    hand out offsets the remote tier holds; publishers get the retriable
+    STREAM_NOT_AVAILABLE until the background retry resolves."""
+    import tierlog.server.app as app_module
+    from tierlog.storage.faults import FaultyObjectStore
+    from tierlog.storage.object_store import open_object_store
+
+    stream_dir = await fill(tmp_path, "res", tiered=True)
+    shutil.rmtree(stream_dir)
+    stores: list[FaultyObjectStore] = []
+
+    def unreachable(uri: str) -> FaultyObjectStore:
+        store = FaultyObjectStore(open_object_store(uri))
+        store.fail_randomly(None, 1.0)
+        stores.append(store)
+        return store
+
+    monkeypatch.setattr(app_module, "open_object_store", unreachable)
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", "res"))
+        client.send(encode_publish(1, [(i + 1, b"early") for i in range(10)]))
+        error = await client.expect(PublishError)
+        codes = {code for _, code in error.errors}
+        assert codes == {ResponseCode.STREAM_NOT_AVAILABLE}
+        assert server.broker is not None
+        handle = server.broker.get("/", "res")
+        assert handle is not None and handle.log.next_offset == 0  # nothing written
+        stores[0].clear_faults()
+
+        async def resolved() -> bool:
+            return handle.unavailable is None
+
+        await wait_for(resolved)
+        client.send(encode_publish(1, [(100 + i, b"late") for i in range(10)]))
+        await client.expect(PublishConfirm)
+        client.close()
+        assert handle.log.next_offset > TOTAL
+        got = await consume_all(server, "res")
+        assert [o for o, _ in got][:TOTAL] == list(range(TOTAL))
+        assert [b for _, b in got][:TOTAL] == expected_bodies()
     finally:
         await server.stop()

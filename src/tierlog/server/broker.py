@@ -184,6 +184,9 @@ class StreamHandle:
     writing: bool = False
     closed: bool = False
     tier_lag: int = 0
+    unavailable: str | None = None
+    """Why appends are refused for now (retriable STREAM_NOT_AVAILABLE): the remote tier
+    was not resolved yet, so any offset handed out could be one it already holds."""
     listeners: set[StreamListener] = field(default_factory=set)
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -233,6 +236,9 @@ class StreamHandle:
         if self.closed:
             done(ResponseCode.STREAM_DOES_NOT_EXIST)
             return
+        if self.unavailable is not None:
+            done(ResponseCode.STREAM_NOT_AVAILABLE)
+            return
         size = len(batch.entry_data()) if batch._data is not None else 16 * batch.num_entries
         self.pending.append(_PublishOp(batch, reference, done, size))
         self.pending_bytes += size
@@ -240,6 +246,11 @@ class StreamHandle:
 
     def submit_store_offset(self, reference: str, offset: int) -> None:
         if self.closed:
+            return
+        if self.unavailable is not None:
+            log.warning(
+                "event=store_offset_refused stream=%s reason=%s", self.name, self.unavailable
+            )
             return
         self.pending.append(_StoreOffsetOp(reference, offset))
         self._kick()
@@ -561,6 +572,8 @@ class Broker:
             executor.shutdown(wait=False)
             raise
         handle = StreamHandle(record, stream_log, self, executor)
+        if self.lifecycle is not None:
+            handle.unavailable = "opening"  # until the lifecycle (tiering) has resolved
         self._streams[(record.vhost, record.name)] = handle
         if self.lifecycle is not None:
             await self.lifecycle.opened(handle)

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tierlog.server.tiering")
 
 HUGE_LAG = 1 << 62
+RESOLUTION_RETRY_MIN = 0.5
+RESOLUTION_RETRY_MAX = 5.0
+"""Backoff bounds (seconds) of the background retry of a stream's failed resolution."""
 
 
 class TieringService:
@@ -56,7 +59,7 @@ class TieringService:
         self.tierers: dict[str, StreamTierer] = {}  # by incarnation
         self._handles: dict[str, StreamHandle] = {}
         self._not_started: dict[str, StreamHandle] = {}
-        self._retry_at = 0.0
+        self._retry_at: dict[str, tuple[float, float]] = {}  # incarnation: (due, delay)
         self._tasks: list[asyncio.Task[None]] = []
         self._register_metrics(metrics)
 
@@ -78,6 +81,7 @@ class TieringService:
         resolution may restart the local log past the remote tail)."""
         self._handles[handle.record.incarnation] = handle
         if not self.tier.enabled:
+            handle.unavailable = None
             return
         settings = handle.record.settings
         cfg = replace(
@@ -103,10 +107,15 @@ class TieringService:
         except (TierlogError, OSError) as exc:
             # Retried by the housekeeping loop: an object store outage at start must not
             # leave the stream untiered for good (appends go on; local data is kept).
+            # Until resolution succeeds the stream refuses appends (retriable
+            # STREAM_NOT_AVAILABLE): an offset handed out now could be one the remote
+            # tier already holds. Local data stays readable.
             log.error("event=tiering_not_started stream=%s error=%r", handle.name, exc)
             tierer.stop(flush=False, timeout=1.0)
+            handle.unavailable = f"remote tier not resolved: {exc!r}"
             self._not_started[handle.record.incarnation] = handle
             return
+        handle.unavailable = None
         self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer
         handle.use_source(
@@ -143,13 +152,18 @@ class TieringService:
 
     # -- broker providers -------------------------------------------------------------
     def lag(self, record: StreamRecord) -> int:
-        """Un-tiered committed bytes; "infinite" when free disk is below the floor."""
+        """Un-tiered committed bytes; "infinite" when free disk is below the floor (also
+        while tiering is not running: the floor protects the disk either way)."""
         tierer = self.tierer_of(record)
+        handle = self._handles.get(record.incarnation)
+        stream_dir = tierer.log.stream_dir if tierer is not None else None
+        if stream_dir is None and handle is not None:
+            stream_dir = handle.log.stream_dir
+        floor = self.tier.min_free_disk_bytes
+        if floor and stream_dir is not None and shutil.disk_usage(stream_dir).free < floor:
+            return HUGE_LAG
         if tierer is None:
             return 0
-        floor = self.tier.min_free_disk_bytes
-        if floor and shutil.disk_usage(tierer.log.stream_dir).free < floor:
-            return HUGE_LAG
         return tierer.lag_bytes
 
     def remote_status(self, record: StreamRecord) -> dict[str, Any]:
@@ -191,10 +205,17 @@ class TieringService:
         while True:
             await asyncio.sleep(interval)
             await loop.run_in_executor(None, self.run_cleanups)
-            for pending in list(self._not_started.values()):
-                if not pending.closed and time.monotonic() >= self._retry_at:
-                    self._retry_at = time.monotonic() + 5.0
+            for incarnation, pending in list(self._not_started.items()):
+                due, delay = self._retry_at.get(incarnation, (0.0, RESOLUTION_RETRY_MIN))
+                if not pending.closed and time.monotonic() >= due:
+                    # per stream, with backoff: one stream's outage does not delay others
+                    self._retry_at[incarnation] = (
+                        time.monotonic() + delay,
+                        min(RESOLUTION_RETRY_MAX, delay * 2),
+                    )
                     await self.opened(pending)
+                    if incarnation not in self._not_started:
+                        self._retry_at.pop(incarnation, None)
             for incarnation, tierer in list(self.tierers.items()):
                 handle = self._handles.get(incarnation)
                 if handle is None or handle.closed:
