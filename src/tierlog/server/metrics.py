@@ -222,6 +222,11 @@ class ServerMetrics:
         self.overtaken = r.counter(
             "tierlog_overtaken_consumers_total", "Consumers overtaken by retention, by action."
         )
+        self.unreadable_data = r.counter(
+            "tierlog_subscription_unreadable_data_total",
+            "Subscriptions ended because the data at their position does not validate "
+            "(corrupt local chunk, corrupt or vanished remote fragment), by kind.",
+        )
         self.frame_errors = r.counter(
             "tierlog_frame_errors_total", "Connections closed for a bad frame, by reason."
         )

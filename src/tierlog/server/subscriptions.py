@@ -18,6 +18,7 @@ import contextlib
 import logging
 from typing import Protocol
 
+from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.server.chunk_source import (
     ChunkCursor,
@@ -25,6 +26,7 @@ from tierlog.server.chunk_source import (
     DeliverableChunk,
     OvertakenError,
     SourceClosedError,
+    UnreadableDataError,
 )
 from tierlog.server.metrics import ServerMetrics
 
@@ -121,6 +123,29 @@ class Subscription:
                 metrics.delivered_chunks.inc()
                 metrics.delivered_messages.inc(chunk.num_records)
                 metrics.delivered_bytes.inc(chunk.wire_size)
+        except UnreadableDataError as exc:
+            metrics.unreadable_data.inc(kind=exc.kind)
+            log.error(
+                "event=subscription_data_unreadable stream=%s subscription=%d position=%d "
+                "kind=%s error=%s",
+                self.stream_name,
+                self.id,
+                self.cursor.next_offset,
+                exc.kind,
+                exc,
+            )
+            self._sink.subscription_failed(self, str(exc))
+        except CorruptChunkError as exc:
+            metrics.unreadable_data.inc(kind="local")
+            log.error(
+                "event=subscription_data_unreadable stream=%s subscription=%d position=%d "
+                "kind=local error=%s",
+                self.stream_name,
+                self.id,
+                self.cursor.next_offset,
+                exc,
+            )
+            self._sink.subscription_failed(self, str(exc))
         except SourceClosedError:
             return
         except asyncio.CancelledError:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tierlog.formats.chunk import HEADER_SIZE
-from tierlog.log.errors import OffsetGapError
+from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
 from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
@@ -32,6 +32,7 @@ from tierlog.server.chunk_source import (
     LocalChunkSource,
     OvertakenError,
     SourceClosedError,
+    UnreadableDataError,
 )
 from tierlog.tiering.tierer import StreamTierer
 
@@ -104,9 +105,11 @@ class TieredChunkCursor:
             first = self._source.first_offset()
             if self.next_offset < first:
                 raise OvertakenError(self.next_offset, first) from exc
-            raise SourceClosedError(f"remote data vanished: {exc}") from exc
+            raise UnreadableDataError(f"remote data vanished: {exc}", "remote") from exc
+        except CorruptChunkError as exc:
+            raise UnreadableDataError(str(exc), "local") from exc
         except ReadError as exc:
-            raise SourceClosedError(str(exc)) from exc
+            raise UnreadableDataError(str(exc), "remote") from exc
 
     def _go_local_if_held(self) -> None:
         """Hand over to the local cursor when the reader's position is held locally."""

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from tierlog.formats.chunk import ChunkType, decode_header, single_entry_body
+from tierlog.formats.crc import crc32
 from tierlog.formats.fragment import (
     HEADER_SIZE,
     ChunkInfo,
@@ -97,6 +98,11 @@ def local_chunks(stream_log: StreamLog, first: int, end: int) -> dict[int, Local
             if first <= c.chunk_id < end:
                 out[c.chunk_id] = LocalChunk(epoch=c.epoch, crc=c.data_crc, size=c.size)
     return out
+
+
+class LocalChunkCorruptError(FragmentConflictError):
+    """A chunk cut into a fragment fails its CRC check: the fragment is not uploaded and
+    tiering of the stream halts (alarm) instead of making bit rot the remote copy."""
 
 
 class StreamTierer:
@@ -553,6 +559,14 @@ class StreamTierer:
             header = decode_header(buf)
             if header.chunk_id != c.chunk_id or header.data_crc != c.data_crc:
                 raise OSError(f"chunk {c.chunk_id} changed on disk under the tierer")
+            start = header.data_start
+            actual = crc32(buf[start : start + header.data_length])
+            if actual != header.data_crc:
+                # local bit rot must never become the only remote copy
+                raise LocalChunkCorruptError(
+                    f"{path}: chunk {c.chunk_id} at {c.position}: data CRC {actual:#010x} != "
+                    f"header {header.data_crc:#010x}; not uploaded, tiering of the stream stops"
+                )
             buffers.append(buf)
             infos.append(
                 ChunkInfo(

@@ -1,0 +1,89 @@
+"""Corrupt data at the tier boundary: a local chunk that fails its CRC is never uploaded
+(tiering halts with an alarm), and a corrupt remote fragment ends a subscription visibly
+(MetadataUpdate, error log, metric), never silently."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+from pathlib import Path
+
+from tests.plugins.tiering_world import World
+from tests.test_server_inprocess import AsyncRawClient
+from tests.test_server_tiering import STREAM_ARGS, config, publish, status, wait_for
+from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.formats.fragment import decode_trailer
+from tierlog.formats.protocol import commands as c
+from tierlog.formats.protocol.constants import OffsetType, ResponseCode
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import LogReader
+from tierlog.server.app import Server
+from tierlog.tiering.keys import data_prefix
+
+
+def test_chunk_failing_its_crc_is_never_uploaded(world: World) -> None:
+    world.append(40)
+    segments = world.log.list_segments()
+    assert len(segments) >= 2 and segments[0].sealed
+    with LogReader(world.log, OffsetSpec.first(), user_only=False) as reader:
+        chunks = [
+            (c.header.chunk_id, c.position)
+            for c in reader.chunks()
+            if c.segment_path == segments[0].segment_path and c.header.chunk_type == 0
+        ]
+    victim_id, victim_pos = chunks[len(chunks) // 4]
+    with open(segments[0].segment_path, "r+b") as f:  # bit rot in a sealed segment
+        f.seek(victim_pos + HEADER_SIZE + 10)
+        byte = f.read(1)[0]
+        f.seek(victim_pos + HEADER_SIZE + 10)
+        f.write(bytes([byte ^ 0x01]))
+    tierer = world.tierer()
+    tierer.start()
+    deadline = time.monotonic() + 20
+    while tierer.halted is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tierer.halted is not None and "CRC" in tierer.halted
+    assert f"chunk {victim_id}" in tierer.halted
+    prefix = data_prefix("", world.record.incarnation)
+    for meta in world.store.list(prefix):
+        trailer = decode_trailer(world.store.get_suffix(meta.key, 96))
+        assert not trailer.first_offset <= victim_id < trailer.next_offset, meta.key
+    assert tierer.durable_next <= victim_id
+
+
+async def test_corrupt_remote_fragment_ends_the_subscription_visibly(tmp_path: Path) -> None:
+    server = Server(config(tmp_path))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        response = await client.request(c.CreateRequest(client.next_corr(), "rot", STREAM_ARGS))
+        assert response.response_code == ResponseCode.OK
+        await publish(client, "rot", 30)
+
+        async def freed() -> bool:
+            s = await status(server, "rot")
+            return (
+                s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+                and s["local"]["first_offset"] > 0
+            )
+
+        await wait_for(freed)
+        fragments = sorted(glob.glob(str(tmp_path / "**" / "*.fragment*"), recursive=True))
+        assert fragments
+        first = fragments[0]
+        with open(first, "r+b") as f:  # one flipped bit in the first fragment's chunk data
+            f.seek(8 + HEADER_SIZE + 100)
+            byte = f.read(1)[0]
+            f.seek(8 + HEADER_SIZE + 100)
+            f.write(bytes([byte ^ 0x10]))
+        spec = c.OffsetSpec(OffsetType.FIRST)
+        sub = c.SubscribeRequest(client.next_corr(), 7, "rot", spec, 10)
+        assert (await client.request(sub)).response_code == ResponseCode.OK
+        update = await client.expect(c.MetadataUpdate)
+        assert update.code == ResponseCode.STREAM_NOT_AVAILABLE and update.stream == "rot"
+        assert server.metrics.unreadable_data.value(kind="remote") == 1
+        assert os.path.exists(first)
+        client.close()
+    finally:
+        await server.stop()
