@@ -65,12 +65,16 @@ def segments(stream_dir: str) -> list[str]:
     return sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment"))
 
 
-async def consume_all(server: Server, name: str) -> list[tuple[int, bytes]]:
+async def consume_all_n(server: Server, name: str, count: int) -> list[tuple[int, bytes]]:
     from rstream import ConsumerOffsetSpecification, OffsetType
 
     return await rstream_consume(
-        server.stream_port, name, ConsumerOffsetSpecification(OffsetType.FIRST), TOTAL
+        server.stream_port, name, ConsumerOffsetSpecification(OffsetType.FIRST), count
     )
+
+
+async def consume_all(server: Server, name: str) -> list[tuple[int, bytes]]:
+    return await consume_all_n(server, name, TOTAL)
 
 
 async def test_damaged_sealed_segment_is_repaired_from_the_remote_tier(tmp_path: Path) -> None:

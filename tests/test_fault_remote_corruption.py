@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import time
 from pathlib import Path
 
-from tests.plugins.tiering_world import World
+import pytest
+
+from tests.plugins.tiering_world import LOG, World
 from tests.test_server_inprocess import AsyncRawClient
 from tests.test_server_tiering import STREAM_ARGS, config, publish, status, wait_for
 from tierlog.formats.chunk import HEADER_SIZE
@@ -18,6 +21,7 @@ from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import OffsetType, ResponseCode
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
+from tierlog.log.writer import StreamLog
 from tierlog.server.app import Server
 from tierlog.tiering.keys import data_prefix
 
@@ -87,3 +91,34 @@ async def test_corrupt_remote_fragment_ends_the_subscription_visibly(tmp_path: P
         client.close()
     finally:
         await server.stop()
+
+
+def test_timestamps_stay_monotonic_across_a_restart_at_the_remote_tail(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The remote tail's clock ran ahead (or this host's clock went back): the restarted
+    local log stamps no chunk below the remote tail's newest timestamp."""
+    import tierlog.log.writer as writer_module
+
+    ahead_ms = 3_600_000
+    real = time.time_ns
+    monkeypatch.setattr(writer_module.time, "time_ns", lambda: real() + ahead_ms * 1_000_000)
+    tierer = world.tierer()
+    tierer.start()
+    world.append(5)
+    assert tierer.flush()
+    tierer.stop(flush=False)
+    remote_max = tierer.committer.tree.header().max_timestamp
+    monkeypatch.setattr(writer_module.time, "time_ns", real)
+    stream_dir = world.log.stream_dir
+    world.log.close()
+    shutil.rmtree(stream_dir)
+    world.log = StreamLog.create(
+        world.data_dir, "/", "orders", LOG, created_ns=world.record.created_ns
+    )
+    fresh = world.tierer(epoch=1)
+    assert fresh.start().restarted_local
+    world.append(2)
+    with LogReader(world.log, OffsetSpec.first(), user_only=False) as reader:
+        stamps = [c.header.timestamp for c in reader.chunks()]
+    assert stamps and min(stamps) >= remote_max

@@ -80,6 +80,11 @@ class OffsetGapError(CorruptChunkError):
         self.missing_to = missing_to
 
 
+class SyncFailedError(LogError):
+    """An fdatasync of the log failed: nothing after the last successful one is known to
+    be durable, so the log accepts nothing more until it is reopened (recovery)."""
+
+
 class LogClosedError(LogError):
     """The log or reader was closed."""
 

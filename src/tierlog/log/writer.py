@@ -53,6 +53,7 @@ from tierlog.log.errors import (
     SegmentNotSealedError,
     StaleEpochError,
     StreamExistsError,
+    SyncFailedError,
 )
 from tierlog.log.names import stream_dir_name
 from tierlog.log.offset_spec import OffsetSpec
@@ -163,6 +164,7 @@ class StreamLog:
         self._listeners: list[CommitListener] = []
         self._last_sync = time.monotonic()
         self._closed = False
+        self._sync_failed: OSError | None = None
         self.duplicates_dropped = 0
         self.recovery_notes = tuple(recovered.notes)
 
@@ -211,8 +213,9 @@ class StreamLog:
         """Fsync (committing everything written) and close the files."""
         if self._closed:
             return
-        self.sync()
-        os.fsync(self._idx_fd)
+        if self._sync_failed is None:
+            self.sync()
+            os.fsync(self._idx_fd)
         os.close(self._seg_fd)
         os.close(self._idx_fd)
         self._closed = True
@@ -603,10 +606,21 @@ class StreamLog:
         """Fsync the active segment now and commit everything written."""
         self._check_open()
         if self._written != self._commit:
-            os.fdatasync(self._seg_fd)
+            self._fdatasync()
             self._publish(self._written)
         self._last_sync = time.monotonic()
         return self._commit
+
+    def _fdatasync(self) -> None:
+        """fdatasync the active segment. After a failure the kernel may have dropped the
+        dirty pages and a later fsync can succeed without them, so the log refuses all
+        further work (``SyncFailedError``) until it is closed and reopened: recovery then
+        finds what really reached the disk."""
+        try:
+            os.fdatasync(self._seg_fd)
+        except OSError as exc:
+            self._sync_failed = exc
+            raise SyncFailedError(f"{self._dir}: fdatasync failed: {exc!r}") from exc
 
     def maybe_sync(self, now: float | None = None) -> bool:
         """Drive the ``interval`` cadence: fsync if the interval has passed and data waits.
@@ -757,7 +771,7 @@ class StreamLog:
     def _roll(self, first_offset: int) -> None:
         """Seal the active segment (fsync, commit) and start a new one at ``first_offset``."""
         if self._written != self._commit:
-            os.fdatasync(self._seg_fd)
+            self._fdatasync()
         os.fsync(self._idx_fd)
         ref = segment_ref(self._dir, first_offset)
         _create_segment_files(ref)
@@ -776,7 +790,9 @@ class StreamLog:
 
     # ----------------------------------------------------------------- restart / retention
 
-    def restart_at(self, next_offset: int, epoch: int, tracking_snapshot: bytes) -> None:
+    def restart_at(
+        self, next_offset: int, epoch: int, tracking_snapshot: bytes, last_timestamp: int = 0
+    ) -> None:
         """Continue in a new segment at ``next_offset`` with a higher ``epoch``.
 
         Used when the remote tier is ahead of the local log: offsets below
@@ -806,6 +822,8 @@ class StreamLog:
         self._next_offset = next_offset
         self._epoch = epoch
         self._max_epoch = epoch
+        # timestamps never go back across the restart: the remote tail may be newer
+        self._last_timestamp = max(self._last_timestamp, last_timestamp)
         self._tracking = tracking
         self._write_snapshot_chunk()
         fsync_dir(self._dir)
@@ -864,6 +882,11 @@ class StreamLog:
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"{self._dir} is closed")
+        if self._sync_failed is not None:
+            raise SyncFailedError(
+                f"{self._dir}: an earlier fdatasync failed ({self._sync_failed!r}); reopen the "
+                "log (recovery) before writing more"
+            )
 
 
 def _tracking_id(name: str | bytes, what: str) -> bytes:

@@ -23,6 +23,7 @@ from tierlog.server.admin import build_admin_app
 from tierlog.server.broker import Broker, LagProvider, RemoteStatusProvider, no_lag
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
+from tierlog.server.data_dir_lock import DataDirLock
 from tierlog.server.metrics import ServerMetrics
 from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore, open_meta_store
@@ -95,9 +96,11 @@ class Server:
         self.stream_port = 0
         self.admin_port = 0
         self._stopped = asyncio.Event()
+        self._lock = DataDirLock(self.storage.data_dir)
 
     async def start(self) -> None:
         os.makedirs(self.storage.data_dir, exist_ok=True)
+        self._lock.acquire()  # one server per data directory, for the process lifetime
         self.meta = open_meta_store(self.storage.meta_store)
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
@@ -177,6 +180,7 @@ class Server:
             self.object_store.close()
         if self.meta is not None:
             self.meta.close()
+        self._lock.release()
         log.info("event=stopped")
         self._stopped.set()
 

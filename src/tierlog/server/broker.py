@@ -38,6 +38,7 @@ from tierlog.log.errors import (
     InvalidAppendError,
     LogError,
     RecordTooLargeError,
+    SyncFailedError,
 )
 from tierlog.log.recovery import quarantine
 from tierlog.log.writer import StreamLog
@@ -138,6 +139,7 @@ class _GroupResult:
     chunks: int = 0
     duplicates: int = 0
     error: str = ""
+    sync_failed: bool = False
 
 
 def _drop_duplicates(batch: PublishBatch, last: int) -> list[int]:
@@ -184,6 +186,7 @@ class StreamHandle:
     writing: bool = False
     closed: bool = False
     tier_lag: int = 0
+    _reopen_task: asyncio.Task[None] | None = None
     unavailable: str | None = None
     """Why appends are refused for now (retriable STREAM_NOT_AVAILABLE): the remote tier
     was not resolved yet, so any offset handed out could be one it already holds."""
@@ -299,8 +302,12 @@ class StreamHandle:
         except (OSError, LogError) as exc:
             log.error("event=write_failed stream=%s error=%r", self.name, exc)
             result.error = repr(exc)
+            code = ResponseCode.INTERNAL_ERROR
+            if isinstance(exc, SyncFailedError):
+                result.sync_failed = True  # reopen (recovery) before accepting more
+                code = ResponseCode.STREAM_NOT_AVAILABLE
             for k in range(len(ops)):
-                result.codes[k] = ResponseCode.INTERNAL_ERROR
+                result.codes[k] = code
         return result
 
     def _append_run(self, ops: Sequence[_Op], lo: int, hi: int, result: _GroupResult) -> None:
@@ -422,6 +429,9 @@ class StreamHandle:
             if isinstance(op, _PublishOp):
                 op.done(code)
         self.notifier.notify()
+        if result.sync_failed and self.unavailable is None and not self.closed:
+            self.unavailable = f"fdatasync failed, reopening: {result.error}"
+            self._reopen_task = asyncio.create_task(self.broker.reopen_after_sync_failure(self))
         if self.pending and not self.closed:
             self._kick()
         else:
@@ -631,6 +641,24 @@ class Broker:
             first_offset=0,
             end_offset=None,
         )
+
+    async def reopen_after_sync_failure(self, handle: StreamHandle) -> None:
+        """Close a stream whose fdatasync failed (its users are told) and open it again:
+        recovery finds what really reached the disk before anything more is accepted."""
+        async with self._lock:
+            key = (handle.vhost, handle.name)
+            if self._streams.get(key) is not handle:
+                return
+            del self._streams[key]
+            if self.lifecycle is not None:
+                await self.lifecycle.closing(handle, flush=False)
+            await handle.close(notify=True)
+            try:
+                await self._open(handle.record)
+            except (TierlogError, OSError) as exc:
+                log.error("event=stream_reopen_failed stream=%s error=%r", handle.name, exc)
+                return
+            log.warning("event=stream_reopened_after_sync_failure stream=%s", handle.name)
 
     # ----------------------------------------------------------------- streams
 

@@ -262,7 +262,8 @@ class StreamTierer:
         restarted = False
         self.log.set_stream_first_offset(tree.first_offset if not tree.is_empty else 0)
         if next_offset > self.log.next_offset:
-            self._restart_local(next_offset, last_fragment)
+            remote_max_ts = max([tree.header().max_timestamp] + [f.max_timestamp for f in adopted])
+            self._restart_local(next_offset, last_fragment, remote_max_ts)
             restarted = True
             last_fragment = None  # the local log continues in a new segment
         elif next_offset < self.log.first_offset:
@@ -295,7 +296,9 @@ class StreamTierer:
             return None
         return (fragment.trailer.segment_first_offset, fragment.trailer.seq_no)
 
-    def _restart_local(self, next_offset: int, last: tuple[int, int] | None) -> None:
+    def _restart_local(
+        self, next_offset: int, last: tuple[int, int] | None, remote_max_timestamp: int = 0
+    ) -> None:
         """The remote tier is ahead: continue the local log past it, with the tracking
         state replayed from the remote tail's segment."""
         tracking = self._remote_tracking(next_offset)
@@ -307,7 +310,7 @@ class StreamTierer:
             self.log.next_offset,
             epoch,
         )
-        self.log.restart_at(next_offset, epoch, tracking.to_bytes())
+        self.log.restart_at(next_offset, epoch, tracking.to_bytes(), remote_max_timestamp)
 
     def _remote_tracking(self, next_offset: int) -> TrackingState:
         tracking = TrackingState()
