@@ -161,7 +161,8 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         if scan.damage is None and scan.chunks:
             _check_last_chunk(ref, scan.chunks[-1], next_segment)
         if scan.damage:
-            trusted_after = _trusted_chunk_after(ref, scan.valid_end)
+            expected_id = scan.chunks[-1].next_offset if scan.chunks else offset
+            trusted_after = _trusted_chunk_after(ref, scan.valid_end, expected_id)
             if not is_last or trusted_after is not None:
                 end = next_segment if trusted_after is None else trusted_after
                 raise _damage(ref, scan.damage, scan.valid_end, _scan_next(scan, offset), end)
@@ -277,8 +278,8 @@ def _first_header(ref: SegmentRef) -> ChunkHeader | None:
         os.close(fd)
 
 
-def _trusted_chunk_after(ref: SegmentRef, damaged_at: int) -> int | None:
-    """The chunk id of a trustworthy chunk after the damage at ``damaged_at``, if any.
+def _trusted_chunk_after(ref: SegmentRef, damaged_at: int, expected_id: int) -> int | None:
+    """The chunk id of a trustworthy chunk at or after the damage at ``damaged_at``, if any.
 
     The candidates are the position right after the damaged chunk (when its header
     still gives its length) and every position the index names beyond the damage: the
@@ -288,7 +289,10 @@ def _trusted_chunk_after(ref: SegmentRef, damaged_at: int) -> int | None:
     fd = os.open(ref.segment_path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        candidates: list[int] = []
+        # The damaged chunk itself first: when it validates on its own, only its continuity
+        # with the chunk before failed (a header field outside the CRC), which a torn write
+        # cannot cause.
+        candidates: list[int] = [damaged_at]
         try:
             header = read_header_at(fd, damaged_at)
             candidates.append(damaged_at + header.total_size)
@@ -306,6 +310,9 @@ def _trusted_chunk_after(ref: SegmentRef, damaged_at: int) -> int | None:
                 validate_chunk(header, memoryview(pread_exact(fd, header.total_size, position)))
             except FormatError:
                 continue
+            # the questionable range ends after the damaged chunk, or where trust resumes
+            if position == damaged_at:
+                return max(header.next_offset, expected_id + header.num_records)
             return header.chunk_id
         return None
     finally:

@@ -372,6 +372,14 @@ class TieredReader:
                         self._drop_cursors()
                         self._check_gap_held(gap)
                         continue
+                    except CorruptChunkError:
+                        # a local chunk does not validate: its healthy copy in the remote
+                        # tier serves that one chunk; without one the error stands
+                        self._drop_cursors()
+                        if not self._remote_holds(self._next):
+                            raise
+                        self._open_remote(self._next + 1)
+                        continue
                     if chunk is None:
                         return None
                     assert chunk.raw is not None
@@ -444,6 +452,12 @@ class TieredReader:
         if self._strategy is ReadStrategy.FORCE and self._manifest is not None:
             return self._next >= self._manifest.tree().next_offset
         return True
+
+    def _remote_holds(self, offset: int) -> bool:
+        if self._strategy is ReadStrategy.DISABLE or self._manifest is None:
+            return False
+        tree = self._manifest.refresh()
+        return tree.first_offset <= offset < tree.next_offset
 
     def _check_gap_held(self, gap: OffsetGapError) -> None:
         if self._strategy is ReadStrategy.DISABLE or self._manifest is None:

@@ -40,7 +40,7 @@ from tierlog.log.errors import (
     RecordTooLargeError,
     SyncFailedError,
 )
-from tierlog.log.recovery import quarantine
+from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import StreamLog
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
@@ -599,48 +599,29 @@ class Broker:
         """Open with recovery; damage recovery may not cut is repaired from the remote tier
         when it holds the range durably, else the file is moved aside and the stream
         refused (DamagedSegmentError naming file and range)."""
-        for _attempt in range(8):
+
+        def repair(exc: DamagedSegmentError) -> bool:
+            if self.lifecycle is None:
+                return False
             try:
-                return StreamLog.open(path, config, adopt_disk_epoch=True)
-            except DamagedSegmentError as exc:
-                if not os.path.exists(exc.segment_path):
-                    raise  # already moved aside: stays refused
-                try:
-                    repaired = self.lifecycle is not None and self.lifecycle.repair_damaged(
-                        record, exc
-                    )
-                except (TierlogError, OSError) as repair_exc:
-                    log.error(
-                        "event=segment_repair_failed stream=%s file=%s error=%r",
-                        record.name,
-                        exc.segment_path,
-                        repair_exc,
-                    )
-                    repaired = False
-                if repaired:
-                    self.damage_repaired.inc(stream=record.incarnation)
-                    continue
-                moved = quarantine(exc)
-                self.damage_refused.inc(stream=record.incarnation)
+                return self.lifecycle.repair_damaged(record, exc)
+            except (TierlogError, OSError) as repair_exc:
                 log.error(
-                    "event=stream_refused_damaged stream=%s file=%s offsets=[%d,%s) "
-                    "moved_to=%s error=%s",
+                    "event=segment_repair_failed stream=%s file=%s error=%r",
                     record.name,
                     exc.segment_path,
-                    exc.first_offset,
-                    exc.end_offset if exc.end_offset is not None else "end",
-                    ",".join(moved),
-                    exc,
+                    repair_exc,
                 )
-                raise
-        raise DamagedSegmentError(
-            f"{path}: damage remains after repairs from the remote tier",
-            segment_path=path,
-            segment_first_offset=0,
-            position=0,
-            first_offset=0,
-            end_offset=None,
-        )
+                return False
+
+        report = DamageReport()
+        try:
+            return open_repairing(path, config, repair, report)
+        finally:
+            if report.repaired:
+                self.damage_repaired.inc(len(report.repaired), stream=record.incarnation)
+            if report.refused is not None:
+                self.damage_refused.inc(stream=record.incarnation)
 
     async def reopen_after_sync_failure(self, handle: StreamHandle) -> None:
         """Close a stream whose fdatasync failed (its users are told) and open it again:

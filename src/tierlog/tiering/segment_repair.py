@@ -16,6 +16,7 @@ import os
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
+from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER
 from tierlog.log.errors import DamagedSegmentError
 from tierlog.log.recovery import patch_segment
 from tierlog.log.segment_files import validate_chunk
@@ -51,6 +52,7 @@ def repair_from_remote(
     except OffsetOutOfRangeError:
         return 0
     repaired = 0
+    reached_damage = False
     offset = location.entry.first_offset
     while offset < min(end, tree.next_offset):
         fragment = remote.read_fragment(offset)
@@ -65,6 +67,13 @@ def repair_from_remote(
         except NotFoundError:
             break
         _validate_chunks(memoryview(data), key)
+        if t.segment_position <= error.position < t.segment_position + len(data) or (
+            error.position == t.segment_position + len(data) and t.next_offset < end
+        ):
+            reached_damage = True
+        if error.position < FILE_HEADER_SIZE and t.segment_position == FILE_HEADER_SIZE:
+            patch_segment(error.segment_path, 0, SEGMENT_HEADER)  # a constant
+            reached_damage = True
         patch_segment(error.segment_path, t.segment_position, data)
         repaired += len(data)
         log.warning(
@@ -75,7 +84,7 @@ def repair_from_remote(
             key,
         )
         offset = t.next_offset
-    return repaired
+    return repaired if reached_damage else 0
 
 
 def _validate_chunks(data: memoryview, key: str) -> None:
