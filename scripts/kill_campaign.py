@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.faults.kill import run_campaign  # noqa: E402
+from tests.faults.kill import run_campaign
 
 
 def main() -> int:
