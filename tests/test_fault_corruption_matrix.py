@@ -75,7 +75,7 @@ def damage_pointer(stream: CampaignStream, how: str, at: int, bit: int) -> None:
             del value[pos:]
         else:
             value = bytearray(len(value))
-        meta.put_if(key, bytes(value), stored.version, 1 << 40)
+        meta.put_if(key, bytes(value), stored.version, stored.epoch)
     finally:
         meta.close()
 
