@@ -303,8 +303,10 @@ class StreamHandle:
             log.error("event=write_failed stream=%s error=%r", self.name, exc)
             result.error = repr(exc)
             code = ResponseCode.INTERNAL_ERROR
-            if isinstance(exc, SyncFailedError):
-                result.sync_failed = True  # reopen (recovery) before accepting more
+            if isinstance(exc, SyncFailedError | OSError):
+                # an I/O error (failed fsync, disk full mid-write or mid-roll) leaves the
+                # files in an unknown state: reopen (recovery) before accepting more
+                result.sync_failed = True
                 code = ResponseCode.STREAM_NOT_AVAILABLE
             for k in range(len(ops)):
                 result.codes[k] = code
@@ -527,6 +529,7 @@ class Broker:
         self.connections: set[Any] = set()
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
+        self._closing = False
         metrics.streams.source = lambda: [((), float(len(self._streams)))]
         self.damage_repaired = metrics.registry.counter(
             "tierlog_local_damage_repaired_total",
@@ -549,6 +552,7 @@ class Broker:
         self._lag_task = asyncio.create_task(self._poll_lag())
 
     async def close(self) -> None:
+        self._closing = True
         if self._lag_task is not None:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -633,13 +637,21 @@ class Broker:
             del self._streams[key]
             if self.lifecycle is not None:
                 await self.lifecycle.closing(handle, flush=False)
-            await handle.close(notify=True)
             try:
-                await self._open(handle.record)
-            except (TierlogError, OSError) as exc:
-                log.error("event=stream_reopen_failed stream=%s error=%r", handle.name, exc)
+                await handle.close(notify=True)
+            except (LogError, OSError) as exc:
+                log.error("event=stream_close_failed stream=%s error=%r", handle.name, exc)
+            delay = 0.2
+            while not self._closing:
+                try:
+                    await self._open(handle.record)
+                except (TierlogError, OSError) as exc:  # e.g. the disk is still full
+                    log.error("event=stream_reopen_failed stream=%s error=%r", handle.name, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(5.0, delay * 2)
+                    continue
+                log.warning("event=stream_reopened_after_io_error stream=%s", handle.name)
                 return
-            log.warning("event=stream_reopened_after_sync_failure stream=%s", handle.name)
 
     # ----------------------------------------------------------------- streams
 
