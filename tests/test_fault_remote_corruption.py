@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -23,6 +24,8 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
 from tierlog.server.app import Server
+from tierlog.storage.errors import StorageError, TransientError
+from tierlog.tiering.catalog import Catalog
 from tierlog.tiering.keys import data_prefix
 
 
@@ -122,3 +125,58 @@ def test_timestamps_stay_monotonic_across_a_restart_at_the_remote_tail(
     with LogReader(world.log, OffsetSpec.first(), user_only=False) as reader:
         stamps = [c.header.timestamp for c in reader.chunks()]
     assert stamps and min(stamps) >= remote_max
+
+
+class LateApplyingMeta:
+    """A MetaStore whose first pointer put times out without applying yet, then applies
+    later (on the second call after it): an ambiguous conditional put, as on etcd."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self._late: tuple[str, bytes, int, int] | None = None
+        self._calls_after = 0
+        self.armed = True
+
+    def _maybe_apply_late(self) -> None:
+        if self._late is not None:
+            self._calls_after += 1
+            if self._calls_after >= 2:
+                late, self._late = self._late, None
+                with contextlib.suppress(StorageError):
+                    self._inner.put_if(*late)  # type: ignore[attr-defined]
+
+    def get(self, key: str) -> object:
+        self._maybe_apply_late()
+        return self._inner.get(key)  # type: ignore[attr-defined]
+
+    def put_if(self, key: str, value: bytes, expected_version: int, epoch: int) -> object:
+        self._maybe_apply_late()
+        if self.armed and key.startswith("pointer/"):
+            self.armed = False
+            self._late = (key, value, expected_version, epoch)
+            raise TransientError("put_if timed out (outcome unknown)")
+        return self._inner.put_if(key, value, expected_version, epoch)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_ambiguous_pointer_put_never_orphans_the_published_root(world: World) -> None:
+    tierer = world.tierer()
+    tierer.start()
+    world.append(5)
+    assert tierer.flush()
+    tierer.stop(flush=False)
+    late = LateApplyingMeta(world.meta)
+    tierer = world.tierer(meta=late)  # type: ignore[arg-type]
+    tierer.start()  # the fencing commit's pointer put is ambiguous and applies late
+    world.append(5)
+    assert tierer.flush(timeout=20)
+    tierer.stop(flush=False)
+    pointer = Catalog(world.meta).read_pointer(world.record.incarnation)
+    assert pointer is not None and pointer.root_uid is not None
+    root = world.store.get(tierer.remote.root_key(bytes.fromhex(pointer.root_uid)))
+    assert root  # the published root exists: nothing unpublished-looking was deleted
+    fresh = world.tierer()
+    fresh.start()
+    assert fresh.durable_next == world.log.commit_point().next_offset
