@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tierlog.formats.chunk import HEADER_SIZE
-from tierlog.log.errors import CorruptChunkError, OffsetGapError
+from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
 from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
@@ -143,9 +143,10 @@ class TieredChunkCursor:
         if self._local is not None:
             try:
                 return await self._local.read()
-            except (OvertakenError, FileNotFoundError, OffsetGapError):
-                # Local retention freed the segment, or the local log jumps past offsets
-                # only the remote tier holds: continue through the cross-tier reader.
+            except (OvertakenError, FileNotFoundError, CorruptChunkError):
+                # Local retention freed the segment, the local log jumps past offsets only
+                # the remote tier holds (OffsetGapError), or a local chunk does not
+                # validate: the cross-tier reader serves it from the remote tier or raises.
                 position = self._local.next_offset
                 self._local.close()
                 self._local = None
