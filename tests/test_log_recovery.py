@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.config import LogConfig
+from tierlog.log.damage import patch_segment, quarantine
 from tierlog.log.errors import CorruptChunkError, DamagedSegmentError, NotAStreamError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogView
-from tierlog.log.recovery import patch_segment, quarantine
 from tierlog.log.segment_files import encode_index, read_file, scan_segment
 from tierlog.log.writer import StreamLog
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tierlog.log.config import LogConfig
+from tierlog.log.damage import quarantine
 from tierlog.log.errors import DamagedSegmentError
-from tierlog.log.recovery import quarantine
 from tierlog.log.writer import StreamLog
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
   trustworthy after it (a write the crash interrupted). Any other damage (in a sealed
   segment, or followed by trustworthy chunks) raises ``DamagedSegmentError`` naming the
   file and range and modifies nothing: the caller repairs it from a healthy copy (the
-  remote tier, ``patch_segment``) or refuses the stream and moves the file aside
-  (``quarantine``); a stream directory holding a moved-aside file stays refused.
+  remote tier, ``damage.patch_segment``) or refuses the stream and moves the file aside
+  (``damage.quarantine``); a stream directory holding a moved-aside file stays refused.
   Bit rot inside a sealed chunk whose index passes the structural check is caught later
   by readers' CRC checks (a typed error, never served).
 * Index files without a segment are deleted; an empty last segment is deleted when
@@ -43,6 +43,7 @@ from tierlog.formats.chunk import (
 )
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER, IndexRecord
+from tierlog.log.damage import refuse_quarantined
 from tierlog.log.errors import DamagedSegmentError, NotAStreamError
 from tierlog.log.segment_files import (
     ChunkInfo,
@@ -62,10 +63,6 @@ from tierlog.log.segment_files import (
 from tierlog.log.tracking import TrackingState
 
 log = logging.getLogger(__name__)
-
-DAMAGED_SUFFIX = ".damaged"
-"""Suffix of a segment or index file that recovery moved aside: kept for the operator,
-never read as part of the log."""
 
 
 @dataclass
@@ -120,7 +117,7 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
     """
     if not os.path.isdir(stream_dir):
         raise NotAStreamError(f"{stream_dir} is not a directory")
-    _refuse_quarantined(stream_dir)
+    refuse_quarantined(stream_dir)
     _, segments, indexes = list_files(stream_dir)
     if not segments:
         raise NotAStreamError(f"{stream_dir} holds no Osiris segment files")
@@ -315,47 +312,6 @@ def _trusted_chunk_after(ref: SegmentRef, damaged_at: int, expected_id: int) -> 
                 return max(header.next_offset, expected_id + header.num_records)
             return header.chunk_id
         return None
-    finally:
-        os.close(fd)
-
-
-def _refuse_quarantined(stream_dir: str) -> None:
-    for name in sorted(os.listdir(stream_dir)):
-        if name.endswith(".segment" + DAMAGED_SUFFIX):
-            path = os.path.join(stream_dir, name)
-            raise DamagedSegmentError(
-                f"{path}: a damaged segment was moved aside; the stream stays refused until "
-                "it is restored or the operator removes it",
-                segment_path=path,
-                segment_first_offset=int(name[:20]),
-                position=0,
-                first_offset=int(name[:20]),
-                end_offset=None,
-            )
-
-
-def quarantine(error: DamagedSegmentError) -> list[str]:
-    """Move a damaged segment and its index aside (never deleted); the new paths."""
-    moved = []
-    base = error.segment_path[: -len(".segment")]
-    for path in (error.segment_path, base + ".index"):
-        if os.path.exists(path):
-            os.replace(path, path + DAMAGED_SUFFIX)
-            moved.append(path + DAMAGED_SUFFIX)
-    fsync_dir(os.path.dirname(error.segment_path))
-    return moved
-
-
-def patch_segment(segment_path: str, position: int, data: bytes | memoryview) -> None:
-    """Overwrite ``data`` at ``position`` of a segment with the identical bytes of a healthy
-    copy (chunks are verbatim in the remote tier), durably; recovery then rebuilds the
-    index from the repaired segment."""
-    fd = os.open(segment_path, os.O_WRONLY)
-    try:
-        written = os.pwrite(fd, data, position)
-        if written != len(data):
-            raise OSError(f"{segment_path}: short write while repairing at {position}")
-        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -17,8 +17,8 @@ from tierlog.formats.chunk import decode_header
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER
+from tierlog.log.damage import patch_segment
 from tierlog.log.errors import DamagedSegmentError
-from tierlog.log.recovery import patch_segment
 from tierlog.log.segment_files import validate_chunk
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
