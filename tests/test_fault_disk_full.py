@@ -51,6 +51,13 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+RETRY_PAUSE = 0.05
+"""Seconds a publisher waits after a retriable STREAM_NOT_AVAILABLE (the stream is
+reopening through recovery, then resolving its remote tier)."""
+RESUME_WITHIN = 20.0
+"""Seconds within which publishing must resume once the disk has space again."""
+
+
 class Publisher:
     """Publishes numbered messages; after the stream went away (it is reopened after an
     I/O error) it declares itself again, as clients do after a MetadataUpdate."""
@@ -73,8 +80,11 @@ class Publisher:
                 self.confirmed.update(frame.publishing_ids)
                 continue
             self.refused += len(frame.errors)
+            codes = {code for _, code in frame.errors}
+            if ResponseCode.STREAM_NOT_AVAILABLE in codes:
+                await asyncio.sleep(RETRY_PAUSE)  # retriable: a client retries after a pause
             gone = {ResponseCode.STREAM_DOES_NOT_EXIST, ResponseCode.PUBLISHER_DOES_NOT_EXIST}
-            if {code for _, code in frame.errors} & gone:
+            if codes & gone:
                 self.publisher_id += 1
                 await self.client.request(
                     c.DeclarePublisherRequest(
@@ -125,7 +135,9 @@ async def test_local_disk_full_mid_publish(tmp_path: Path) -> None:
             assert pub.refused > 0, "nothing can be confirmed on a full disk"
             filler.unlink()
             before = len(pub.confirmed)
-            for _ in range(100):  # publishing resumes once the stream reopened (recovery)
+            deadline = asyncio.get_running_loop().time() + RESUME_WITHIN
+            # publishing resumes once the stream reopened (recovery) and resolved its tiers
+            while asyncio.get_running_loop().time() < deadline:
                 await pub.publish(1)
                 if len(pub.confirmed) - before >= 100:
                     break
