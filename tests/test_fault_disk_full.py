@@ -149,7 +149,7 @@ async def test_local_disk_full_mid_publish(tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # passes when no commit happens to meet the full disk (timing)
     reason="a raw OSError in a manifest commit stalls tiering silently; the commit and "
     "upload error paths are fixed on another branch (remove this marker once merged)",
 )
