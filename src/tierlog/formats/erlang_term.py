@@ -120,7 +120,7 @@ class _Decoder:
         _need(self.view, position, count)
         return bytes(self.view[position : position + count])
 
-    def term(self, position: int) -> tuple[Any, int]:  # noqa: PLR0911, PLR0912
+    def term(self, position: int) -> tuple[Any, int]:
         tag = self.u8(position)
         p = position + 1
         if tag == 97:  # SMALL_INTEGER_EXT

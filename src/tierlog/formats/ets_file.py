@@ -95,8 +95,9 @@ def read_msg_locations(data: bytes | memoryview) -> dict[bytes, MsgLocation]:
     end = terms[-1]
     if not (isinstance(end, list) and len(end) == 2 and end[0] == Atom("$end_of_table")):
         raise TruncatedEtsFileError("dump does not end with its end-of-table term")
-    counts = [v for k, v in (t for t in end[1] if isinstance(t, tuple) and len(t) == 2)
-              if k == "count"]
+    counts = [
+        v for k, v in (t for t in end[1] if isinstance(t, tuple) and len(t) == 2) if k == "count"
+    ]
     objects = terms[1:-1]
     if counts and counts[0] != len(objects):
         raise EtsFileError(f"dump says {counts[0]} objects, holds {len(objects)}")

@@ -187,7 +187,9 @@ def encode_message(msg_id: bytes, body: bytes | memoryview, *, checksum: bool = 
     if size > MAX_RECORD_SIZE:
         raise RecordSizeError(f"message record of {size} bytes exceeds {MAX_RECORD_SIZE}")
     if checksum:
-        return _CHECKSUM_HEAD.pack(MESSAGE_WITH_CHECKSUM, size, msg_id, message_crc(msg_id, body)) + bytes(body)
+        return _CHECKSUM_HEAD.pack(
+            MESSAGE_WITH_CHECKSUM, size, msg_id, message_crc(msg_id, body)
+        ) + bytes(body)
     return _MESSAGE_HEAD.pack(MESSAGE, size, msg_id) + bytes(body)
 
 
@@ -235,7 +237,9 @@ def decode_message(
     if size != len(view):
         raise RecordSizeError(f"message record size field {size}, expected {len(view)}")
     if expected_id is not None and msg_id != expected_id:
-        raise MsgIdMismatchError(f"record holds msg id {msg_id.hex()}, expected {expected_id.hex()}")
+        raise MsgIdMismatchError(
+            f"record holds msg id {msg_id.hex()}, expected {expected_id.hex()}"
+        )
     if rtype == MESSAGE:
         return msg_id, view[MESSAGE_MIN:]
     if size < CHECKSUM_MESSAGE_MIN:
@@ -314,9 +318,9 @@ def encode_v1_record(msg_id: bytes, body: bytes) -> bytes:
     return _V1_HEAD.pack(MSG_ID_SIZE + len(body), msg_id) + body + bytes([V1_TRAILER])
 
 
-def decode_v1_record(data: bytes | memoryview, *, expected_id: bytes | None = None) -> tuple[
-    bytes, memoryview
-]:
+def decode_v1_record(
+    data: bytes | memoryview, *, expected_id: bytes | None = None
+) -> tuple[bytes, memoryview]:
     """Decode one whole v1 record read from its indexed position: (msg id, body as stored)."""
     view = memoryview(data)
     if len(view) < V1_OVERHEAD:
@@ -327,7 +331,9 @@ def decode_v1_record(data: bytes | memoryview, *, expected_id: bytes | None = No
     if view[-1] != V1_TRAILER:
         raise V1RecordError(f"v1 record trailer is {view[-1]}, expected 255")
     if expected_id is not None and msg_id != expected_id:
-        raise MsgIdMismatchError(f"record holds msg id {msg_id.hex()}, expected {expected_id.hex()}")
+        raise MsgIdMismatchError(
+            f"record holds msg id {msg_id.hex()}, expected {expected_id.hex()}"
+        )
     return msg_id, view[V1_SIZE_BYTES + MSG_ID_SIZE : -1]
 
 
