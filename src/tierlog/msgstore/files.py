@@ -89,12 +89,14 @@ def scan_v2_fd(fd: int, *, check: bool = True) -> ScanResult:
     if check:
         check_header(os.pread(fd, HEADER_SIZE, 0))
     position = HEADER_SIZE
+    need = position
     while True:
-        block = os.pread(fd, min(SCAN_BLOCK, file_size - position), position)
+        length = min(max(SCAN_BLOCK, need - position), file_size - position)
+        block = os.pread(fd, length, position)
         stop: ScanStop = scan_block(block, position, position, file_size, records)
         if stop.need == 0:
             return ScanResult(records, stop.position, file_size, stop.torn)
-        position = stop.position
+        position, need = stop.position, stop.need
 
 
 def scan_v1_fd(fd: int) -> ScanResult:
@@ -102,18 +104,12 @@ def scan_v1_fd(fd: int) -> ScanResult:
     file_size = os.fstat(fd).st_size
     records: list[Record] = []
     seen: set[bytes] = set()
-    position = 0
+    position = need = 0
     while True:
-        remaining = file_size - position
-        block = os.pread(fd, min(SCAN_BLOCK, remaining), position)
+        length = min(max(SCAN_BLOCK, need - position), file_size - position)
+        block = os.pread(fd, length, position)
         stop = scan_v1_block(block, position, position, file_size, seen, records)
         if stop.need == 0:
             end = records[-1].position + records[-1].size if records else 0
             return ScanResult(records, end, file_size, False)
-        if stop.need - stop.position > len(block):
-            block = os.pread(fd, stop.need - stop.position, stop.position)
-            stop = scan_v1_block(block, stop.position, stop.position, file_size, seen, records)
-            if stop.need == 0:
-                end = records[-1].position + records[-1].size if records else 0
-                return ScanResult(records, end, file_size, False)
-        position = stop.position
+        position, need = stop.position, stop.need
