@@ -70,8 +70,8 @@ def generate(out: Path) -> None:
     try:
         # Written before the node starts: rabbitmq_node points RABBITMQ_ADVANCED_CONFIG_FILE here.
         (base / "advanced.config").write_text(
-            "[{rabbit, [{msg_store_file_size_limit, %d},"
-            " {queue_index_embed_msgs_below, %d}]}].\n" % (FILE_SIZE_LIMIT, EMBED_BELOW)
+            f"[{{rabbit, [{{msg_store_file_size_limit, {FILE_SIZE_LIMIT}}},"
+            f" {{queue_index_embed_msgs_below, {EMBED_BELOW}}}]}}].\n"
         )
         with rabbitmq_node(base) as node:
             params = pika.ConnectionParameters(

@@ -154,23 +154,15 @@ def test_hole_rule_rejects_impossible_gaps() -> None:
 # ---------------------------------------------------------------- Erlang terms (golden bytes
 # from term_to_binary on Erlang/OTP 25)
 
-MSG_LOCATION = bytes(
-    [131, 104, 6, 100, 0, 12, 109, 115, 103, 95, 108, 111, 99, 97, 116, 105, 111, 110, 109, 0, 0]
-    + [0, 3, 1, 2, 3, 97, 0, 97, 7, 98, 0, 0, 1, 44, 110, 5, 0, 20, 26, 153, 190, 28]
+MSG_LOCATION = bytes.fromhex(
+    "83680664000c6d73675f6c6f636174696f6e6d0000000301020361006107620000012c6e0500141a99be1c"
 )
-MIXED_LIST = bytes(
-    [131, 108, 0, 0, 0, 6, 100, 0, 1, 97, 107, 0, 2, 97, 98, 70, 63, 248, 0, 0, 0, 0, 0, 0]
-    + [98, 255, 255, 255, 251, 98, 0, 1, 17, 112, 116, 0, 0, 0, 1, 100, 0, 1, 107, 100, 0, 1]
-    + [118, 106]
+MIXED_LIST = bytes.fromhex(
+    "836c00000006640001616b00026162463ff800000000000062fffffffb6200011170740000000164"
+    "00016b640001766a"
 )
-PID = bytes(
-    [131, 88, 100, 0, 13, 110, 111, 110, 111, 100, 101, 64, 110, 111, 104, 111, 115, 116, 0, 0]
-    + [0, 9, 0, 0, 0, 0, 0, 0, 0, 0]
-)
-REF = bytes(
-    [131, 90, 0, 3, 100, 0, 13, 110, 111, 110, 111, 100, 101, 64, 110, 111, 104, 111, 115, 116]
-    + [0, 0, 0, 0, 0, 2, 181, 250, 32, 136, 0, 2, 209, 67, 18, 134]
-)
+PID = bytes.fromhex("835864000d6e6f6e6f6465406e6f686f7374000000090000000000000000")
+REF = bytes.fromhex("835a000364000d6e6f6e6f6465406e6f686f7374000000000002b5fa20880002d1431286")
 
 
 def test_erlang_terms_golden() -> None:
@@ -239,7 +231,9 @@ def test_ets_dump_typed_errors() -> None:
     ),
     st.one_of(st.none(), st.integers(0, 2**40)),
 )
-def test_clean_file_roundtrip(raw: list[tuple[bytes, int, int, int, int]], last: int | None) -> None:
+def test_clean_file_roundtrip(
+    raw: list[tuple[bytes, int, int, int, int]], last: int | None
+) -> None:
     entries = [CleanEntry(*e) for e in raw]
     data = encode_clean(last, entries)
     state = decode_clean(data)

@@ -190,7 +190,9 @@ def test_plan_compaction_matches_rabbitmq_rule() -> None:
 
 @settings(max_examples=25)
 @given(st.integers(0, 2**32), st.floats(0.0, 1.0))
-def test_compaction_keeps_contents(tmp_path_factory: pytest.TempPathFactory, seed: int, fraction: float) -> None:
+def test_compaction_keeps_contents(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, fraction: float
+) -> None:
     rng = random.Random(seed)
     directory = tmp_path_factory.mktemp("compact")
     store = MessageStore.open(directory, SMALL)
@@ -223,8 +225,10 @@ def test_compaction_writes_no_zero_fill(tmp_path: Path) -> None:
     result = store.compact(file)
     assert result.moved > 0
     # bytes written: the moved records plus 5-byte markers, far below the gaps' size
-    gaps = result.size_before - fmt.HEADER_SIZE - sum(
-        store.index[m].size for m in store.files[file].msg_ids
+    gaps = (
+        result.size_before
+        - fmt.HEADER_SIZE
+        - sum(store.index[m].size for m in store.files[file].msg_ids)
     )
     assert result.bytes_written <= result.bytes_moved + 10 * (result.moved + 1) + 5 * 300
     assert result.bytes_written < gaps
