@@ -66,7 +66,6 @@ COMPACTION_STEPS = (
     "compact.fsync_headers",
     "compact.index_updated",
     "compact.truncate",
-    "compact.fsync_truncate",
 )
 """Crash points of one compaction, in order."""
 
@@ -103,12 +102,16 @@ class FileInfo:
     """Per file: its size (the append position of the current file), the live bytes, and
     the msg ids located in it (so deleting a file drops its index entries at once)."""
 
-    __slots__ = ("live_bytes", "msg_ids", "size")
+    __slots__ = ("live_bytes", "msg_ids", "size", "truncate_unsynced")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.live_bytes = 0
         self.msg_ids: set[bytes] = set()
+        self.truncate_unsynced = False
+        """A compaction's truncation is not fsynced yet: it must be before the file is
+        written again (else a durable hole over a moved copy could outlive the truncation
+        and let the original, past the intended end, come back)."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,15 @@ class MessageStore:
             self._fds[file] = fd
         return fd
 
+    def _settled_fd(self, file: int) -> int:
+        """The file's descriptor for a write, after making a pending truncation durable."""
+        fd = self._fd(file)
+        info = self.files[file]
+        if info.truncate_unsynced:
+            os.fsync(fd)
+            info.truncate_unsynced = False
+        return fd
+
     def _drop_fd(self, file: int) -> None:
         fd = self._fds.pop(file, None)
         if fd is not None:
@@ -298,7 +310,7 @@ class MessageStore:
         ):
             file = self._new_v2_file()
         info = self.files[file]
-        fd = self._fd(file)
+        fd = self._settled_fd(file)
         os.pwrite(fd, record, info.size)
         if self.config.sync_writes:
             os.fdatasync(fd)
@@ -342,7 +354,7 @@ class MessageStore:
         if loc.ref_count > 0:
             return
         if file_format(loc.file, self.last_v1_file) == "v2":
-            fd = self._fd(loc.file)
+            fd = self._settled_fd(loc.file)
             marker = fmt.hole_marker(loc.size)
             os.pwrite(fd, marker, loc.offset)
             self.bytes_written += len(marker)
@@ -397,13 +409,14 @@ class MessageStore:
         3. fsync; 4. per gap, a 5-byte ``pwrite`` that turns the hole's header into the
            first moved record's header, after which a scan sees the moved copies first (a
            scan keeps the first copy of a msg id, so the originals at the end are ignored);
-        5. fsync; 6. index update; 7. truncate after the last kept record; 8. fsync.
+        5. fsync; 6. index update; 7. truncate after the last kept record (not fsynced:
+        a lost truncation only leaves second copies that recovery turns into holes).
         No gap is ever zero-filled.
         """
         if file_format(file, self.last_v1_file) != "v2":
             raise MixedStoreError(f"file {file} is a v1 file: v1 files are never written")
         info = self.files[file]
-        fd = self._fd(file)
+        fd = self._settled_fd(file)
         live = sorted(
             ((self.index[m].offset, self.index[m].size, m) for m in info.msg_ids),
             key=lambda t: t[0],
@@ -424,14 +437,19 @@ class MessageStore:
         flips: list[tuple[int, bytes]] = []
         bytes_moved = 0
         for start, end, group in moves_per_hole(moves, holes):
-            blob = b"".join(os.pread(fd, size, src) for (src, size, _m, _dst) in group)
-            bytes_moved += len(blob)
-            cursor = start + len(blob)
-            tail = fmt.hole_marker(end - cursor)
-            payload = blob[fmt.HOLE_MIN :] + tail
-            os.pwrite(fd, payload, start + fmt.HOLE_MIN)
-            written += len(payload)
-            flips.append((start, blob[: fmt.HOLE_MIN]))
+            moved = sum(size for (_src, size, _m, _dst) in group)
+            tail = fmt.hole_marker(end - start - moved)
+            buf = bytearray(moved + len(tail))
+            view = memoryview(buf)
+            at = 0
+            for src, size, _m, _dst in group:
+                if os.preadv(fd, [view[at : at + size]], src) != size:
+                    raise fmt.TornRecordError(f"{self.path_of(file)}: record at {src} cut off")
+                at += size
+            view[moved:] = tail
+            bytes_moved += moved
+            written += os.pwrite(fd, view[fmt.HOLE_MIN :], start + fmt.HOLE_MIN)
+            flips.append((start, bytes(view[: fmt.HOLE_MIN])))
         self._step("compact.fill_holes")
         if flips:
             os.fsync(fd)
@@ -446,11 +464,13 @@ class MessageStore:
         for _src, _size, msg_id, dst in moves:
             self.index[msg_id].offset = dst
         self._step("compact.index_updated")
+        # Not fsynced here (RabbitMQ does not sync it either): a truncation lost in a crash
+        # leaves the moved originals past the end, second copies that recovery turns into
+        # holes. It is made durable before the file's next write (``_settled_fd``).
         os.ftruncate(fd, truncate_at)
         info.size = truncate_at
+        info.truncate_unsynced = True
         self._step("compact.truncate")
-        os.fsync(fd)
-        self._step("compact.fsync_truncate")
         self.bytes_written += written
         log.info(
             "msgstore_compacted",
