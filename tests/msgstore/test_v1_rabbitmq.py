@@ -175,3 +175,20 @@ def test_v1_files_drain_by_attrition(store_dir: Path, expected: dict[str, Any]) 
     store = MessageStore.open(store_dir)
     assert store.read(b"n" * 16) == b"new" and len(store) == 1
     store.close()
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing"
+    assert main(["msgstore", "migrate", str(missing)]) == 1
+    assert not missing.exists()
+    assert main(["msgstore", "dump", str(missing)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "0.sqs").write_bytes(b"TLMS\x02" + bytes(59) + bytes(100))
+    assert main(["msgstore", "migrate", str(corrupt)]) == 1
+    assert "0.sqs" in capsys.readouterr().err
+    assert main(["msgstore", "dump", str(corrupt)]) == 1
+    line = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert line["error"] == "ZeroFilledRegionError" and line["file"] == "0.sqs"

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-
-from tierlog.logs import get_logger
-
-log = get_logger(__name__)
 
 
 def add_msgstore_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,9 +26,12 @@ def add_msgstore_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from tierlog.msgstore.errors import NotADirectoryStoreError
     from tierlog.msgstore.migrate import migrate_v1
     from tierlog.msgstore.store import MessageStore
 
+    if not os.path.isdir(args.path):
+        raise NotADirectoryStoreError(f"{args.path} is not a message store directory")
     store = MessageStore.open(args.path)
     try:
         result = migrate_v1(store)
