@@ -23,6 +23,7 @@ import hashlib
 import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +38,17 @@ MESSAGES = 36
 SMALL_MESSAGES = 3
 SEED = 20261124
 MAX_FIXTURE_BYTES = 2 * 1024 * 1024
+
+
+def _versions() -> str:
+    """The Debian package versions of the node that wrote the fixture."""
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Package} ${Version}\n", "rabbitmq-server", "erlang-base"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return ", ".join(out.split("\n")[:2]).strip(", ")
 
 
 def _amqp_port(base: Path) -> int:
@@ -117,7 +129,7 @@ def generate(out: Path) -> None:
     if total > MAX_FIXTURE_BYTES:
         raise RuntimeError(f"fixture too large: {total} bytes")
     expected = {
-        "rabbitmq": "Debian rabbitmq-server (see docs/msgstore.md)",
+        "rabbitmq": _versions(),
         "queue": QUEUE,
         "file_size_limit": FILE_SIZE_LIMIT,
         "rdq_files": sorted(p.name for p in target.glob("*.rdq")),

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tierlog.formats import msgstore as fmt
@@ -49,7 +49,6 @@ def _write(tmp_path: Path, data: bytes) -> int:
     return os.open(path, os.O_RDONLY)
 
 
-@settings(max_examples=60)
 @given(st.lists(ITEM, max_size=40), st.integers(16, 4096))
 def test_random_stores_scan_exactly(
     tmp_path_factory: pytest.TempPathFactory, items: list, block: int
@@ -72,7 +71,6 @@ def test_random_stores_scan_exactly(
     assert result.records == expected and result.end == len(data) and not result.torn
 
 
-@settings(max_examples=60)
 @given(st.lists(ITEM, min_size=1, max_size=30), st.data())
 def test_torn_tail_is_dropped(items: list, data: st.DataObject) -> None:
     full, expected = _build(items)
@@ -85,7 +83,6 @@ def test_torn_tail_is_dropped(items: list, data: st.DataObject) -> None:
     assert stop.torn == (stop.position < cut)
 
 
-@settings(max_examples=60)
 @given(st.lists(ITEM, min_size=1, max_size=30), st.data())
 def test_zero_filled_region_fails_loudly(items: list, data: st.DataObject) -> None:
     full, expected = _build(items)

@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tierlog.formats import msgstore as fmt
@@ -188,7 +188,6 @@ def test_plan_compaction_matches_rabbitmq_rule() -> None:
     assert plan_compaction([], 64) == ([], 64)
 
 
-@settings(max_examples=25)
 @given(st.integers(0, 2**32), st.floats(0.0, 1.0))
 def test_compaction_keeps_contents(
     tmp_path_factory: pytest.TempPathFactory, seed: int, fraction: float

@@ -402,8 +402,9 @@ class MessageStore:
         """Move messages from the end of a v2 file into earlier holes, then truncate.
 
         Steps (each leaves a file that scans to the same live messages):
-        1. a HOLE header at the start of every gap of >= 5 bytes before the truncation
-           point, so each gap is one hole whose inside is never interpreted;
+        1. a HOLE header at the start of every gap that receives moved messages, so that
+           gap is one hole whose inside is never interpreted (every other gap already is
+           made of the hole records removals wrote);
         2. per destination gap, one ``pwrite`` of the moved records minus their first
            5 bytes plus the marker of what remains of the gap: all inside the hole;
         3. fsync; 4. per gap, a 5-byte ``pwrite`` that turns the hole's header into the
@@ -425,18 +426,20 @@ class MessageStore:
         size_before = info.size
         written = 0
         holes = original_gaps(live, fmt.HEADER_SIZE, truncate_at)
-        # 1. one HOLE header per gap: whatever was inside is no longer interpreted
-        for start, end in holes:
-            if end - start >= fmt.HOLE_MIN:
-                marker = fmt.hole_marker(end - start)
-                os.pwrite(fd, marker, start)
-                written += len(marker)
+        targets = moves_per_hole(moves, holes)
+        # 1. one HOLE header over each gap that receives messages: whatever was inside (the
+        # hole records removals left) is no longer interpreted. Other gaps already are
+        # hole records and stay as they are.
+        for start, end, _group in targets:
+            marker = fmt.hole_marker(end - start)
+            os.pwrite(fd, marker, start)
+            written += len(marker)
         self._step("compact.coalesce_holes")
         # 2. fill each destination hole's inside: moved records (minus the first 5 bytes of
         # the first one) and the marker of the rest of the hole, in one pwrite
         flips: list[tuple[int, bytes]] = []
         bytes_moved = 0
-        for start, end, group in moves_per_hole(moves, holes):
+        for start, end, group in targets:
             moved = sum(size for (_src, size, _m, _dst) in group)
             tail = fmt.hole_marker(end - start - moved)
             buf = bytearray(moved + len(tail))
