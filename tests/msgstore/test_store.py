@@ -291,3 +291,34 @@ def test_compaction_torn_write_at_every_step(tmp_path: Path, point: str) -> None
     store = MessageStore.open(tmp_path, SMALL)
     _assert_contents(store, contents)
     store.close()
+
+
+def test_crash_during_recovery(tmp_path: Path) -> None:
+    """Recovery writes too (second copies become holes, torn tails are cut): a crash
+    after any file's recovery leaves a store that recovers to the same contents."""
+    rng = random.Random(7)
+    store = MessageStore.open(tmp_path, SMALL)
+    contents = _fill(store, rng, 60)
+    _remove_some(store, contents, rng, 0.7)
+    store.crash_hook = _crash_at("compact.fsync_headers")  # leaves second copies
+    with pytest.raises(Crash):
+        for file in store.compaction_candidates():
+            store.compact(file)
+    store.abandon()
+    last = tmp_path / f"{max(int(p.stem) for p in tmp_path.glob('*.sqs'))}.sqs"
+    with open(last, "ab") as out:
+        out.write(fmt.encode_message(b"t" * 16, b"torn")[:-2])
+    for crash_count in range(3):
+        seen = {"n": 0}
+
+        def hook(name: str, limit: int = crash_count, seen: dict[str, int] = seen) -> None:
+            if name == "recover.file_scanned":
+                if seen["n"] == limit:
+                    raise Crash(name)
+                seen["n"] += 1
+
+        with pytest.raises(Crash):
+            MessageStore.open(tmp_path, SMALL, crash_hook=hook)
+    store = MessageStore.open(tmp_path, SMALL)
+    _assert_contents(store, contents)
+    store.close()

@@ -162,19 +162,23 @@ class MessageStore:
         for name in os.listdir(path):
             if name.endswith(V2_EXT + TMP_SUFFIX):
                 os.unlink(path / name)  # an unfinished migration target: never referenced
-        store._check_boundary()
-        clean = path / CLEAN_FILE
-        if clean.exists():
-            try:
-                store._recover_clean(clean.read_bytes())
-                store.recovered_clean = True
-            except (CleanFileError, MixedStoreError) as exc:
-                log.warning("msgstore_clean_file_rejected", directory=str(path), error=str(exc))
-                store._reset()
-            os.unlink(clean)
-            fsync_dir(path)
-        if not store.recovered_clean:
-            store._recover_dirty()
+        try:
+            store._check_boundary()
+            clean = path / CLEAN_FILE
+            if clean.exists():
+                try:
+                    store._recover_clean(clean.read_bytes())
+                    store.recovered_clean = True
+                except (CleanFileError, MixedStoreError) as exc:
+                    log.warning("msgstore_clean_file_rejected", directory=str(path), error=str(exc))
+                    store._reset()
+                os.unlink(clean)
+                fsync_dir(path)
+            if not store.recovered_clean:
+                store._recover_dirty()
+        except BaseException:
+            store._close_fds()
+            raise
         v2 = list_segments(path, V2_EXT)
         store.current_file = v2[-1] if v2 else None
         log.info(
