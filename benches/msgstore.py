@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from tierlog.formats import msgstore as fmt
 from tierlog.msgstore import MessageStore, MsgStoreConfig
-from tierlog.msgstore.store import plan_compaction
+from tierlog.msgstore.compaction import plan_compaction
 
 KIB = 1024
 GIB = 1024**3

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from tierlog.formats import msgstore as fmt
 from tierlog.msgstore import MessageStore, MsgNotFoundError, MsgStoreConfig
+from tierlog.msgstore.compaction import COMPACTION_STEPS, plan_compaction
 from tierlog.msgstore.errors import CorruptSegmentError, MixedStoreError, MsgStoreConfigError
 from tierlog.msgstore.files import CLEAN_FILE, file_format, filenum_to_name
 from tierlog.msgstore.migrate import MIGRATION_STEPS
-from tierlog.msgstore.store import COMPACTION_STEPS, plan_compaction
 
 MSGSTORE_FILE_KINDS = {
     "segment_v2": "<n>.sqs: 64-byte header + typed records (written, compacted, deleted)",

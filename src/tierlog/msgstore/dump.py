@@ -32,7 +32,7 @@ from tierlog.msgstore.files import (
     scan_v1_fd,
     scan_v2_fd,
 )
-from tierlog.msgstore.store import load_rabbit_index
+from tierlog.msgstore.recovery import load_rabbit_index
 
 log = get_logger(__name__)
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from tierlog.formats import msgstore as fmt
 from tierlog.logs import get_logger
 from tierlog.msgstore.files import TMP_SUFFIX, V1_EXT, V2_EXT, fsync_dir, list_segments
-from tierlog.msgstore.store import FileInfo, MessageStore
+from tierlog.msgstore.index import FileInfo
+from tierlog.msgstore.store import MessageStore
 
 log = get_logger(__name__)
 
