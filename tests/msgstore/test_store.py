@@ -322,3 +322,71 @@ def test_crash_during_recovery(tmp_path: Path) -> None:
     store = MessageStore.open(tmp_path, SMALL)
     _assert_contents(store, contents)
     store.close()
+
+
+class _LosingDisk:
+    """Stands in for ``os`` in the compaction module: every write since the last fsync of
+    the file is pending, and a crash keeps an arbitrary subset of them (in order), as a
+    disk cache that reorders and drops unsynced writes would."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.synced = path.read_bytes()
+        self.pending: list[tuple[str, int, bytes]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        self.pending.append(("write", offset, bytes(data)))
+        return os.pwrite(fd, data, offset)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        self.pending.append(("truncate", length, b""))
+        os.ftruncate(fd, length)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        self.synced = self.path.read_bytes()
+        self.pending.clear()
+
+    fdatasync = fsync
+
+    def crash(self, rng: random.Random) -> None:
+        data = bytearray(self.synced)
+        for op, at, payload in self.pending:
+            if rng.random() < 0.5:
+                continue
+            if op == "truncate":
+                del data[at:]
+            else:
+                if len(data) < at + len(payload):
+                    data.extend(bytes(at + len(payload) - len(data)))
+                data[at : at + len(payload)] = payload
+        self.path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("point", COMPACTION_STEPS)
+@pytest.mark.parametrize("subset_seed", range(4))
+def test_compaction_crash_losing_any_unsynced_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str, subset_seed: int
+) -> None:
+    from tierlog.msgstore import compaction
+
+    rng = random.Random(1000 + subset_seed)
+    store = MessageStore.open(tmp_path, SMALL)
+    contents = _fill(store, rng, 50)
+    _remove_some(store, contents, rng, 0.7)
+    store.sync()
+    file = store.compaction_candidates()[0]
+    disk = _LosingDisk(tmp_path / f"{file}.sqs")
+    monkeypatch.setattr(compaction, "os", disk)
+    store.crash_hook = _crash_at(point)
+    with pytest.raises(Crash):
+        store.compact(file)
+    store.abandon()
+    disk.crash(rng)
+    monkeypatch.undo()
+    store = MessageStore.open(tmp_path, SMALL)
+    _assert_contents(store, contents)
+    store.close()

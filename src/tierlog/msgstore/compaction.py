@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 COMPACTION_STEPS = (
-    "compact.coalesce_holes",
     "compact.fill_holes",
     "compact.fsync_fill",
     "compact.flip_headers",
@@ -46,17 +45,16 @@ class CompactionResult:
 def compact_file(store: MessageStore, file: int) -> CompactionResult:
     """Move messages from the end of a v2 file into earlier holes, then truncate.
 
-    Steps (each leaves a file that scans to the same live messages):
-    1. a HOLE header at the start of every gap that receives moved messages, so that
-       gap is one hole whose inside is never interpreted (every other gap already is
-       made of the hole records removals wrote);
-    2. per destination gap, one ``pwrite`` of the moved records minus their first
+    Every gap is already one hole on disk (removals merge holes), so the inside of a gap
+    is never interpreted. Steps (each leaves a file that scans to the same live messages,
+    whichever unsynced writes a crash loses):
+    1. per destination gap, one ``pwrite`` of the moved records minus their first
        5 bytes plus the marker of what remains of the gap: all inside the hole;
-    3. fsync; 4. per gap, a 5-byte ``pwrite`` that turns the hole's header into the
+    2. fsync; 3. per gap, a 5-byte ``pwrite`` that turns the hole's header into the
        first moved record's header, after which a scan sees the moved copies first (a
        scan keeps the first copy of a msg id, so the originals at the end are ignored);
-    5. fsync; 6. index update; 7. truncate after the last kept record (not fsynced:
-    a lost truncation only leaves second copies that recovery turns into holes).
+    4. fsync; 5. index update; 6. truncate after the last kept record (not fsynced:
+       a lost truncation only leaves second copies that recovery turns into holes).
     No gap is ever zero-filled.
     """
     if file_format(file, store.last_v1_file) != "v2":
@@ -72,15 +70,7 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
     written = 0
     holes = original_gaps(live, fmt.HEADER_SIZE, truncate_at)
     targets = moves_per_hole(moves, holes)
-    # 1. one HOLE header over each gap that receives messages: whatever was inside (the
-    # hole records removals left) is no longer interpreted. Other gaps already are
-    # hole records and stay as they are.
-    for start, end, _group in targets:
-        marker = fmt.hole_marker(end - start)
-        os.pwrite(fd, marker, start)
-        written += len(marker)
-    store._step("compact.coalesce_holes")
-    # 2. fill each destination hole's inside: moved records (minus the first 5 bytes of
+    # 1. fill each destination hole's inside: moved records (minus the first 5 bytes of
     # the first one) and the marker of the rest of the hole, in one pwrite
     flips: list[tuple[int, bytes]] = []
     bytes_moved = 0
@@ -102,7 +92,7 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
     if flips:
         os.fsync(fd)
     store._step("compact.fsync_fill")
-    # 4. switch each hole header to its first moved record's header
+    # 3. switch each hole header to its first moved record's header
     for start, head in flips:
         os.pwrite(fd, head, start)
         written += len(head)
@@ -118,6 +108,11 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
     os.ftruncate(fd, truncate_at)
     info.size = truncate_at
     info.truncate_unsynced = True
+    info.set_holes(
+        [(store.index[m].offset, store.index[m].size) for m in info.msg_ids],
+        fmt.HEADER_SIZE,
+        truncate_at,
+    )
     store._step("compact.truncate")
     store.bytes_written += written
     log.info(

@@ -43,6 +43,10 @@ def recover_clean(store: MessageStore, data: bytes) -> None:
         store.index[e.msg_id] = Location(e.ref_count, e.file, e.offset, e.total_size)
         info.msg_ids.add(e.msg_id)
         info.live_bytes += e.total_size
+    for file in list_segments(store.directory, V2_EXT):
+        info = store.files[file]
+        locs = (store.index[m] for m in info.msg_ids)
+        info.set_holes([(loc.offset, loc.size) for loc in locs], fmt.HEADER_SIZE, info.size)
 
 
 def load_file_sizes(store: MessageStore) -> None:
@@ -75,6 +79,9 @@ def recover_dirty(store: MessageStore) -> None:
 
 
 def _recover_v2_file(store: MessageStore, file: int) -> int:
+    """Index a v2 file's messages (first copy of a msg id wins), cut a torn tail, and make
+    each gap one hole again: a second copy left by a crash during compaction becomes part
+    of the hole around it, so it can never come back."""
     fd = store._fd(file)
     try:
         result = scan_v2_fd(fd)
@@ -82,20 +89,22 @@ def _recover_v2_file(store: MessageStore, file: int) -> int:
         raise CorruptSegmentError(f"{store.path_of(file)}: {exc}") from exc
     info = store.files[file]
     duplicates = 0
+    whole_holes: set[tuple[int, int]] = set()
+    live: list[tuple[int, int]] = []
     for rec in result.records:
         if rec.msg_id is None:
+            if rec.type == fmt.HOLE:
+                whole_holes.add((rec.position, rec.position + rec.size))
             continue
         if rec.msg_id in store.index:
-            # a copy left by a crash during compaction: the first copy is kept and this
-            # one becomes a hole so it can never come back
-            os.pwrite(fd, fmt.hole_marker(rec.size), rec.position)
             duplicates += 1
             continue
         store.index[rec.msg_id] = Location(1, file, rec.position, rec.size)
         info.msg_ids.add(rec.msg_id)
         info.live_bytes += rec.size
-    if result.end < result.file_size or result.end < fmt.HEADER_SIZE:
-        end = max(result.end, 0)
+        live.append((rec.position, rec.size))
+    end = result.end
+    if end < result.file_size or end < fmt.HEADER_SIZE:
         if end < fmt.HEADER_SIZE:
             os.ftruncate(fd, 0)
             os.pwrite(fd, fmt.encode_header(), 0)
@@ -108,8 +117,14 @@ def _recover_v2_file(store: MessageStore, file: int) -> int:
             position=end,
             bytes=result.file_size - end,
         )
-        info.size = end
-    if duplicates or result.end < result.file_size:
+    info.size = end
+    info.set_holes(live, fmt.HEADER_SIZE, end)
+    merged = 0
+    for start, stop in info.hole_end.items():
+        if stop - start >= fmt.HOLE_MIN and (start, stop) not in whole_holes:
+            os.pwrite(fd, fmt.hole_marker(stop - start), start)
+            merged += 1
+    if merged or end < result.file_size:
         os.fsync(fd)
     store._step("recover.file_scanned")
     return duplicates

@@ -4,11 +4,11 @@ Files are numbered segments in one directory; ``last_v1_file`` says which number
 RabbitMQ v1 ``.rdq`` files (read in place, never written) and which are v2 ``.sqs`` files.
 New messages are appended to the newest v2 file as ``MESSAGE_WITH_CHECKSUM`` records.
 
-Removing a message's last reference writes a 5-byte HOLE header over its record (one
-``pwrite``, no read), so a file always describes itself: dirty recovery is a scan that finds
-exactly the live messages. Compaction moves messages from the end of a file into earlier
-holes and truncates; each step leaves a file that scans to the same contents (see
-``compact``). A clean close writes the index and ``last_v1_file`` to the clean-shutdown
+Removing a message's last reference writes one 5-byte HOLE header over its record merged
+with the holes next to it (one ``pwrite``, no read), so a file always describes itself
+(dirty recovery is a scan that finds exactly the live messages) and every gap is one hole.
+Compaction (``tierlog.msgstore.compaction``) moves messages from the end of a file into
+earlier holes and truncates; each step leaves a file that scans to the same contents. A clean close writes the index and ``last_v1_file`` to the clean-shutdown
 file, which the next open reads and deletes.
 
 ``crash_hook`` (tests) is called with the name of each step of compaction, migration and
@@ -304,15 +304,17 @@ class MessageStore:
         loc.ref_count -= 1
         if loc.ref_count > 0:
             return
+        info = self.files[loc.file]
         if file_format(loc.file, self.last_v1_file) == "v2":
             fd = self._settled_fd(loc.file)
-            marker = fmt.hole_marker(loc.size)
-            os.pwrite(fd, marker, loc.offset)
+            # one header over the record and the holes next to it: the gap stays one hole
+            start, end = info.add_hole(loc.offset, loc.offset + loc.size)
+            marker = fmt.hole_marker(end - start)
+            os.pwrite(fd, marker, start)
             self.bytes_written += len(marker)
             if self.config.sync_writes:
                 os.fdatasync(fd)
         del self.index[msg_id]
-        info = self.files[loc.file]
         info.msg_ids.discard(msg_id)
         info.live_bytes -= loc.size
         self.delete_file_if_empty(loc.file)
