@@ -8,8 +8,9 @@ Removing a message's last reference writes one 5-byte HOLE header over its recor
 with the holes next to it (one ``pwrite``, no read), so a file always describes itself
 (dirty recovery is a scan that finds exactly the live messages) and every gap is one hole.
 Compaction (``tierlog.msgstore.compaction``) moves messages from the end of a file into
-earlier holes and truncates; each step leaves a file that scans to the same contents. A clean close writes the index and ``last_v1_file`` to the clean-shutdown
-file, which the next open reads and deletes.
+earlier holes and truncates; each step leaves a file that scans to the same contents.
+A clean close writes the index and ``last_v1_file`` to the clean-shutdown file, which the
+next open reads and deletes.
 
 ``crash_hook`` (tests) is called with the name of each step of compaction, migration and
 recovery right after that step's side effect, so a test can stop the store at every point.
