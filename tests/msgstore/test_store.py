@@ -390,3 +390,21 @@ def test_compaction_crash_losing_any_unsynced_writes(
     store = MessageStore.open(tmp_path, SMALL)
     _assert_contents(store, contents)
     store.close()
+
+
+def test_removals_merge_into_one_hole(tmp_path: Path) -> None:
+    with MessageStore.open(tmp_path) as store:
+        ids = [bytes([i]) * 16 for i in range(4)]
+        for i, msg_id in enumerate(ids):
+            store.write(msg_id, b"x" * (10 + i))
+        sizes = [fmt.message_size(10 + i) for i in range(4)]
+        for i in (0, 2, 1):  # A, then C, then B between two holes
+            store.remove(ids[i])
+        data = (tmp_path / "0.sqs").read_bytes()
+        assert data[64:69] == fmt.hole_marker(sum(sizes[:3]))
+        records: list[fmt.Record] = []
+        fmt.scan_block(data, 0, 64, len(data), records)
+        assert [(r.type, r.size) for r in records] == [
+            (fmt.HOLE, sum(sizes[:3])),
+            (fmt.MESSAGE_WITH_CHECKSUM, sizes[3]),
+        ]
