@@ -408,3 +408,22 @@ def test_removals_merge_into_one_hole(tmp_path: Path) -> None:
             (fmt.HOLE, sum(sizes[:3])),
             (fmt.MESSAGE_WITH_CHECKSUM, sizes[3]),
         ]
+
+
+def test_plain_message_records_are_read(tmp_path: Path) -> None:
+    """MESSAGE (no checksum) is a valid record: a store finds and reads it."""
+    data = (
+        fmt.encode_header()
+        + fmt.encode_message(b"p" * 16, b"plain", checksum=False)
+        + fmt.encode_hole(40)
+        + fmt.encode_message(b"c" * 16, b"checked")
+    )
+    (tmp_path / "0.sqs").write_bytes(data)
+    with MessageStore.open(tmp_path) as store:
+        _assert_contents(store, {b"p" * 16: b"plain", b"c" * 16: b"checked"})
+
+
+def test_bad_header_refuses_to_open(tmp_path: Path) -> None:
+    (tmp_path / "0.sqs").write_bytes(b"RCQS\x02" + bytes(59) + fmt.encode_message(b"a" * 16, b""))
+    with pytest.raises(CorruptSegmentError, match="magic"):
+        MessageStore.open(tmp_path)
