@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(sub)
     add_recover_pointers_command(sub)
     add_spark_commands(sub)
+    from tierlog.msgstore.cli import add_msgstore_commands
+
+    add_msgstore_commands(sub)
     return parser
 
 
