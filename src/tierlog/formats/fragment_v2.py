@@ -425,6 +425,7 @@ def _compressor(coding: FrameCoding) -> Callable[[memoryview], bytes]:
 
     if coding.dictionary is not None:
         zdict = zstandard.ZstdCompressionDict(coding.dictionary)
+        zdict.precompute_compress(level=coding.level)  # digested once, not per frame
         compressor = zstandard.ZstdCompressor(
             level=coding.level, dict_data=zdict, write_content_size=True
         )

@@ -1,0 +1,179 @@
+"""Cold-data benchmark: fragment format v2 on generated JSON-like events.
+
+Generator (seeded, ``--seed``): events of a click-stream schema with repeated field names
+and skewed values -- event type (page_view 60 %, click 30 %, purchase 10 %), a Pareto-
+distributed user id, a random 48-bit session id, a page from a small set, a country (US
+half the time), a user agent from three, an amount, and a free-text note of 0-400 random
+lowercase words for size spread -- 100 to 600 bytes each. Chunks are built as the server
+writes them: simple entries, ``--records-per-chunk`` records per chunk (one publish batch).
+Fragments hold ``--fragment-mib`` of chunks.
+
+Measured, on one core, in memory (no object store), per chunk frame:
+
+* ``zstd_ratio``: chunk bytes / stored frame bytes, zstd level ``--level`` without dictionary;
+* ``dict_ratio``: the same with a dictionary trained on the first fragment's chunks (as the
+  tierer does);
+* compress and decompress MB/s of chunk bytes (decompress includes every check a reader
+  makes: frame CRC, chunk header against the index, bloom, data CRC);
+* ``read_ratio``: catch-up read throughput of v2 (decode + checks) / v1 (CRC checks only),
+  both from memory: the CPU side of a catch-up read; network time would favour v2.
+
+``lookup_gets`` needs the key index, which is not built yet: printed as ``na``.
+
+Last line: ``zstd_ratio=<x> dict_ratio=<y> dict_gain=<y/x> read_ratio=<z> lookup_gets=na``.
+Usage: ``python benches/cold.py --mib 64`` (``--mib 1024`` for the full 1 GiB run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import string
+import time
+
+from tierlog.formats.chunk import check_crc, decode_header, encode_chunk, encode_records
+from tierlog.formats.fragment import ChunkInfo, FragmentPlacement
+from tierlog.formats.fragment_v2 import (
+    CODEC_ZSTD,
+    FrameCoding,
+    FrameDecoder,
+    decode_fragment,
+    encode_fragment_v2,
+    stored_sizes,
+)
+from tierlog.formats.zstd_dictionary import train_dictionary
+
+PAGES = ["/", "/home", "/cart", "/checkout", "/search", "/product/{}", "/category/{}"]
+AGENTS = [
+    "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 Chrome/120.0",
+    "Mozilla/5.0 (iPhone; CPU iPhone OS 17_1 like Mac OS X) AppleWebKit/605.1.15 Mobile",
+    "Mozilla/5.0 (X11; Linux x86_64; rv:121.0) Gecko/20100101 Firefox/121.0",
+]
+WORDS = ["".join(random.Random(i).choices(string.ascii_lowercase, k=3 + i % 7)) for i in range(500)]
+
+
+def event(rng: random.Random, ts: int) -> bytes:
+    kind = rng.choices(["page_view", "click", "purchase"], [6, 3, 1])[0]
+    page = rng.choice(PAGES).format(rng.randrange(1000))
+    note = " ".join(rng.choices(WORDS, k=int(rng.betavariate(1.2, 4) * 60)))
+    body = (
+        f'{{"event":"{kind}","ts":{ts},"user_id":{int(rng.paretovariate(1.1) * 100)},'
+        f'"session_id":"{rng.getrandbits(48):012x}","page":"{page}",'
+        f'"country":"{rng.choice(["US"] * 5 + ["DE", "FR", "JP", "BR", "IN"])}",'
+        f'"agent":"{rng.choice(AGENTS)}","amount_cents":{rng.randrange(0, 50_000)},'
+        f'"note":"{note}"}}'
+    )
+    return body.encode()[:600]
+
+
+def chunks_of(rng: random.Random, total: int, per_chunk: int) -> list[tuple[bytes, ChunkInfo]]:
+    out: list[tuple[bytes, ChunkInfo]] = []
+    offset, size, ts = 0, 0, 1_700_000_000_000
+    while size < total:
+        records = [event(rng, ts + i) for i in range(per_chunk)]
+        chunk = encode_chunk(0, offset, 1, ts, [encode_records(records)])
+        h = decode_header(chunk)
+        info = ChunkInfo(offset, ts, 1, len(chunk), h.num_records, h.data_crc, 0, h.num_entries)
+        out.append((chunk, info))
+        offset += h.num_records
+        size += len(chunk)
+        ts += 5
+    return out
+
+
+def fragments_of(
+    chunks: list[tuple[bytes, ChunkInfo]], fragment_bytes: int
+) -> list[list[tuple[bytes, ChunkInfo]]]:
+    out: list[list[tuple[bytes, ChunkInfo]]] = [[]]
+    size = 0
+    for c in chunks:
+        if size + len(c[0]) > fragment_bytes and out[-1]:
+            out.append([])
+            size = 0
+        out[-1].append(c)
+        size += len(c[0])
+    return out
+
+
+def encode_all(
+    fragments: list[list[tuple[bytes, ChunkInfo]]], coding: FrameCoding
+) -> tuple[list[bytes], float]:
+    start = time.perf_counter()
+    out = []
+    for frag in fragments:
+        parts, _ = encode_fragment_v2(
+            FragmentPlacement(0, 0, 0), [c for c, _ in frag], [i for _, i in frag], coding
+        )
+        out.append(b"".join(parts))
+    return out, time.perf_counter() - start
+
+
+def decode_all(objects: list[bytes], dictionary: bytes | None) -> float:
+    start = time.perf_counter()
+    for data in objects:
+        index = decode_fragment(data)
+        decoder = FrameDecoder(index, dictionary=dictionary)  # type: ignore[arg-type]
+        positions = index.records["position"].astype(int).tolist()
+        sizes = stored_sizes(index).astype(int).tolist()
+        view = memoryview(data)
+        for i, (p, s) in enumerate(zip(positions, sizes, strict=True)):
+            decoder.decode(i, view[p : p + s])
+    return time.perf_counter() - start
+
+
+def plain_read(chunks: list[tuple[bytes, ChunkInfo]]) -> float:
+    start = time.perf_counter()
+    for chunk, _ in chunks:
+        h = decode_header(chunk)
+        check_crc(h, memoryview(chunk)[h.data_start : h.data_start + h.data_length])
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mib", type=int, default=64, help="chunk bytes to generate")
+    ap.add_argument("--fragment-mib", type=int, default=16)
+    ap.add_argument("--records-per-chunk", type=int, default=200)
+    ap.add_argument("--level", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=4)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    chunks = chunks_of(rng, args.mib << 20, args.records_per_chunk)
+    total = sum(len(c) for c, _ in chunks)
+    fragments = fragments_of(chunks, args.fragment_mib << 20)
+    mb = total / 1e6
+    print(f"{len(chunks)} chunks, {total / 2**20:.1f} MiB, {len(fragments)} fragments")
+
+    plain = encode_all(fragments, FrameCoding(codec=CODEC_ZSTD, level=args.level))
+    objects, t_plain = plain
+    zstd_stored = sum(len(o) for o in objects)
+    t_dplain = decode_all(objects, None)
+
+    t0 = time.perf_counter()
+    dictionary = train_dictionary([c for c, _ in fragments[0]], 32 << 10, args.level)
+    t_train = time.perf_counter() - t0
+    coding = FrameCoding(CODEC_ZSTD, args.level, b"\x01" * 16, dictionary)
+    dict_objects, t_dict = encode_all(fragments, coding)
+    dict_stored = sum(len(o) for o in dict_objects)
+    t_ddict = decode_all(dict_objects, dictionary)
+    t_v1 = plain_read(chunks)
+
+    zstd_ratio = total / zstd_stored
+    dict_ratio = total / dict_stored
+    print(f"zstd  level {args.level}: ratio {zstd_ratio:.2f}, compress {mb / t_plain:.0f} MB/s, "
+          f"decompress+check {mb / t_dplain:.0f} MB/s")  # fmt: skip
+    print(f"dict  ({len(dictionary)} B, trained in {t_train:.2f} s): ratio {dict_ratio:.2f}, "
+          f"compress {mb / t_dict:.0f} MB/s, decompress+check {mb / t_ddict:.0f} MB/s")  # fmt: skip
+    print(f"v1 read (CRC checks only): {mb / t_v1:.0f} MB/s")
+    per_chunk = total / len(chunks)
+    print(f"per chunk ({per_chunk / 1024:.1f} KiB): compress {t_dict / len(chunks) * 1e6:.0f} us, "
+          f"decompress {t_ddict / len(chunks) * 1e6:.0f} us (dictionary)")  # fmt: skip
+    read_ratio = t_v1 / t_ddict
+    print(
+        f"zstd_ratio={zstd_ratio:.2f} dict_ratio={dict_ratio:.2f} "
+        f"dict_gain={dict_ratio / zstd_ratio:.2f} read_ratio={read_ratio:.2f} lookup_gets=na"
+    )
+
+
+if __name__ == "__main__":
+    main()
