@@ -3,6 +3,7 @@ most two ranged reads per window, and every damaged byte read is a typed error."
 
 from __future__ import annotations
 
+import hashlib
 import random
 import struct
 import zlib
@@ -27,10 +28,10 @@ from tierlog.formats.key_index import (
 
 def index_of(keys: list[bytes], slots: int | None = None) -> bytes:
     n = len(keys)
-    items = build_items(
-        "s", keys, list(range(n)), [1000 + i for i in range(n)], [0] * n, [8 + 100 * i for i in range(n)],
-        [100] * n,
-    )  # fmt: skip
+    offsets = list(range(n))
+    stamps = [1000 + i for i in range(n)]
+    positions = [8 + 100 * i for i in range(n)]
+    items = build_items("s", keys, offsets, stamps, [0] * n, positions, [100] * n)
     return encode_key_index(items, window_start=1_700_000_000_000, slot_count=slots)
 
 
