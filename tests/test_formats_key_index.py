@@ -48,9 +48,7 @@ class CountingFile:
 def test_golden_bytes() -> None:
     data = index_of([b"a", b"b", b"a"], slots=2)
     h = {k: key_hash("s", k) for k in (b"a", b"b")}
-    assert h[b"a"] == int.from_bytes(
-        __import__("hashlib").blake2b(b"s#a", digest_size=8).digest(), "big"
-    )
+    assert h[b"a"] == int.from_bytes(hashlib.blake2b(b"s#a", digest_size=8).digest(), "big")
     header = struct.unpack_from(">4sIIIqI4x", data, 0)
     assert header[:5] == (b"TLKX", 1, 2, 3, 1_700_000_000_000)
     assert header[5] == zlib.crc32(data[:24])
