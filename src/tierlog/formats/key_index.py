@@ -12,7 +12,8 @@ Layout (all integers big-endian)::
     items   ``item count`` entries of 48 bytes, grouped by slot, in offset order within a
             slot: u64 key hash, u64 offset, i64 timestamp (ms), u64 first offset of the
             fragment holding the record, u64 position of its chunk's frame in that fragment,
-            u32 stored size of the frame, 4 zero bytes
+            u32 stored size of the frame, u32 flags (1: the frame is coded, i.e. the fragment
+            is format v2 and the frame must be decoded with its index)
 
 A record's key hash is the first 8 bytes of BLAKE2b over ``stream + "#" + key``; its slot is
 ``hash % slot count``. Items of different keys can share a slot (and, rarely, a hash): the
@@ -47,13 +48,22 @@ SLOT = struct.Struct(">IIII")
 SLOT_SIZE = SLOT.size  # 16
 ITEM_DTYPE = np.dtype(
     {
-        "names": ["hash", "offset", "timestamp", "fragment", "frame_position", "frame_size"],
-        "formats": [">u8", ">u8", ">i8", ">u8", ">u8", ">u4"],
-        "offsets": [0, 8, 16, 24, 32, 40],
+        "names": [
+            "hash",
+            "offset",
+            "timestamp",
+            "fragment",
+            "frame_position",
+            "frame_size",
+            "flags",
+        ],
+        "formats": [">u8", ">u8", ">i8", ">u8", ">u8", ">u4", ">u4"],
+        "offsets": [0, 8, 16, 24, 32, 40, 44],
         "itemsize": 48,
     }
 )
 ITEM_SIZE = ITEM_DTYPE.itemsize  # 48
+FLAG_CODED_FRAME = 1
 MAX_SLOTS = 1 << 26
 
 
