@@ -179,3 +179,24 @@ def validate_stored_fragment(
         ),
         cipher_for=opener_for(key),
     )
+
+
+def read_chunk_bytes(store: ObjectStore, key: str, index: FragmentIndex) -> bytes:
+    """The fragment's chunks back to back, as the local segment held them: one ranged GET
+    of the frames, decoded when the fragment is v2. CorruptFragmentError when a frame is bad;
+    NotFoundError when the object is gone."""
+    start = 8  # the fragment header
+    data = store.get(key, start, index.trailer.index_start)
+    decoder = frame_decoder(key, index, DictionaryCache(store))
+    if decoder is None:
+        return data
+    view = memoryview(data)
+    out = bytearray()
+    positions = index.records["position"].astype(int).tolist()
+    sizes = stored_sizes(index).astype(int).tolist()
+    try:
+        for i, (p, s) in enumerate(zip(positions, sizes, strict=True)):
+            out += decoder.decode(i, view[p - start : p - start + s])
+    except FormatError as exc:
+        raise CorruptFragmentError(f"{key}: {exc}") from exc
+    return bytes(out)
