@@ -273,7 +273,6 @@ def test_damaged_local_segment_is_repaired_from_v2_fragments(
     assert s.tierer.flush(30)
     first = s.log.list_segments()[0]
     path = os.path.join(s.log.stream_dir, f"{first.first_offset:020d}.segment")
-    stream_dir = s.log.stream_dir
     s.close()
     with open(path, "rb") as f:
         original = f.read()
