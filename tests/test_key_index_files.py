@@ -81,3 +81,17 @@ def test_lookup_by_message_id(tmp_path: Path, settings: dict[str, object]) -> No
             assert sorted(got) == expected
     finally:
         s.close()
+
+
+def test_gc_never_takes_dictionaries_or_key_index_files_for_its_own() -> None:
+    """gc deletes only keys it parses (fragments, roots, branches); these stay 'unknown'."""
+    from tierlog.remote import keys
+    from tierlog.remote.dictionaries import dictionary_key
+    from tierlog.storage.errors import InvalidKeyError
+
+    for key in (
+        dictionary_key("p", "__s_1", b"\x01" * 16),
+        "p/stream/__s_1/kindex/00000000000000000000.5.17.kidx",
+    ):
+        with pytest.raises(InvalidKeyError):
+            keys.parse_key(key, "p")
