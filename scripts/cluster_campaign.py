@@ -26,15 +26,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hypothesis import settings  # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine  # noqa: E402
+import tests.test_cluster_stateful as stateful
+from hypothesis import Phase, settings
+from hypothesis.stateful import RuleBasedStateMachine
+from tests.cluster_world import InvariantViolation
 
-import tests.test_cluster_stateful as stateful  # noqa: E402
-from tests.cluster_world import InvariantViolation  # noqa: E402
-from tierlog.cluster import log_history  # noqa: E402
-from tierlog.cluster import state as cs  # noqa: E402
-from tierlog.cluster.log_history import NO_CHUNK, tail_of  # noqa: E402
-from tierlog.cluster.members import quorum_value  # noqa: E402
+from tierlog.cluster import log_history
+from tierlog.cluster import state as cs
+from tierlog.cluster.log_history import NO_CHUNK, tail_of
+from tierlog.cluster.members import quorum_value
 
 MACHINES: dict[int, type[RuleBasedStateMachine]] = {
     3: stateful.Cluster3,
@@ -42,7 +42,9 @@ MACHINES: dict[int, type[RuleBasedStateMachine]] = {
 }
 
 
-def run(size: int, examples: int, steps: int, stats: collections.Counter[str]) -> None:
+def run(
+    size: int, examples: int, steps: int, stats: collections.Counter[str], shrink: bool = True
+) -> None:
     machine = MACHINES[size]
     original = machine.teardown
 
@@ -60,7 +62,11 @@ def run(size: int, examples: int, steps: int, stats: collections.Counter[str]) -
     try:
         case = machine.TestCase
         case.settings = settings(
-            max_examples=examples, stateful_step_count=steps, deadline=None, database=None
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            phases=list(Phase) if shrink else [Phase.generate],
         )
         case().runTest()
     finally:
@@ -128,9 +134,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "commit by counting old-epoch copies": lambda: patched(
         cs.LeaderState, "candidate_commit", _commit_old_copies
     ),
-    "no drift margin on the lease": lambda: patched(
-        cs.LeaderState, "confirm_deadline", _no_drift
-    ),
+    "no drift margin on the lease": lambda: patched(cs.LeaderState, "confirm_deadline", _no_drift),
     "no truncation of divergent suffix": lambda: patched(
         log_history, "common_prefix_end", _keep_whole_log
     ),
@@ -152,6 +156,20 @@ def campaign(examples: int, steps: int) -> None:
     print(dict(stats), f"elapsed_s={time.monotonic() - started:.1f}")
 
 
+def run_scenarios() -> str | None:
+    """The scripted interleavings of ``tests/test_cluster_scenarios.py``; the first
+    failure, if any."""
+    import tests.test_cluster_scenarios as scenarios
+
+    for name in sorted(dir(scenarios)):
+        if name.startswith("test_"):
+            try:
+                getattr(scenarios, name)()
+            except AssertionError as exc:
+                return f"scenario {name}: {str(exc).splitlines()[0][:100]}"
+    return None
+
+
 def mutations(examples: int, steps: int) -> int:
     survivors = 0
     for label, make in MUTATIONS.items():
@@ -164,13 +182,15 @@ def mutations(examples: int, steps: int) -> int:
             with patched(world_module, "common_prefix_end", log_history.common_prefix_end):
                 for size in MACHINES:
                     try:
-                        run(size, examples, steps, collections.Counter())
+                        run(size, examples, steps, collections.Counter(), shrink=False)
                     except (InvariantViolation, AssertionError) as exc:
                         caught = f"N={size}: {str(exc).splitlines()[0][:110]}"
                         break
+            if caught is None:
+                caught = run_scenarios()
         verdict = "CAUGHT" if caught else "SURVIVED"
         survivors += caught is None
-        print(f"{verdict:8} {label} ({time.monotonic() - started:.1f}s) {caught or ''}")
+        print(f"{verdict:8} {label} ({time.monotonic() - started:.1f}s) {caught or ''}", flush=True)
     return survivors
 
 
