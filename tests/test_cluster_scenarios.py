@@ -149,3 +149,27 @@ def test_failover_keeps_every_committed_chunk() -> None:
     assert leading(world, "n3")
     assert world.nodes["n3"].log[:4] == [(1, 0), (1, 1), (1, 2), (1, 3)]
     assert len(world.committed) == 4
+
+
+def test_slow_clock_leader_stops_confirming_before_its_lease_expires() -> None:
+    """A leader whose clock runs 10 % slow: its lease expires in the MetaStore after
+    TTL of real time, when its own clock shows 0.9 TTL; with the drift margin it has
+    stopped confirming by then, so an ack arriving after a new leader took over
+    confirms nothing."""
+    names = ["n0", "n1", "n2"]
+    world = World(names, cs.LeaseTiming(TTL, 1.5), [0.9, 1.0, 1.0])
+    world.acquire("n0")
+    deliver_all(world)
+    world.append("n0")
+    world.sync("n1", "n0", 10)
+    deliver_all(world)
+    leader = world.nodes["n0"].leader
+    assert leader is not None and leader.commit == 1
+    world.append("n0")
+    world.sync("n1", "n0", 10)  # the ack for chunk 2 stays in flight
+    world.tick(TTL + 0.2)  # lease gone in the MetaStore; n0's clock shows 9.18 s
+    world.cut("n0", "n2")
+    world.acquire("n2")
+    assert world.record_leader == "n2"
+    deliver_all(world)  # n1's ack reaches n0 after n2 took over: no confirm
+    assert world.nodes["n0"].leader is None or world.nodes["n0"].leader.commit == 1
