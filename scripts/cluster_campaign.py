@@ -166,7 +166,7 @@ def run_scenarios() -> str | None:
             try:
                 getattr(scenarios, name)()
             except AssertionError as exc:
-                return f"scenario {name}: {str(exc).splitlines()[0][:100]}"
+                return f"scenario {name}: {(str(exc) or repr(exc)).splitlines()[0][:100]}"
     return None
 
 
@@ -184,7 +184,7 @@ def mutations(examples: int, steps: int) -> int:
                     try:
                         run(size, examples, steps, collections.Counter(), shrink=False)
                     except (InvariantViolation, AssertionError) as exc:
-                        caught = f"N={size}: {str(exc).splitlines()[0][:110]}"
+                        caught = f"N={size}: {(str(exc) or repr(exc)).splitlines()[0][:110]}"
                         break
             if caught is None:
                 caught = run_scenarios()
