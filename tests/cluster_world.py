@@ -292,14 +292,16 @@ class World:
         elif isinstance(body, cs.EpochAdopted | cs.EpochRefused | cs.MemberAcked):
             self.feed(target, body)
 
-    @staticmethod
-    def fence(node: Node, epoch: int) -> bool:
-        """The member's epoch check (``MemberEpoch``); False if ``epoch`` is refused."""
+    def fence(self, node: Node, epoch: int) -> bool:
+        """The member's epoch check (``MemberEpoch``); False if ``epoch`` is refused.
+        Checks the rule itself too: nothing older than the persisted epoch gets in."""
         guard = cs.MemberEpoch(node.highest_epoch)
         try:
             guard.check(epoch)
         except StaleEpochError:
             return False
+        if epoch < node.highest_epoch:
+            self.fail(f"{node.name} accepted epoch {epoch} after seeing {node.highest_epoch}")
         node.highest_epoch = guard.highest
         return True
 

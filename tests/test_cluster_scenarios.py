@@ -173,3 +173,46 @@ def test_slow_clock_leader_stops_confirming_before_its_lease_expires() -> None:
     assert world.record_leader == "n2"
     deliver_all(world)  # n1's ack reaches n0 after n2 took over: no confirm
     assert world.nodes["n0"].leader is None or world.nodes["n0"].leader.commit == 1
+
+
+def test_newer_epoch_beats_a_longer_log() -> None:
+    """The most up-to-date log is chosen by epoch first: a longer log of an older epoch
+    (uncommitted chunks of a crashed leader) loses to a shorter, newer one."""
+    world = World(["n0", "n1", "n2"], TIMING, [1.0] * 3)
+    world.acquire("n0")  # epoch 1
+    deliver_all(world)
+    for _ in range(4):
+        world.append("n0")  # (1, 1..4) on n0 only
+    world.crash("n0")
+    world.tick(EXPIRE)
+    world.acquire("n1")  # epoch 2 elected by n1 and n2
+    deliver_all(world)
+    world.sync("n2", "n1", 10)
+    deliver_all(world)
+    leader = world.nodes["n1"].leader
+    assert leader is not None and leader.commit == 0  # (2, 0) committed on n1 and n2
+    world.crash("n1")
+    world.restart("n0")
+    world.tick(EXPIRE)
+    world.acquire("n0")  # epoch 3: tails n0 (1, 4), n2 (2, 0)
+    deliver_all(world)
+    world.catch_up("n0")
+    assert leading(world, "n0")
+    assert world.nodes["n0"].log[0] == (2, 0)
+
+
+def test_members_refuse_a_deposed_leader() -> None:
+    """A leader whose lease lapsed but that has not noticed yet still serves a fetch;
+    a member that adopted the newer epoch refuses it (and the old leader steps down)."""
+    world = World(["n0", "n1", "n2"], TIMING, [1.0] * 3)
+    world.acquire("n0")
+    deliver_all(world)
+    world.append("n0")  # (1, 1), on n0 only
+    world.time += EXPIRE  # no tick: n0 has not looked at its clock yet
+    world.cut("n0", "n2")
+    world.acquire("n2")  # epoch 2, adopted by n1
+    deliver_all(world)
+    assert world.nodes["n0"].leader is not None  # n0 still believes it leads
+    world.sync("n1", "n0", 10)
+    assert (1, 1) not in world.nodes["n1"].log
+    assert world.nodes["n0"].leader is None  # told of epoch 2 by the refusal
