@@ -22,9 +22,10 @@ Measured, on one core, in memory (no object store), per chunk frame:
   ratio: v2 decode + checks / v1 CRC checks). A local filesystem store costs nothing per byte,
   so this is the worst case for v2; over a network the 3-5x fewer bytes count for it.
 
-``lookup_gets`` needs the key index, which is not built yet: printed as ``na``.
+* ``lookup_gets``: the key index built over the catch-up stream (4 windows, the session id as
+  the key), GETs per key per window for 20 keys, records included.
 
-Last line: ``zstd_ratio=<x> dict_ratio=<y> dict_gain=<y/x> read_ratio=<z> lookup_gets=na``.
+Last line: ``zstd_ratio=<x> dict_ratio=<y> dict_gain=<y/x> read_ratio=<z> lookup_gets=<g>``.
 Usage: ``python benches/cold.py --mib 64`` (``--mib 1024`` for the full 1 GiB run).
 """
 
@@ -135,7 +136,7 @@ def plain_read(chunks: list[tuple[bytes, ChunkInfo]]) -> float:
 
 def catch_up_mb_per_s(
     chunks: list[tuple[bytes, ChunkInfo]], root: str, coded: bool, level: int
-) -> float:
+) -> tuple[float, float]:
     """Tier ``chunks`` into a fresh stream and read them back from the remote tier."""
     import os
 
@@ -171,12 +172,16 @@ def catch_up_mb_per_s(
         settings=(lambda: settings) if coded else None,
     )
     tierer.start()
+    wanted: list[bytes] = []
     for chunk, _ in chunks:  # the same records, re-chunked by the log as it appends them
         h = decode_header(chunk)
         data = memoryview(chunk)[h.data_start : h.data_start + h.data_length]
         from tierlog.formats.chunk import iter_records
 
-        log.append([bytes(r) for _, r in iter_records(h.chunk_id, data, h.num_entries)])
+        records = [bytes(r) for _, r in iter_records(h.chunk_id, data, h.num_entries)]
+        if len(wanted) < 20 and h.chunk_id % 97 == 0:
+            wanted.append(_session_key(memoryview(records[0])) or b"")
+        log.append(records)
     log.sync()
     assert tierer.flush(600)
     for first in tierer.deletable_segments():
@@ -189,11 +194,62 @@ def catch_up_mb_per_s(
         while (chunk_read := reader.read_chunk()) is not None:
             total += len(chunk_read.raw)
     elapsed = time.perf_counter() - start
+    gets = _lookup_gets(tierer, wanted) if coded else 0.0
     tierer.stop(flush=False, timeout=5)
     log.close()
     prefetcher.close()
     meta.close()
-    return total / 1e6 / elapsed
+    return total / 1e6 / elapsed, gets
+
+
+def _session_key(record: memoryview) -> bytes | None:
+    """The event's session id (the bench's record key)."""
+    raw = bytes(record)
+    at = raw.find(b'"session_id":"')
+    return raw[at + 14 : at + 26] if at >= 0 else None
+
+
+def _lookup_gets(tierer: object, keys: list[bytes]) -> float:
+    """Build the key index (4 windows) and look up 20 session ids in every window: GETs per
+    key per window, records included (the fragment index reads of v2 frames are cached per
+    lookup, as a reader's index cache does)."""
+    from tierlog.remote.key_index_files import build_window, list_index_files, lookup_records
+    from tierlog.storage.fs_object_store import FsObjectStore
+
+    remote = tierer.remote  # type: ignore[attr-defined]
+    tree = tierer.committer.tree  # type: ignore[attr-defined]
+    fragments = [loc.entry for loc in tree.iter_fragments(remote.load)]
+    lo, hi = fragments[0].min_timestamp, fragments[-1].max_timestamp + 1
+    step = max(1, (hi - lo) // 4 + 1)
+    for w in range(lo, hi, step):
+        build_window(remote.store, remote.prefix, remote.stream_dir, "bench", fragments,
+                     w, w + step, _session_key)  # fmt: skip
+    files = list_index_files(remote.store, remote.prefix, remote.stream_dir)
+
+    class Counting(FsObjectStore):
+        gets = 0
+
+        def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+            Counting.gets += 1
+            return super().get(key, start, end)
+
+        def get_suffix(self, key: str, length: int) -> bytes:
+            Counting.gets += 1
+            return super().get_suffix(key, length)
+
+    store = Counting(remote.store.root)
+    cache: dict = {}
+    for f in files:  # warm the fragment index cache (a reader keeps it)
+        lookup_records(store, remote.prefix, remote.stream_dir, "bench", f, b"warm", _session_key,
+                       cache)  # fmt: skip
+    Counting.gets = 0
+    found = 0
+    for key in keys:
+        for f in files:
+            found += len(lookup_records(store, remote.prefix, remote.stream_dir, "bench", f, key,
+                                        _session_key, cache))  # fmt: skip
+    assert found >= len(keys), f"found {found} of {len(keys)} keys"
+    return Counting.gets / (len(keys) * len(files))
 
 
 def main() -> None:
@@ -237,6 +293,7 @@ def main() -> None:
     print(f"per chunk ({per_chunk / 1024:.1f} KiB): compress {t_dict / len(chunks) * 1e6:.0f} us, "
           f"decompress {t_ddict / len(chunks) * 1e6:.0f} us (dictionary)")  # fmt: skip
     read_ratio = t_v1 / t_ddict
+    gets_text = "na"
     if args.catch_up_mib:
         import tempfile
 
@@ -248,13 +305,15 @@ def main() -> None:
             sample.append(c)
             size += len(c[0])
         with tempfile.TemporaryDirectory() as tmp:
-            v1 = catch_up_mb_per_s(sample, f"{tmp}/v1", False, args.level)
-            v2 = catch_up_mb_per_s(sample, f"{tmp}/v2", True, args.level)
+            v1, _ = catch_up_mb_per_s(sample, f"{tmp}/v1", False, args.level)
+            v2, lookup_gets = catch_up_mb_per_s(sample, f"{tmp}/v2", True, args.level)
+            gets_text = f"{lookup_gets:.2f}"
         print(f"catch-up read from the fs store: v1 {v1:.0f} MB/s, v2 {v2:.0f} MB/s")
         read_ratio = v2 / v1
     print(
         f"zstd_ratio={zstd_ratio:.2f} dict_ratio={dict_ratio:.2f} "
-        f"dict_gain={dict_ratio / zstd_ratio:.2f} read_ratio={read_ratio:.2f} lookup_gets=na"
+        f"dict_gain={dict_ratio / zstd_ratio:.2f} read_ratio={read_ratio:.2f} "
+        f"lookup_gets={gets_text}"
     )
 
 
