@@ -61,3 +61,46 @@ def test_spark_reads_and_scrubs_compressed_fragments(spark: Any, tmp_path: Path)
         assert ("missing-dictionary", fragments[2].key) in kinds
     finally:
         bucket.close()
+
+
+def test_key_index_job_is_incremental_and_lookups_find_the_records(
+    spark: Any, tmp_path: Path
+) -> None:
+    import time
+
+    from tierlog.formats.amqp import encode_message
+    from tierlog.remote.key_index_files import list_index_files, lookup_records, message_id_key
+    from tierlog.spark.jobs.key_index import run_key_index
+
+    bucket = TieredBucket(tmp_path, f"file://{tmp_path / 'objects'}")
+    try:
+        stream = cold_stream(bucket)  # v2 fragments first
+        for group in range(6):  # then AMQP messages over several 100 ms windows
+            stream.append(
+                [
+                    encode_message(b"m%d" % i, properties={"message_id": f"id-{i % 13}"})
+                    for i in range(group * 50, group * 50 + 50)
+                ],
+                per_chunk=10,
+            )
+            time.sleep(0.12)
+        stream.tier()
+        tier = tier_of(bucket)
+        first = run_key_index(spark, tier, window_seconds=0.1)
+        assert len(first.built) >= 4
+        again = run_key_index(spark, tier, window_seconds=0.1)
+        assert again.built == [] and again.skipped_existing == len(first.built)
+        incarnation = stream.record.incarnation
+        files = list_index_files(bucket.store, bucket.prefix, incarnation)
+        found = []
+        for f in files:
+            found += lookup_records(bucket.store, bucket.prefix, incarnation, "events", f, b"id-7")
+        indexed_until = max(f.window_start for f in files) + 100
+        expected = [
+            (r.offset, r.body)
+            for r in stream.records()
+            if r.timestamp < indexed_until and message_id_key(memoryview(r.body)) == b"id-7"
+        ]
+        assert expected and [(o, b) for o, b in sorted(found)] == expected
+    finally:
+        bucket.close()
