@@ -38,10 +38,12 @@ import time
 
 from tierlog.formats.chunk import check_crc, decode_header, encode_chunk, encode_records
 from tierlog.formats.fragment import ChunkInfo, FragmentPlacement
+from tierlog.formats.fragment_frames import (
+    FrameDecoder,
+)
 from tierlog.formats.fragment_v2 import (
     CODEC_ZSTD,
     FrameCoding,
-    FrameDecoder,
     decode_fragment,
     encode_fragment_v2,
     stored_sizes,

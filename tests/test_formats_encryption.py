@@ -26,14 +26,16 @@ from tierlog.formats.encryption import (
 )
 from tierlog.formats.errors import FormatError, UnsupportedError
 from tierlog.formats.fragment import TRAILER_SIZE, FragmentPlacement
+from tierlog.formats.fragment_frames import (
+    iter_chunks,
+    validate_fragment,
+)
 from tierlog.formats.fragment_v2 import (
     CODEC_ZSTD,
     FragmentIndexV2,
     FrameCoding,
     decode_fragment,
     encode_fragment_v2,
-    iter_chunks,
-    validate_fragment,
 )
 from tierlog.remote.encryption import Keyring
 
@@ -205,7 +207,7 @@ def test_frame_of_another_encrypted_fragment_does_not_open() -> None:
     other, _ = encrypted_fragment(keyring)  # same key, fresh data key
     opener = keyring.cipher_for(KEY)
     index = decode_fragment(data, opener)
-    from tierlog.formats.fragment_v2 import FrameDecoder
+    from tierlog.formats.fragment_frames import FrameDecoder
 
     decoder = FrameDecoder(index, cipher_for=opener)
     p, s = int(index.records["position"][0]), int(index.records["stored_size"][0])

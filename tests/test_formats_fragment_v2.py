@@ -20,6 +20,11 @@ from tierlog.formats.errors import (
     UnsupportedError,
 )
 from tierlog.formats.fragment import TRAILER_SIZE, ChunkInfo, FragmentPlacement, encode_fragment
+from tierlog.formats.fragment_frames import (
+    FrameDecoder,
+    iter_chunks,
+    validate_fragment,
+)
 from tierlog.formats.fragment_v2 import (
     CODEC_NONE,
     CODEC_ZSTD,
@@ -28,15 +33,12 @@ from tierlog.formats.fragment_v2 import (
     FragmentIndexV2,
     FragmentTrailerV2,
     FrameCoding,
-    FrameDecoder,
     decode_fragment,
     decode_index,
     decode_trailer,
     encode_fragment_v2,
     index_region,
-    iter_chunks,
     stored_sizes,
-    validate_fragment,
 )
 from tierlog.formats.zstd_dictionary import (
     decode_dictionary,

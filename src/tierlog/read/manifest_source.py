@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 
 from tierlog.formats.fragment import FragmentIndex
-from tierlog.formats.fragment_v2 import FrameDecoder
+from tierlog.formats.fragment_frames import FrameDecoder
 from tierlog.read.errors import FragmentExpiredError, RemoteDataCorruptError
 from tierlog.remote.committed import CommittedManifest
 from tierlog.remote.dictionaries import DictionaryCache, frame_decoder

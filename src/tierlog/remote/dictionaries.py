@@ -16,14 +16,16 @@ from collections import OrderedDict
 from tierlog.formats.encryption import SEALED_MAGIC
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import FragmentIndex, FragmentPlacement, encode_fragment
+from tierlog.formats.fragment_frames import (
+    FrameDecoder,
+    validate_fragment,
+)
 from tierlog.formats.fragment_v2 import (
     NO_DICTIONARY,
     FragmentIndexV2,
-    FrameDecoder,
     decode_fragment,
     fragment_version,
     stored_sizes,
-    validate_fragment,
 )
 from tierlog.formats.zstd_dictionary import decode_dictionary, encode_dictionary
 from tierlog.remote import keys
