@@ -9,12 +9,17 @@ was prefetched for it (it keeps up), and halves when prefetched blocks expire un
 reached within ``ttl_seconds`` of arriving). A window of several requests is several
 concurrent GETs.
 
-The ``MemoryBudget`` bounds read-ahead across all streams: a block is prefetched only when
-its reservation fits under the limit, so a slow or stalled consumer cannot make the process
-grow (it stops prefetching the moment it stops reading, and its stale blocks are expired by
-a sweep when others need the memory). The block a consumer needs right now is always
-granted so every reader makes progress: the process holds at most the budget plus two
-requests per active reader.
+The ``MemoryBudget`` bounds every ranged GET of all streams, read-ahead and in flight
+alike: a block is prefetched only when its reservation fits under the limit, so a slow or
+stalled consumer cannot make the process grow (it stops prefetching the moment it stops
+reading, and its stale blocks are expired by a sweep when others need the memory). The
+block a consumer needs right now waits for room instead: read-ahead that nobody reached
+yet is given up first (it is fetched again later), then the read waits for other readers
+to consume theirs. A consumer in the middle of a chunk that spans two blocks may overdraw
+the limit by one block while nobody else does (``MemoryBudget.force``), so readers that
+each hold a block and need a next one never deadlock: the total stays under the limit
+plus one request. ``force_wait_seconds`` is the last resort (granted over the limit and
+counted in ``MemoryBudget.overruns``, never expected).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class PrefetchConfig:
     ttl_seconds: float = 30.0
     memory_bytes: int = 256 * MiB
     threads: int = 8
+    force_wait_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if self.request_bytes < 1:
@@ -56,6 +62,8 @@ class PrefetchConfig:
             raise ConfigError("ttl_seconds must be > 0")
         if self.memory_bytes < 1 or self.threads < 1:
             raise ConfigError("memory_bytes and threads must be >= 1")
+        if self.force_wait_seconds < 0:
+            raise ConfigError("force_wait_seconds must be >= 0")
 
 
 class MemoryBudget:
@@ -67,7 +75,11 @@ class MemoryBudget:
         self.peak = 0
         self.prefetch_peak = 0  # the most ``used`` ever was right after a prefetch grant
         self.refused = 0
+        self.overruns = 0  # blocks granted over the limit (nothing freed room in time)
+        self.waits = 0  # needed blocks that waited for room
+        self.overdrafts = 0  # needed blocks granted past the limit to a holder (one at a time)
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
 
     def try_reserve(self, n: int) -> bool:
         """Reserve ``n`` bytes for read-ahead if they fit under the limit."""
@@ -80,9 +92,24 @@ class MemoryBudget:
             self.prefetch_peak = max(self.prefetch_peak, self.used)
             return True
 
-    def force(self, n: int) -> None:
-        """Account ``n`` bytes a consumer needs right now (always granted)."""
+    def force(self, n: int, timeout: float = 0.0, *, holding: bool = False) -> None:
+        """Account ``n`` bytes a consumer needs right now.
+
+        At once if they fit. A consumer ``holding`` a block already (it is in the middle
+        of a chunk and needs the next block to finish it, and only then gives the first
+        back) may overdraw the limit by this one block when nobody else is overdrawing:
+        that guarantees progress when every block is held by such consumers, and bounds
+        the total by ``limit`` plus one request. Anyone else waits for room, up to
+        ``timeout`` seconds, then is granted over the limit (counted in ``overruns``).
+        """
         with self._lock:
+            if self.used + n > self.limit and self.used > 0:
+                if holding and self.used <= self.limit:
+                    self.overdrafts += 1
+                else:
+                    self.waits += 1
+                    if not self._room.wait_for(lambda: self.used + n <= self.limit, timeout):
+                        self.overruns += 1
             self.used += n
             self.peak = max(self.peak, self.used)
 
@@ -90,6 +117,7 @@ class MemoryBudget:
         with self._lock:
             self.used -= n
             assert self.used >= 0, "memory budget released more than reserved"
+            self._room.notify_all()
 
 
 class _Block:
@@ -150,6 +178,18 @@ class Prefetcher:
             streams = list(self._streams)
         now = self.clock()
         return sum(s.expire(now, blocking=False) for s in streams)
+
+    def give_up_readahead(self, need: int, asking: RangeStream) -> int:
+        """Drop read-ahead no consumer has reached yet, farthest first, from every
+        stream not busy right now, until ``need`` bytes are free; return bytes freed."""
+        with self._lock:
+            streams = [s for s in self._streams if s is not asking]
+        freed = 0
+        for stream in streams:
+            freed += stream.drop_readahead(need - freed)
+            if freed >= need:
+                break
+        return freed
 
     def close(self) -> None:
         with self._lock:
@@ -217,7 +257,9 @@ class RangeStream:
                             self._config.max_window_bytes, self.window + self._config.request_bytes
                         )
                 if b.future is None:
-                    self._budget.force(b.size)
+                    self._make_room(b.size)
+                    holding = any(x.reserved for x in self._blocks)
+                    self._budget.force(b.size, self._config.force_wait_seconds, holding=holding)
                     self._issue(b, b.size, prefetched=False)
             start = self._pos
             self._pos = target
@@ -256,6 +298,24 @@ class RangeStream:
                     freed += self._reset(b)
                     self.expired += 1
             self.window = max(self._config.request_bytes, self.window // 2)
+            return freed
+        finally:
+            self._lock.release()
+
+    def drop_readahead(self, need: int) -> int:
+        """Give back read-ahead blocks not reached yet, farthest first, until ``need``
+        bytes are freed (skipped when another thread holds this stream)."""
+        if need <= 0 or not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            freed = 0
+            for b in reversed(self._blocks):
+                if freed >= need:
+                    break
+                if b.prefetched and not b.touched and b.future is not None:
+                    freed += self._reset(b)
+            if freed:
+                self.window = max(self._config.request_bytes, self.window // 2)
             return freed
         finally:
             self._lock.release()
@@ -308,6 +368,16 @@ class RangeStream:
                     return
                 self._issue(b, b.size, prefetched=True)
             ahead += b.size
+
+    def _make_room(self, n: int) -> None:
+        """Before a needed block: if it does not fit, free others' unread read-ahead."""
+        budget = self._budget
+        short = budget.used + n - budget.limit
+        if short > 0:
+            self._prefetcher.sweep()
+            short = budget.used + n - budget.limit
+            if short > 0:
+                self._prefetcher.give_up_readahead(short, self)
 
     def _reserve_ahead(self, n: int) -> bool:
         """Reserve read-ahead; when the budget is full, expire stale blocks and try again."""

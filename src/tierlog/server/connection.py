@@ -780,7 +780,9 @@ class Connection(asyncio.Protocol):
                 raise asyncio.CancelledError
         prefix = deliver_prefix(subscription_id, chunk.wire_size)
         if chunk.parts is not None:
-            transport.write(b"".join((prefix, *chunk.parts)))
+            # Scatter-gather: the pieces (views into a fragment buffer for remote
+            # chunks) go to the socket as they are, never joined into a copy.
+            transport.writelines((prefix, *chunk.parts))
             return
         assert chunk.file is not None
         transport.write(prefix)
