@@ -16,7 +16,7 @@ tiering on, default prefetch: 4 MiB requests, AIMD window, 256 MiB hard budget):
    with the server's request size and concurrency (``S3ObjectStore.get_view``, 8 at a
    time, 4 MiB). Local read: the lean consumer reads ``local`` (page cache warm).
 4. 100 cold consumers (``--readers``) each read ``--reader-mib`` from ``first`` of
-   ``cold`` at once, while a publisher sends 10 × 100 B frames every 5 ms to a third
+   ``cold`` at once, while a publisher sends 10 x 100 B frames every 5 ms to a third
    stream and times each confirm; the same publisher ran alone before (idle). The
    server's RSS (/proc/<pid>/status) is sampled every 50 ms; the baseline is taken
    right before the readers start, ``after`` 10 s after they all closed.
@@ -54,8 +54,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benches"))
 
 from lean_client import LeanConnection, LeanConsumer, LeanPublisher  # noqa: E402
-
 from tests.plugins.seaweed import SeaweedServer, start_seaweed  # noqa: E402
+
 from tierlog.storage.s3_config import S3Config  # noqa: E402
 from tierlog.storage.s3_object_store import S3ObjectStore  # noqa: E402
 
@@ -184,7 +184,7 @@ def raw_gets(store: S3ObjectStore, objects: list[tuple[str, int]]) -> tuple[floa
 def hot_publisher(
     server: Server, stream: str, seconds: float, stop: threading.Event
 ) -> list[float]:
-    """Frames of 10 × 100 B every 5 ms, each timed to its last confirm."""
+    """Frames of 10 x 100 B every 5 ms, each timed to its last confirm."""
     publisher = LeanPublisher("127.0.0.1", server.port, stream, publisher_id=2)
     frame = [b"h" * 100] * 10
     latencies: list[float] = []
@@ -242,7 +242,7 @@ def cold_readers(server: Server, args: argparse.Namespace) -> tuple[float, float
     hot.join()
     assert not errors, errors[:3]
     print(
-        f"  {args.readers} readers × {args.reader_mib} MiB in {elapsed:.1f} s "
+        f"  {args.readers} readers x {args.reader_mib} MiB in {elapsed:.1f} s "
         f"({args.readers * args.reader_mib * MiB / elapsed / 1e6:.0f} MB/s); "
         f"buffers at the end: prefetch "
         f"{server.metric_sum('tierlog_prefetch_memory_bytes') / MiB:.0f} MiB",
@@ -317,7 +317,7 @@ def run(server: Server, store: S3ObjectStore, args: argparse.Namespace) -> None:
     raw_s, raw_bytes = raw_gets(store, objects)
     raw_mbs = raw_bytes / raw_s / 1e6
     print(f"  remote read (lean client): {cold_bytes / MiB:.0f} MiB at {cold_mbs:.0f} MB/s")
-    print(f"  raw GETs ({CONCURRENCY} × {REQUEST // MiB} MiB): {raw_mbs:.0f} MB/s")
+    print(f"  raw GETs ({CONCURRENCY} x {REQUEST // MiB} MiB): {raw_mbs:.0f} MB/s")
 
     load(server, "local", {"x-tierlog-read-strategy": "DISABLE"}, args.mib)
     local_s, local_bytes = lean_read(server, "local", messages)
