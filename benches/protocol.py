@@ -187,8 +187,10 @@ def fdatasync_p99_ms(directory: str, samples: int = 2000) -> float:
     return 1000 * percentile(times, 0.99)
 
 
-def beam_pid(nodename: str) -> int:
-    """The Erlang VM process of a RabbitMQ node (the server's CPU is counted there)."""
+def beam_pid(data_dir: Path) -> int:
+    """The Erlang VM process of a private RabbitMQ node (its ``-home`` is the node's
+    temp dir, two levels above its data dir); the server's CPU is counted there."""
+    home = str(data_dir.parent.parent).encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -197,10 +199,9 @@ def beam_pid(nodename: str) -> int:
                 cmdline = f.read()
         except OSError:
             continue
-        short = nodename.split("@", 1)[0].encode()
-        if b"beam" in cmdline.split(b"\0", 1)[0] and short in cmdline:
+        if cmdline.split(b"\0", 1)[0].endswith(b"beam.smp") and home in cmdline:
             return int(entry)
-    raise RuntimeError(f"no beam process for {nodename}")
+    raise RuntimeError(f"no beam.smp process with home {home!r}")
 
 
 def load_average() -> str:
@@ -239,7 +240,7 @@ def main() -> int:
 
         with rabbitmq_node() as node:
             r_pub, r_con = run(node.host, node.stream_port, args, "rabbitmq")
-            r_us, r_p99 = at_rate(node.stream_port, beam_pid(node.nodename), args, "rabbitmq")
+            r_us, r_p99 = at_rate(node.stream_port, beam_pid(node.data_dir), args, "rabbitmq")
     except Exception as exc:  # installing or starting RabbitMQ failed
         reason = str(exc).replace("\n", " ")[:200]
         print(
