@@ -295,3 +295,46 @@ def test_more_readers_than_blocks_progress_through_one_overdraft(
     assert budget.overdrafts > 0
     assert budget.peak <= 3 * REQ
     assert budget.used == 0
+
+
+def test_node_wide_read_rate_limit_paces_every_get(store: FaultyObjectStore) -> None:
+    """Two readers share ``max_bytes_per_second``: after the one-second burst, their
+    GETs together go no faster than the rate."""
+    rate = 16 * REQ
+    config = PrefetchConfig(
+        request_bytes=REQ,
+        max_window_bytes=4 * REQ,
+        memory_bytes=64 * REQ,
+        max_bytes_per_second=rate,
+    )
+    prefetcher = Prefetcher(config)
+    blobs = {f"rate{i}": os.urandom(24 * REQ) for i in range(2)}
+    for key, blob in blobs.items():
+        store.put(key, blob)
+    started = time.monotonic()
+    results: dict[str, bytes] = {}
+
+    def consume(key: str) -> None:
+        stream = prefetcher.open(store, [(key, 0, len(blobs[key]))])
+        buf = bytearray()
+        while stream.position < len(blobs[key]):
+            buf += stream.read(min(REQ, len(blobs[key]) - stream.position))
+        stream.close()
+        results[key] = bytes(buf)
+
+    threads = [threading.Thread(target=consume, args=(k,)) for k in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    prefetcher.close()
+    assert results == blobs
+    # 48 requests of REQ at 16 REQ/s, the first 16 free: at least 2 s
+    assert elapsed >= 1.9, elapsed
+    assert prefetcher.rate_limit.waited_seconds > 0
+
+
+def test_read_rate_limit_is_validated() -> None:
+    with pytest.raises(ConfigError):
+        PrefetchConfig(max_bytes_per_second=-1)

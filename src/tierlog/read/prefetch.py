@@ -52,6 +52,10 @@ class PrefetchConfig:
     memory_bytes: int = 256 * MiB
     threads: int = 8
     force_wait_seconds: float = 2.0
+    max_bytes_per_second: int = 0
+    """Node-wide cap on remote read bytes per second (every GET of every reader); 0 is
+    unlimited. Cold readers share it, so they cannot take the disk, network or CPU a
+    hot writer needs."""
 
     def __post_init__(self) -> None:
         if self.request_bytes < 1:
@@ -64,6 +68,8 @@ class PrefetchConfig:
             raise ConfigError("memory_bytes and threads must be >= 1")
         if self.force_wait_seconds < 0:
             raise ConfigError("force_wait_seconds must be >= 0")
+        if self.max_bytes_per_second < 0:
+            raise ConfigError("max_bytes_per_second must be >= 0 (0: unlimited)")
 
 
 class MemoryBudget:
@@ -120,6 +126,42 @@ class MemoryBudget:
             self._room.notify_all()
 
 
+class ReadRateLimit:
+    """A token bucket over bytes: ``take(n)`` returns once ``n`` bytes fit the rate.
+
+    Takers go into debt in arrival order and sleep off their share, so concurrent GETs
+    are paced fairly; a burst of up to one second's worth passes at once.
+    """
+
+    def __init__(self, bytes_per_second: int, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.set_rate(bytes_per_second)
+
+    def set_rate(self, bytes_per_second: int) -> None:
+        if bytes_per_second < 0:
+            raise ConfigError("the read rate must be >= 0 bytes per second (0: unlimited)")
+        with self._lock:
+            self.rate = bytes_per_second
+            self._tokens = float(bytes_per_second)
+            self._at = self._clock()
+        self.waited_seconds = 0.0
+
+    def take(self, n: int) -> None:
+        with self._lock:
+            rate = self.rate
+            if rate <= 0:
+                return
+            now = self._clock()
+            self._tokens = min(float(rate), self._tokens + (now - self._at) * rate)
+            self._at = now
+            self._tokens -= n
+            wait = -self._tokens / rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self.waited_seconds += wait
+            time.sleep(wait)
+
+
 class _Block:
     """One ranged GET: ``[start, end)`` of ``key``, at ``[vstart, vend)`` of the stream."""
 
@@ -162,6 +204,7 @@ class Prefetcher:
         self.config = config or PrefetchConfig()
         self.clock = clock
         self.budget = MemoryBudget(self.config.memory_bytes)
+        self.rate_limit = ReadRateLimit(self.config.max_bytes_per_second, clock)
         self.pool = ThreadPoolExecutor(self.config.threads, thread_name_prefix="tier-prefetch")
         self._streams: weakref.WeakSet[RangeStream] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -390,7 +433,7 @@ class RangeStream:
         b.prefetched = prefetched
         b.done_at = None
         clock = self._prefetcher.clock
-        future = self._prefetcher.pool.submit(self._store.get_view, b.key, b.start, b.end)
+        future = self._prefetcher.pool.submit(self._get, b.key, b.start, b.end)
 
         def arrived(f: Future[memoryview], block: _Block = b) -> None:
             if block.future is f:
@@ -399,6 +442,11 @@ class RangeStream:
         b.future = future
         future.add_done_callback(arrived)
         self.gets += 1
+
+    def _get(self, key: str, start: int, end: int) -> memoryview:
+        """Pool thread: one ranged GET, paced by the node-wide read rate."""
+        self._prefetcher.rate_limit.take(end - start)
+        return self._store.get_view(key, start, end)
 
     def _reset(self, b: _Block) -> int:
         """Forget a block's request and give its reservation back."""

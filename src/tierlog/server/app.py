@@ -24,6 +24,7 @@ import tierlog
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
+from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.remote.catalog import Catalog
 from tierlog.server.admin import build_admin_app
 from tierlog.server.admin_security import AdminGuard
@@ -109,6 +110,7 @@ class Server:
             self.object_store = await _open_store(
                 "object store", "storage.object_store", storage.object_store, open_object_store
             )
+            default_prefetcher().rate_limit.set_rate(self.config.tier.read_bytes_per_second)
             self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)
             await self.tiering.start()
             if lag_provider is no_lag:

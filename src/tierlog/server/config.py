@@ -239,6 +239,7 @@ class TierSection:
     epoch: int = 1  # this node's writer epoch (until leases exist)
     max_uploads: int = 4
     upload_bytes_per_second: int = 0  # 0: unlimited
+    read_bytes_per_second: int = 0  # all remote (cold) reads of the node; 0: unlimited
     delete_grace_seconds: float = 600.0
     retention_interval_seconds: float = 10.0
     local_retention_interval_seconds: float = 5.0
@@ -280,6 +281,8 @@ class ServerConfig:
         self.tls.validate()
         self.limits.validate()
         t = self.tier
+        if t.read_bytes_per_second < 0:
+            raise ConfigError("tier.read_bytes_per_second must be >= 0 (0: unlimited)")
         if t.epoch < 1 or t.max_uploads < 1 or t.upload_bytes_per_second < 0:
             raise ConfigError("tier.epoch and tier.max_uploads must be >= 1, rates >= 0")
         for name in (
