@@ -18,8 +18,10 @@ yet is given up first (it is fetched again later), then the read waits for other
 to consume theirs. A consumer in the middle of a chunk that spans two blocks may overdraw
 the limit by one block while nobody else does (``MemoryBudget.force``), so readers that
 each hold a block and need a next one never deadlock: the total stays under the limit
-plus one request. ``force_wait_seconds`` is the last resort (granted over the limit and
-counted in ``MemoryBudget.overruns``, never expected).
+plus one request. A block that still finds no room after ``force_wait_seconds`` is
+granted over the limit and counted (``MemoryBudget.overruns``): the total is bounded by
+the limit plus one request per thread reading at the same time (8 in the server), not
+per reader.
 """
 
 from __future__ import annotations
@@ -47,11 +49,19 @@ class PrefetchConfig:
     """Read-ahead settings shared by every reader of a process."""
 
     request_bytes: int = 4 * MiB
+    min_request_bytes: int = 256 * 1024
+    """Requests shrink toward this as readers multiply: each new block is at most
+    ``memory_bytes / (2 x open readers)``, so every reader can hold the block it is in
+    and the next one inside the budget (see ``Prefetcher.request_size``)."""
     max_window_bytes: int = 64 * MiB
     ttl_seconds: float = 30.0
     memory_bytes: int = 256 * MiB
     threads: int = 8
-    force_wait_seconds: float = 2.0
+    force_wait_seconds: float = 0.05
+    """How long a needed block waits for room before it is granted over the limit. The
+    wait holds the reading thread, and the readers that would free room need threads
+    too (the server reads on a small pool), so it must stay short: the overrun is then
+    bounded by one request per thread reading at once, never by the number of readers."""
     max_bytes_per_second: int = 0
     """Node-wide cap on remote read bytes per second (every GET of every reader); 0 is
     unlimited. Cold readers share it, so they cannot take the disk, network or CPU a
@@ -60,6 +70,8 @@ class PrefetchConfig:
     def __post_init__(self) -> None:
         if self.request_bytes < 1:
             raise ConfigError("request_bytes must be >= 1")
+        if self.min_request_bytes < 1:
+            raise ConfigError("min_request_bytes must be >= 1")
         if self.max_window_bytes < self.request_bytes:
             raise ConfigError("max_window_bytes must be >= request_bytes")
         if self.ttl_seconds <= 0:
@@ -222,6 +234,16 @@ class Prefetcher:
         now = self.clock()
         return sum(s.expire(now, blocking=False) for s in streams)
 
+    def request_size(self) -> int:
+        """The size of the next block any reader cuts: the configured request, smaller
+        when the open readers could not each hold two blocks inside the budget (never
+        below ``min_request_bytes``)."""
+        config = self.config
+        with self._lock:
+            readers = max(1, len(self._streams))
+        fair = config.memory_bytes // (2 * readers)
+        return max(1, min(config.request_bytes, max(config.min_request_bytes, fair)))
+
     def give_up_readahead(self, need: int, asking: RangeStream) -> int:
         """Drop read-ahead no consumer has reached yet, farthest first, from every
         stream not busy right now, until ``need`` bytes are free; return bytes freed."""
@@ -255,6 +277,7 @@ class RangeStream:
         self._budget = prefetcher.budget
         self._store = store
         self._spans: Iterator[Span] | None = iter(spans)
+        self._cut: Span | None = None  # the rest of the span being cut into blocks
         self._blocks: deque[_Block] = deque()
         self._generated = 0  # virtual end of the blocks made so far
         self._pos = 0
@@ -372,24 +395,29 @@ class RangeStream:
                 self._reset(b)
             self._blocks.clear()
             self._spans = None
+            self._cut = None
         self._prefetcher._forget(self)
 
     # -- internals (called with the lock held) -------------------------------------------------
     def _generate(self) -> bool:
-        """Cut the next span into blocks; False when there are no more spans."""
-        if self._spans is None:
-            return False
-        for key, start, end in self._spans:
-            if end <= start:
-                continue
-            step = self._config.request_bytes
-            for s in range(start, end, step):
-                e = min(end, s + step)
-                self._blocks.append(_Block(key, s, e, self._generated))
-                self._generated += e - s
-            return True
-        self._spans = None
-        return False
+        """Cut the next block (at the current ``request_size``) off the current span, or
+        start the next span; False when there are no more spans."""
+        if self._cut is None:
+            if self._spans is None:
+                return False
+            for key, start, end in self._spans:
+                if end > start:
+                    self._cut = (key, start, end)
+                    break
+            else:
+                self._spans = None
+                return False
+        key, start, end = self._cut
+        stop = min(end, start + self._prefetcher.request_size())
+        self._blocks.append(_Block(key, start, stop, self._generated))
+        self._generated += stop - start
+        self._cut = (key, stop, end) if stop < end else None
+        return True
 
     def _drop_consumed(self) -> None:
         while self._blocks and self._blocks[0].vend <= self._pos:
