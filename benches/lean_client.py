@@ -23,8 +23,9 @@ _SIZE = struct.Struct(">I")
 _KEY = struct.Struct(">H")
 _CHUNK = struct.Struct(">BBHIqQQ")  # magic/version, type, entries, records, ts, epoch, id
 _CONFIRM_HEAD = struct.Struct(">HHBI")  # key, version, publisher id, count
+MAX_FRAME = 64 << 20
 _DELIVER_V1 = 5  # key u16, version u16, subscription id u8
-BUFFER = 8 << 20
+BUFFER = 2 << 20  # grows to the largest frame; 100 readers share the bench process
 
 
 class LeanConnection:
@@ -187,7 +188,7 @@ class LeanConsumer(LeanConnection):
         while position < next_offset:
             if len(buf) - end < 65536:
                 rest = end - start
-                buf[:rest] = view[start:end]
+                buf[:rest] = bytes(view[start:end])  # no overlapping self-copy
                 start, end = 0, rest
             got = sock.recv_into(view[end:])
             if not got:
@@ -195,10 +196,12 @@ class LeanConsumer(LeanConnection):
             end += got
             while end - start >= 4:
                 (frame_size,) = _SIZE.unpack_from(buf, start)
+                if frame_size > MAX_FRAME:
+                    raise ConnectionError(f"frame of {frame_size} bytes: stream out of sync")
                 if end - start - 4 < frame_size:
                     if frame_size + 4 > len(buf):
                         grown = bytearray(frame_size + 4 + 65536)
-                        grown[: end - start] = view[start:end]
+                        grown[: end - start] = bytes(view[start:end])
                         self._buf = buf = grown
                         self._view = view = memoryview(buf)
                         start, end = 0, end - start
