@@ -28,6 +28,7 @@ confirm p99 with the readers ÷ idle>``.
 
     .venv/bin/python benches/catchup.py [--mib 512] [--readers 100] [--reader-mib 32]
         [--quick]   # 128 MiB, 100 readers of 8 MiB, 3 s after-close wait
+        [--profile remote.txt]   # py-spy (collapsed stacks) of the server's remote read
 """
 
 from __future__ import annotations
@@ -264,6 +265,7 @@ def main() -> int:
     parser.add_argument("--after", type=float, default=10.0)
     parser.add_argument("--hot-seconds", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", help="py-spy collapsed stacks of the server's remote read")
     args = parser.parse_args()
     if args.quick:
         args.mib, args.reader_mib, args.after, args.hot_seconds = 128, 8, 3.0, 5.0
@@ -312,7 +314,22 @@ def run(server: Server, store: S3ObjectStore, args: argparse.Namespace) -> None:
     seeker.close()
     print(f"  seek to offset {messages // 3}: {seek_gets} GETs, first chunk in {seek_ms:.0f} ms")
 
+    spy = None
+    if args.profile:  # py-spy on the server during the remote read only
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                *("record", "-p", str(server.proc.pid), "-o", args.profile, "-r", "100"),
+                *("--nonblocking", "-f", "raw"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)
     cold_s, cold_bytes = lean_read(server, "cold", messages)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     cold_mbs = cold_bytes / cold_s / 1e6
     raw_s, raw_bytes = raw_gets(store, objects)
     raw_mbs = raw_bytes / raw_s / 1e6
