@@ -224,6 +224,7 @@ class TieredChunkCursor:
         await self._source._notifier.wait(timeout)
 
     def close(self) -> None:
+        self._ready.clear()  # drop the views into fetched blocks at once
         if self._reader is not None:
             self._reader.close()
         if self._local is not None:
