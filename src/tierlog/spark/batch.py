@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -49,13 +49,21 @@ from pyspark.sql.types import (
 )
 
 from tierlog.remote.manifest_walk import Bounds
+from tierlog.spark import connections
 from tierlog.spark.arrow_batch import record_batch_schema
-from tierlog.spark.options import SourceOptions, StreamName, parse_options
+from tierlog.spark.options import (
+    SourceOptions,
+    StreamName,
+    matching_streams,
+    parse_options,
+    with_streams,
+)
 from tierlog.spark.planning import (
     ReadTask,
     options_bounds,
     plan_read,
     read_tasks,
+    stream_bounds,
 )
 from tierlog.spark.reading import ReadSettings, read_task
 from tierlog.spark.writer import TierlogWriteMixin
@@ -126,8 +134,11 @@ class TierlogBatchReader(DataSourceReader):
         self.streams: tuple[StreamName, ...] = options.streams
 
     def partitions(self) -> list[InputPartition]:
-        plans = plan_read(self.options, self.bounds, self.streams)
-        tasks = read_tasks(plans, self.bounds, self.options.target_partition_bytes)
+        tasks: list[ReadTask] = []
+        for stream in self.streams:
+            bounds = self.bounds.intersect(stream_bounds(self.options, stream.display))
+            plans = plan_read(self.options, bounds, [stream])
+            tasks += read_tasks(plans, bounds, self.options.target_partition_bytes)
         return [TaskPartition(t) for t in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -240,20 +251,31 @@ class TierlogDataSource(TierlogWriteMixin, DataSource):
             self._parsed = parse_options(self.options)
         return self._parsed
 
+    def resolved(self, mode: Literal["batch", "stream"]) -> SourceOptions:
+        """The options checked for this kind of read, a ``subscribePattern`` resolved
+        against the catalog (the streams that exist when the query starts)."""
+        options = self.parsed
+        options.check_mode(mode)
+        if options.stream_pattern is None:
+            return options
+        records = connections.catalog(options.meta_store).list()
+        displays = [StreamName(r.vhost, r.name).display for r in records]
+        return with_streams(options, matching_streams(options.stream_pattern, displays))
+
     def schema(self) -> StructType:
         return spark_schema(self.parsed.include_amqp)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TierlogBatchReader(self.parsed)
+        return TierlogBatchReader(self.resolved("batch"))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from tierlog.spark.streaming import TierlogStreamReader
 
-        return TierlogStreamReader(self.parsed)
+        return TierlogStreamReader(self.resolved("stream"))
 
 
 class TierlogPushdownDataSource(TierlogDataSource):
     """The same source, with filter pushdown (needs the session flag on)."""
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TierlogPushdownBatchReader(self.parsed)
+        return TierlogPushdownBatchReader(self.resolved("batch"))
