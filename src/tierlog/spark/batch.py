@@ -66,6 +66,7 @@ from tierlog.spark.planning import (
     stream_bounds,
 )
 from tierlog.spark.reading import ReadSettings, read_task
+from tierlog.spark.tail import ServerAddress, TailTask, committed_chunk_id, read_tail
 from tierlog.spark.writer import TierlogWriteMixin
 
 SOURCE_NAME = "tierlog"
@@ -118,11 +119,31 @@ def read_settings(options: SourceOptions) -> ReadSettings:
     )
 
 
+class TailPartition(InputPartition):
+    """The un-tiered tail of one stream, read through the server."""
+
+    def __init__(self, task: TailTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+def server_address(options: SourceOptions) -> ServerAddress:
+    assert options.server is not None
+    host, port = options.server
+    return ServerAddress(host, port, options.user, options.password)
+
+
 def read_partition(partition: InputPartition, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     """What every reader's ``read`` does (an empty plan gives Spark a value-less partition)."""
+    schema = arrow_schema(options.include_amqp)
+    if isinstance(partition, TailPartition):
+        batches = read_tail(
+            partition.task, server_address(options), options.include_amqp, options.verify_crc
+        )
+        return (b.cast(schema) for b in batches)
     if not isinstance(partition, TaskPartition):
         return iter(())
-    return read_task(partition.task, read_settings(options), arrow_schema(options.include_amqp))
+    return read_task(partition.task, read_settings(options), schema)
 
 
 class TierlogBatchReader(DataSourceReader):
@@ -134,12 +155,25 @@ class TierlogBatchReader(DataSourceReader):
         self.streams: tuple[StreamName, ...] = options.streams
 
     def partitions(self) -> list[InputPartition]:
-        tasks: list[ReadTask] = []
+        out: list[InputPartition] = []
         for stream in self.streams:
             bounds = self.bounds.intersect(stream_bounds(self.options, stream.display))
             plans = plan_read(self.options, bounds, [stream])
-            tasks += read_tasks(plans, bounds, self.options.target_partition_bytes)
-        return [TaskPartition(t) for t in tasks]
+            tasks = read_tasks(plans, bounds, self.options.target_partition_bytes)
+            out += [TaskPartition(t) for t in tasks]
+            if self.options.server is not None:
+                out += self._tail(stream, plans[0].next_offset, bounds)
+        return out
+
+    def _tail(self, stream: StreamName, start: int, bounds: Bounds) -> list[InputPartition]:
+        """The tail partition ``[manifest next, end of the server's committed chunk]``."""
+        last = committed_chunk_id(server_address(self.options), stream.vhost, stream.name)
+        if last is None or last < start or bounds.is_empty:
+            return []
+        if bounds.max_offset is not None and bounds.max_offset < start:
+            return []
+        task = TailTask(stream.display, stream.vhost, stream.name, start, last, bounds)
+        return [TailPartition(task)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.options)

@@ -38,6 +38,9 @@ option                      meaning
 ``maxBytesPerTrigger``      streaming: about this many fragment bytes per micro-batch
 ``minOffsetsPerTrigger``    streaming: wait for this many new offsets before a micro-batch,
                             at most ``maxTriggerDelay`` (default ``15m``)
+``server``                  batch: ``host:port`` of the stream server; with it the read
+                            also covers the un-tiered tail (``includeTail``, default true)
+``user`` / ``password``     the server's credentials (default guest / guest)
 ``traceDir``                testing: write one marker file per fragment read into this dir
 ==========================  ==========================================================
 """
@@ -95,11 +98,25 @@ _KNOWN = frozenset(
         "minoffsetspertrigger",
         "maxtriggerdelay",
         "tracedir",
+        "includetail",
+        "server",
+        "user",
+        "password",
     }
 )
 
 BATCH_ONLY = frozenset(
-    {"startoffset", "endoffset", "starttimestamp", "endtimestamp", "endingoffsets"}
+    {
+        "startoffset",
+        "endoffset",
+        "starttimestamp",
+        "endtimestamp",
+        "endingoffsets",
+        "includetail",
+        "server",
+        "user",
+        "password",
+    }
 )
 STREAM_ONLY = frozenset(
     {"maxrecordspertrigger", "maxbytespertrigger", "minoffsetspertrigger", "maxtriggerdelay"}
@@ -181,6 +198,9 @@ class SourceOptions:
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY_S
     stream_pattern: str | None = None
     trace_dir: str | None = None
+    server: tuple[str, int] | None = None  # include the tail through this server
+    user: str = "guest"
+    password: str = field(default="guest", repr=False)
     given: frozenset[str] = frozenset()  # option names as set (aliases resolved)
 
     @property
@@ -263,6 +283,9 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         max_trigger_delay=_duration(opts, "maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY_S),
         stream_pattern=pattern,
         trace_dir=opts.get("tracedir") or None,
+        server=_server(opts),
+        user=opts.get("user", "guest"),
+        password=opts.get("password", "guest"),
         given=frozenset(k for k in opts if not _is_setting(k)),
     )
     return options
@@ -300,6 +323,20 @@ def _on_expired(opts: Mapping[str, str]) -> OnExpired:
             raise ConfigError("failOnDataLoss and onExpired disagree: set one of them")
         on_expired = from_kafka
     return "skip" if on_expired == "skip" else "fail"
+
+
+def _server(opts: Mapping[str, str]) -> tuple[str, int] | None:
+    """The server to read the tail through: ``server`` unless ``includeTail=false``."""
+    include = _bool(opts, "includetail", "server" in opts)
+    text = opts.get("server", "")
+    if not include:
+        if text or "user" in opts or "password" in opts:
+            raise ConfigError("server / user / password only apply with includeTail=true")
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"includeTail needs option 'server' as host:port, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def _duration(opts: Mapping[str, str], key: str, default: float) -> float:
