@@ -81,6 +81,7 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-max-lag-bytes": ("max_lag_bytes", _int),
     "x-tierlog-read-strategy": ("read_strategy", str),
     "x-tierlog-manifest-fanout": ("manifest_fanout", _int),
+    "x-tierlog-sync": ("sync", str),
     "x-tierlog-compression": ("compression", str),
     "x-tierlog-compression-level": ("compression_level", _int),
     "x-tierlog-dictionary": ("dictionary", _bool),
