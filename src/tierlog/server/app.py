@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import resource
 import signal
 import sqlite3
 from collections.abc import Callable, Coroutine
@@ -22,6 +23,7 @@ from aiohttp import web
 
 import tierlog
 from tierlog.errors import ConfigError, TierlogError
+from tierlog.log.segments import ACTIVE_FILES
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
 from tierlog.remote.catalog import Catalog
@@ -92,6 +94,8 @@ class Server:
 
     async def _start(self) -> None:
         storage = self.storage
+        _raise_open_files_limit()
+        ACTIVE_FILES.max_open = self.config.server.max_open_segments
         try:
             os.makedirs(storage.data_dir, exist_ok=True)
         except OSError as exc:
@@ -251,6 +255,19 @@ class Server:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard limit (thousands of streams: each
+    open one holds its active segment's two files, subscriptions hold theirs)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=repr(exc))
+            return
+        log.info("open_files_limit_raised", soft=soft, hard=hard)
 
 
 async def _open_store(what: str, setting: str, uri: str, open_store: Callable[[str], Any]) -> Any:

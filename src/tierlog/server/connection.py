@@ -536,6 +536,13 @@ class Connection(asyncio.Protocol):
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
+    def _missing(self, stream: str) -> ResponseCode:
+        """The code for a stream that is not open: retriable while it is being resolved
+        (or failed to open) after a restart, else it does not exist."""
+        if self.broker.opening(self.vhost, stream) is not None:
+            return ResponseCode.STREAM_NOT_AVAILABLE
+        return ResponseCode.STREAM_DOES_NOT_EXIST
+
     def _on_metadata(self, cmd: MetadataRequest) -> None:
         host, port = self._advertised()
         streams = []
@@ -543,9 +550,7 @@ class Connection(asyncio.Protocol):
             if self.broker.get(self.vhost, name) is not None:
                 streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
             else:
-                streams.append(
-                    StreamMetadata(name, ResponseCode.STREAM_DOES_NOT_EXIST, NO_LEADER, ())
-                )
+                streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
         self.send(
             MetadataResponse(cmd.correlation_id, [BrokerInfo(0, host, port)], streams).encode()
         )
@@ -554,7 +559,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
-            code = ResponseCode.STREAM_DOES_NOT_EXIST if handle is None else refused
+            code = self._missing(cmd.stream) if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
         stats = {
@@ -583,7 +588,7 @@ class Connection(asyncio.Protocol):
     def _on_declare_publisher(self, cmd: DeclarePublisherRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+            code = self._missing(cmd.stream)
         elif not self._permitted("write", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif cmd.publisher_id in self.publishers:
@@ -612,7 +617,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None:
             response = QueryPublisherSequenceResponse(
-                cmd.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0
+                cmd.correlation_id, self._missing(cmd.stream), 0
             )
         elif not self.gate.auth.allowed(
             self.user, self.vhost, "write", cmd.stream
@@ -691,7 +696,7 @@ class Connection(asyncio.Protocol):
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
         elif handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+            code = self._missing(cmd.stream)
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
@@ -754,7 +759,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         corr = cmd.correlation_id
         if handle is None:
-            response = QueryOffsetResponse(corr, ResponseCode.STREAM_DOES_NOT_EXIST, 0)
+            response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
         elif not self._permitted("read", cmd.stream):
             response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
         else:
