@@ -227,6 +227,12 @@ class Server:
         if self.tiering is None:
             metrics.tier_lag_bytes.read = per_stream(lambda h: h.tier_lag)
 
+    async def streams_opened(self, timeout: float | None = None) -> None:
+        """Wait until start-up has tried to open every catalog stream (the listeners
+        are open long before; a stream that failed stays ``failed`` in the admin API)."""
+        assert self.broker is not None
+        await asyncio.wait_for(self.broker.all_open.wait(), timeout)
+
     async def stop(self) -> None:
         """Stop listening, close connections, flush and close every stream."""
         await self._close()
