@@ -183,6 +183,7 @@ class Server:
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
         guard.port = self.admin_port
+        self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             tmp = s.ready_file + ".tmp"
             with open(tmp, "w") as f:

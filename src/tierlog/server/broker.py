@@ -422,6 +422,7 @@ class Broker:
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
         self._open_task: asyncio.Task[None] | None = None
+        self._records: list[StreamRecord] = []
         self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.writers = SerialPool(config.server.writer_threads, "writer")
         self.all_open = asyncio.Event()
@@ -429,19 +430,27 @@ class Broker:
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Start opening the catalog's streams in the background and return at once."""
+        """Load the catalog: every stream is "resolving" until ``open_streams`` opens it."""
         os.makedirs(self.streams_dir, exist_ok=True)
         loop = asyncio.get_running_loop()
         records = await loop.run_in_executor(None, self.catalog.list)
         for record in records:
             self._opening[(record.vhost, record.name)] = StreamOpening(record)
-        if not records:
-            self.all_open.set()
-        self._open_task = asyncio.create_task(self._open_all(records))
+        self._records = records
         self._lag_task = asyncio.create_task(self._poll_lag())
+
+    def open_streams(self) -> None:
+        """Open the catalog's streams in the background (called once the listeners are
+        open, so opening does not compete with them)."""
+        if self._open_task is None:
+            self._open_task = asyncio.create_task(self._open_all(self._records))
+            self._records = []
 
     async def _open_all(self, records: list[StreamRecord]) -> None:
         """Open (recover, resolve) every catalog stream, ``open_concurrency`` at a time."""
+        if not records:
+            self.all_open.set()
+            return
         limit = asyncio.Semaphore(self.config.server.open_concurrency)
         started = asyncio.get_running_loop().time()
 
@@ -498,11 +507,22 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._open_task
             await asyncio.gather(*self._open_tasks.values(), return_exceptions=True)
-        for handle in list(self._streams.values()):
-            if self.lifecycle is not None:
-                await handle.flush()  # queued publishes first, then the final tiering
-                await self.lifecycle.closing(handle, flush=True)
-            await handle.close(notify=False)
+        limit = asyncio.Semaphore(self.config.server.open_concurrency)
+
+        async def close_one(handle: StreamHandle) -> None:
+            async with limit:
+                if self.lifecycle is not None:
+                    await handle.flush()  # queued publishes first, then the final tiering
+                    await self.lifecycle.closing(handle, flush=True)
+                await handle.close(notify=False)
+
+        # streams close concurrently (bounded): a final tiering each, not one after another
+        results = await asyncio.gather(
+            *(close_one(h) for h in list(self._streams.values())), return_exceptions=True
+        )
+        for error in results:
+            if isinstance(error, BaseException):
+                log.error("stream_close_failed", error=repr(error))
         self._streams.clear()
         self.writers.shutdown(wait=False)
 
