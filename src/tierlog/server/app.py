@@ -82,6 +82,7 @@ class Server:
         self.stream_port = 0
         self.admin_port = 0
         self._stopped = asyncio.Event()
+        self._ready_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Open the stores, the streams and the listeners. A failure leaves nothing open
@@ -185,19 +186,8 @@ class Server:
         guard.port = self.admin_port
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
-            tmp = s.ready_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(
-                    {
-                        "host": s.host,
-                        "stream_port": self.stream_port,
-                        "admin_port": self.admin_port,
-                        "tls_port": self.tls_port,
-                        "pid": os.getpid(),
-                    },
-                    f,
-                )
-            os.replace(tmp, s.ready_file)
+            self._write_ready_file(streams_opened=False)
+            self._ready_task = asyncio.create_task(self._ready_when_opened())
         log.info(
             "server_started",
             version=tierlog.__version__,
@@ -211,6 +201,29 @@ class Server:
             tiering=config.tier.enabled,
             loop=type(loop).__module__,
         )
+
+    def _write_ready_file(self, *, streams_opened: bool) -> None:
+        """The bound ports (once listening), and whether start-up has opened every
+        stream (written again when it has)."""
+        s = self.config.server
+        tmp = s.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(
+                {
+                    "host": s.host,
+                    "stream_port": self.stream_port,
+                    "admin_port": self.admin_port,
+                    "tls_port": self.tls_port,
+                    "pid": os.getpid(),
+                    "streams_opened": streams_opened,
+                },
+                f,
+            )
+        os.replace(tmp, s.ready_file)
+
+    async def _ready_when_opened(self) -> None:
+        await self.streams_opened()
+        self._write_ready_file(streams_opened=True)
 
     def _register_stream_metrics(self, broker: Broker) -> None:
         """Per-stream values of the local tier, read from the open streams at scrape time."""
@@ -241,6 +254,8 @@ class Server:
         self._stopped.set()
 
     async def _close(self) -> None:
+        if self._ready_task is not None:
+            self._ready_task.cancel()
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:
