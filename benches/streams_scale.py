@@ -365,7 +365,7 @@ def run_rabbitmq(count: int) -> dict[str, float]:
     nodename = f"tierlog-scale-{os.getpid()}@localhost"
     try:
         with rabbitmq_node(base, nodename=nodename) as node:
-            pid = _beam_pid(nodename.split("@")[0])
+            pid = _beam_pid(nodename)
             threads0, rss0 = proc_status(pid)
             t = time.monotonic()
             asyncio.run(create_streams(node.stream_port, names))
@@ -387,13 +387,16 @@ def run_rabbitmq(count: int) -> dict[str, float]:
 
 
 def _beam_pid(nodename: str) -> int:
-    """The pid of the node's Erlang VM (its command line names the node)."""
+    """The pid of the node's Erlang VM (its environment or command line names the node)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if cmdline and b"beam" in cmdline[0] and nodename.encode() in b" ".join(cmdline):
+            if not cmdline or b"beam" not in cmdline[0]:
+                continue
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            if nodename.encode() in environ or nodename.encode() in b" ".join(cmdline):
                 return int(entry)
     raise RuntimeError(f"no Erlang VM for {nodename}")
 

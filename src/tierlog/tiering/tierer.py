@@ -308,7 +308,15 @@ class StreamTierer:
             finally:
                 self._uncommitted = ()
         adopted = list(decision.adopted)
-        self._fencing_commit(adopted)
+        pointer = self.committer.pointer
+        already_fenced = (
+            pointer is not None and pointer.root_uid is not None and pointer.epoch == self.epoch
+        )
+        if adopted or decision.restart_epoch is not None or not already_fenced:
+            # a restart under the epoch the pointer already carries changes no owner: the
+            # commit would only rewrite the same root (two MetaStore writes and a PUT per
+            # stream, the bulk of a restart of thousands of streams)
+            self._fencing_commit(adopted)
         self.state = TieringState(
             self.config, committed_next=decision.next_offset, last_fragment=decision.last_fragment
         )
