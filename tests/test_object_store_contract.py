@@ -18,6 +18,7 @@ from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
     MAX_SEGMENT_BYTES,
     MIN_PART_SIZE,
+    InvalidMetadataError,
     InvalidRangeError,
     ObjectStore,
 )
@@ -361,3 +362,89 @@ def test_long_keys(object_store: ObjectStore) -> None:
     object_store.put(key, b"long")
     assert object_store.get(key) == b"long"
     assert [m.key for m in object_store.list()] == [key]
+
+
+# -- user metadata ---------------------------------------------------------------------------
+
+META = {"tierlog-offload-format-version": "1", "stream": "s_1", "note": "a b/c:d=e"}
+
+
+def test_user_metadata_on_put_create_and_head(object_store: ObjectStore) -> None:
+    object_store.put("um/put", b"x", metadata=META)
+    assert object_store.head("um/put").metadata == META
+    object_store.put_if_absent("um/create", b"y", metadata={"k": "v"})
+    assert object_store.head("um/create").metadata == {"k": "v"}
+    object_store.put("um/plain", b"z")
+    assert object_store.head("um/plain").metadata == {}
+    object_store.put("um/put", b"again")  # an overwrite replaces the metadata too
+    assert object_store.head("um/put").metadata == {}
+    assert object_store.get("um/create") == b"y"
+
+
+def test_user_metadata_on_multipart(object_store: ObjectStore) -> None:
+    upload = object_store.create_multipart("um/mp", metadata=META)
+    upload.put_part(1, b"p" * MIN_PART_SIZE)
+    upload.put_part(2, b"q")
+    upload.complete()
+    head = object_store.head("um/mp")
+    assert head.size == MIN_PART_SIZE + 1 and head.metadata == META
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"Upper": "v"},
+        {"": "v"},
+        {"k_y": "v"},
+        {"k": "caf\u00e9"},
+        {"k": "line\nbreak"},
+        {"k": "v" * 3000},
+    ],
+)
+def test_bad_user_metadata_rejected(object_store: ObjectStore, metadata: dict[str, str]) -> None:
+    for call in (
+        lambda: object_store.put("um/bad", b"x", metadata=metadata),
+        lambda: object_store.put_if_absent("um/bad", b"x", metadata=metadata),
+        lambda: object_store.create_multipart("um/bad", metadata=metadata),
+    ):
+        with pytest.raises(InvalidMetadataError):
+            call()
+    assert list(object_store.list()) == []
+    assert list(object_store.list_multipart_uploads()) == []
+
+
+# -- uploads left behind ---------------------------------------------------------------------
+
+
+def test_list_and_abort_pending_multipart_uploads(object_store: ObjectStore) -> None:
+    a = object_store.create_multipart("pending/a")
+    a.put_part(1, b"part")
+    b = object_store.create_multipart("pending/b")
+    done = object_store.create_multipart("pending/done")
+    done.put_part(1, b"d")
+    done.complete()
+    aborted = object_store.create_multipart("pending/aborted")
+    aborted.abort()
+    other = object_store.create_multipart("elsewhere/c")
+    listed = list(object_store.list_multipart_uploads("pending/"))
+    assert [(u.key, u.upload_id) for u in listed] == [
+        ("pending/a", a.upload_id),
+        ("pending/b", b.upload_id),
+    ]
+    assert all(u.initiated is None or u.initiated > 0 for u in listed)
+    assert {u.key for u in object_store.list_multipart_uploads()} == {
+        "pending/a",
+        "pending/b",
+        "elsewhere/c",
+    }
+    object_store.abort_multipart("pending/a", a.upload_id)
+    object_store.abort_multipart("pending/a", a.upload_id)  # already gone: fine
+    with pytest.raises((PermanentError, NotFoundError)):  # aborted elsewhere
+        a.complete()
+    assert [u.key for u in object_store.list_multipart_uploads("pending/")] == ["pending/b"]
+    object_store.abort_multipart("pending/b", b.upload_id)
+    object_store.abort_multipart("elsewhere/c", other.upload_id)
+    assert list(object_store.list_multipart_uploads()) == []
+    with pytest.raises(NotFoundError):
+        object_store.head("pending/a")
+    assert [m.key for m in object_store.list()] == ["pending/done"]

@@ -12,6 +12,8 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
+import numpy as np
+
 from tierlog.formats.errors import BadMagicError, TruncatedError
 
 SEGMENT_HEADER = b"OSIL\x00\x00\x00\x01"
@@ -37,6 +39,20 @@ class IndexRecord(NamedTuple):
     def encode(self) -> bytes:
         """The record's 29 bytes."""
         return _INDEX_RECORD.pack(*self)
+
+
+INDEX_RECORD_DTYPE = np.dtype(
+    {
+        "names": list(IndexRecord._fields),
+        "formats": [">u8", ">i8", ">u8", ">u4", "u1"],
+        "offsets": [0, 8, 16, 24, 28],
+        "itemsize": INDEX_RECORD_SIZE,
+    }
+)
+"""The index record as a numpy dtype, for decoding many records at once."""
+assert INDEX_RECORD_DTYPE.itemsize == INDEX_RECORD_SIZE
+_PROBE = IndexRecord(0x0102030405060708, -2, 3, 0xA0B0C0D0, 2)
+assert np.frombuffer(_PROBE.encode(), INDEX_RECORD_DTYPE)[0].tolist() == tuple(_PROBE)
 
 
 def encode_index_record(

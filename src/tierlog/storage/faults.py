@@ -13,12 +13,18 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from tierlog.storage.errors import StorageError, TransientError
-from tierlog.storage.object_store import Buffer, MultipartUpload, ObjectMeta, ObjectStore
+from tierlog.storage.object_store import (
+    Buffer,
+    MultipartUpload,
+    ObjectMeta,
+    ObjectStore,
+    PendingUpload,
+)
 
 T = TypeVar("T")
 B = TypeVar("B", bytes, memoryview)
@@ -204,12 +210,18 @@ class FaultyObjectStore(ObjectStore):
 
     # -- ObjectStore --------------------------------------------------------------------------
 
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
-        return self._run("put", key, lambda: self.inner.put(key, data), memoryview(data).nbytes)
+    def put(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        call = lambda: self.inner.put(key, data, metadata=metadata)  # noqa: E731
+        return self._run("put", key, call, memoryview(data).nbytes)
 
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+    def put_if_absent(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         size = memoryview(data).nbytes
-        return self._run("put_if_absent", key, lambda: self.inner.put_if_absent(key, data), size)
+        call = lambda: self.inner.put_if_absent(key, data, metadata=metadata)  # noqa: E731
+        return self._run("put_if_absent", key, call, size)
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         rule, delay = self._decide("get", key)
@@ -285,9 +297,19 @@ class FaultyObjectStore(ObjectStore):
         batch = [*keys]
         self._run("delete_many", batch[0] if batch else "", lambda: self.inner.delete_many(batch))
 
-    def create_multipart(self, key: str) -> MultipartUpload:
-        upload = self._run("create_multipart", key, lambda: self.inner.create_multipart(key))
-        return FaultyMultipartUpload(self, upload)
+    def create_multipart(
+        self, key: str, *, metadata: Mapping[str, str] | None = None
+    ) -> MultipartUpload:
+        call = lambda: self.inner.create_multipart(key, metadata=metadata)  # noqa: E731
+        return FaultyMultipartUpload(self, self._run("create_multipart", key, call))
+
+    def list_multipart_uploads(self, prefix: str = "") -> Iterator[PendingUpload]:
+        return self._run(
+            "list_multipart", prefix, lambda: self.inner.list_multipart_uploads(prefix)
+        )
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        self._run("abort_multipart", key, lambda: self.inner.abort_multipart(key, upload_id))
 
     def close(self) -> None:
         self.inner.close()
@@ -298,6 +320,7 @@ class FaultyMultipartUpload(MultipartUpload):
 
     def __init__(self, store: FaultyObjectStore, inner: MultipartUpload) -> None:
         self.key = inner.key
+        self.upload_id = inner.upload_id
         self._store = store
         self._inner = inner
 

@@ -6,17 +6,24 @@ in ``<root>/staging`` (a name without either suffix, so it is never part of the 
 become visible in one step: ``rename`` for overwrites, ``link`` for create-only puts (link fails
 if the name exists, and the linked file was fully written and fsynced first, so no reader ever
 sees a partial object). Directories are fsynced after every change to their entries.
+
+User metadata is a JSON extended attribute (``user.tierlog.metadata``) set on the staged file
+before it is published, so an object and its metadata appear together. A multipart upload is a
+staging directory ``mpu-<hex>`` (its upload id) holding the parts and ``upload.json`` (key,
+metadata), so uploads left by a crash can be listed and aborted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
+import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tierlog.storage.errors import (
@@ -26,6 +33,7 @@ from tierlog.storage.errors import (
     PermanentError,
     StorageError,
     TransientError,
+    UnsupportedBackendError,
 )
 from tierlog.storage.object_store import (
     MIN_PART_SIZE,
@@ -34,9 +42,11 @@ from tierlog.storage.object_store import (
     MultipartUpload,
     ObjectMeta,
     ObjectStore,
+    PendingUpload,
     clamp_range,
     short_key,
     validate_key,
+    validate_metadata,
     validate_part,
 )
 
@@ -45,6 +55,34 @@ DIR_SUFFIX = ".d"
 STAGING = "staging"
 _READ_CHUNK = 16 * 1024 * 1024
 STALE_STAGING_S = 24 * 3600.0  # far longer than any upload; other processes may share the root
+METADATA_XATTR = "user.tierlog.metadata"
+UPLOAD_FILE = "upload.json"
+_UPLOAD_ID = re.compile(r"mpu-[0-9a-f]{32}")
+
+
+def _set_metadata(fd: int, metadata: dict[str, str]) -> None:
+    if not metadata:
+        return
+    try:
+        os.setxattr(fd, METADATA_XATTR, json.dumps(metadata, sort_keys=True).encode())
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise UnsupportedBackendError(
+                "the filesystem object store keeps user metadata in extended attributes, "
+                "which this filesystem does not support"
+            ) from exc
+        raise
+
+
+def _get_metadata(path: str) -> dict[str, str]:
+    try:
+        raw = os.getxattr(path, METADATA_XATTR)
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return {}
+        raise
+    value: dict[str, str] = json.loads(raw)
+    return value
 
 
 def _fsync_dir(path: str) -> None:
@@ -115,12 +153,14 @@ class FsObjectStore(ObjectStore):
     def _dir_path(self, prefix_dirs: list[str]) -> str:
         return os.path.join(self.root, *(p + DIR_SUFFIX for p in prefix_dirs))
 
-    def _stage(self, data: Buffer) -> str:
-        """A fully written, fsynced temp file in the staging directory."""
+    def _stage(self, data: Buffer, metadata: dict[str, str] | None = None) -> str:
+        """A fully written, fsynced temp file (with its user metadata) in the staging
+        directory."""
         path = os.path.join(self.staging, f"put-{uuid.uuid4().hex}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             _write_all(fd, data)
+            _set_metadata(fd, metadata or {})
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -177,17 +217,22 @@ class FsObjectStore(ObjectStore):
 
     # -- ObjectStore ------------------------------------------------------------------------
 
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
+    def put(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         path = self._path(key)
-        temp = self._stage(data)
+        temp = self._stage(data, validate_metadata(metadata))
         self._publish(temp, path, create_only=False, key=key)
         return self.head(key)
 
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+    def put_if_absent(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         path = self._path(key)
+        checked = validate_metadata(metadata)
         if os.path.exists(path):  # cheap early exit; link(2) below is the real check
             raise AlreadyExistsError(f"object {short_key(key)} already exists")
-        temp = self._stage(data)
+        temp = self._stage(data, checked)
         self._publish(temp, path, create_only=True, key=key)
         return self.head(key)
 
@@ -236,9 +281,11 @@ class FsObjectStore(ObjectStore):
         path = self._path(key)
         try:
             st = os.stat(path)
+            metadata = _get_metadata(path)
         except OSError as exc:
             raise _storage_error(exc, f"head {short_key(key)}") from exc
-        return self._meta(key, st)
+        meta = self._meta(key, st)
+        return ObjectMeta(meta.key, meta.size, meta.etag, meta.last_modified, metadata)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectMeta]:
         """Walk only the directories that can hold matching keys, each sorted, yielding keys in
@@ -310,20 +357,57 @@ class FsObjectStore(ObjectStore):
             directory = os.path.dirname(directory)
             _fsync_dir(directory)
 
-    def create_multipart(self, key: str) -> MultipartUpload:
-        return FsMultipartUpload(self, key, self._path(key))
+    def create_multipart(
+        self, key: str, *, metadata: Mapping[str, str] | None = None
+    ) -> MultipartUpload:
+        return FsMultipartUpload(self, key, self._path(key), validate_metadata(metadata))
+
+    def list_multipart_uploads(self, prefix: str = "") -> Iterator[PendingUpload]:
+        found: list[PendingUpload] = []
+        with os.scandir(self.staging) as it:
+            for entry in it:
+                if not _UPLOAD_ID.fullmatch(entry.name):
+                    continue
+                try:
+                    with open(os.path.join(entry.path, UPLOAD_FILE), "rb") as f:
+                        key = json.load(f)["key"]
+                    initiated = entry.stat().st_mtime
+                except (FileNotFoundError, NotADirectoryError, ValueError, KeyError):
+                    continue  # completing, aborting, or torn at creation (never had a part)
+                if key.startswith(prefix):
+                    found.append(PendingUpload(key, entry.name, initiated))
+        found.sort(key=lambda u: (u.key, u.upload_id))
+        return iter(found)
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        validate_key(key)
+        if not _UPLOAD_ID.fullmatch(upload_id):
+            return  # never an id of this store: nothing to abort
+        directory = os.path.join(self.staging, upload_id)
+        try:
+            with open(os.path.join(directory, UPLOAD_FILE), "rb") as f:
+                if json.load(f)["key"] != key:
+                    return
+        except (FileNotFoundError, NotADirectoryError, ValueError, KeyError):
+            pass  # torn at creation: remove what is there
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class FsMultipartUpload(MultipartUpload):
     """Parts are staged as files in a private staging directory; ``complete`` concatenates
     them into one staged file and renames it into place."""
 
-    def __init__(self, store: FsObjectStore, key: str, path: str) -> None:
+    def __init__(self, store: FsObjectStore, key: str, path: str, metadata: dict[str, str]) -> None:
         self.key = key
         self._store = store
         self._path = path
-        self._dir = os.path.join(store.staging, f"mpu-{uuid.uuid4().hex}")
+        self._metadata = metadata
+        self.upload_id = f"mpu-{uuid.uuid4().hex}"
+        self._dir = os.path.join(store.staging, self.upload_id)
         os.mkdir(self._dir)
+        description = json.dumps({"key": key, "metadata": metadata}).encode()
+        temp = store._stage(description)
+        os.replace(temp, os.path.join(self._dir, UPLOAD_FILE))
 
     def _part_path(self, part_number: int) -> str:
         return os.path.join(self._dir, f"{part_number:05d}")
@@ -342,7 +426,7 @@ class FsMultipartUpload(MultipartUpload):
 
     def complete(self) -> ObjectMeta:
         self._check_open()
-        names = sorted(Path(self._dir).iterdir())
+        names = sorted(p for p in Path(self._dir).iterdir() if p.name.isdigit())
         if not names:
             raise InvalidRangeError(f"multipart upload of {short_key(self.key)} has no parts")
         for part in names[:-1]:
@@ -356,6 +440,7 @@ class FsMultipartUpload(MultipartUpload):
                 with open(part, "rb") as src:
                     shutil.copyfileobj(src, out, _READ_CHUNK)
             out.flush()
+            _set_metadata(out.fileno(), self._metadata)
             os.fsync(out.fileno())
         self._store._publish(joined, self._path, create_only=False, key=self.key)
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -3,12 +3,18 @@ count by operation and outcome, bytes each way, upload and GET latency, GET size
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 
 from tierlog.metrics import Metrics
 from tierlog.storage.errors import StorageError
-from tierlog.storage.object_store import Buffer, MultipartUpload, ObjectMeta, ObjectStore
+from tierlog.storage.object_store import (
+    Buffer,
+    MultipartUpload,
+    ObjectMeta,
+    ObjectStore,
+    PendingUpload,
+)
 
 T = TypeVar("T")
 
@@ -49,11 +55,16 @@ class MeteredObjectStore(ObjectStore):
         metrics.remote_get_bytes.observe(n)
         return data
 
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
-        return self._upload("put", data, lambda: self.inner.put(key, data))
+    def put(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        return self._upload("put", data, lambda: self.inner.put(key, data, metadata=metadata))
 
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        return self._upload("put_if_absent", data, lambda: self.inner.put_if_absent(key, data))
+    def put_if_absent(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        call = lambda: self.inner.put_if_absent(key, data, metadata=metadata)  # noqa: E731
+        return self._upload("put_if_absent", data, call)
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         return self._get(lambda: self.inner.get(key, start, end), len)
@@ -78,8 +89,17 @@ class MeteredObjectStore(ObjectStore):
         keys = list(keys)
         self._count("delete", lambda: self.inner.delete_many(keys))
 
-    def create_multipart(self, key: str) -> MultipartUpload:
-        return self._count("multipart", lambda: self.inner.create_multipart(key))
+    def create_multipart(
+        self, key: str, *, metadata: Mapping[str, str] | None = None
+    ) -> MultipartUpload:
+        call = lambda: self.inner.create_multipart(key, metadata=metadata)  # noqa: E731
+        return self._count("multipart", call)
+
+    def list_multipart_uploads(self, prefix: str = "") -> Iterator[PendingUpload]:
+        return self._count("multipart", lambda: self.inner.list_multipart_uploads(prefix))
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        self._count("multipart", lambda: self.inner.abort_multipart(key, upload_id))
 
     def close(self) -> None:
         self.inner.close()

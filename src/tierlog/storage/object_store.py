@@ -7,19 +7,21 @@ calls with ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tierlog.errors import ConfigError
-from tierlog.storage.errors import InvalidKeyError, StorageError
+from tierlog.storage.errors import InvalidKeyError, StorageError, UnsupportedBackendError
 
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_BYTES = 250  # between slashes: a file name (fs backend, SeaweedFS filer)
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3: every multipart part but the last
 MAX_PART_NUMBER = 10_000
+MAX_METADATA_BYTES = 2048  # S3: user metadata, keys and values together
 
 Buffer = bytes | bytearray | memoryview
 
@@ -30,10 +32,49 @@ class ObjectMeta:
     size: int
     etag: str | None = None
     last_modified: float | None = None  # seconds since the epoch
+    metadata: Mapping[str, str] | None = None  # user metadata: filled in by ``head`` only
+
+
+@dataclass(frozen=True, slots=True)
+class PendingUpload:
+    """A multipart upload that was initiated and neither completed nor aborted."""
+
+    key: str
+    upload_id: str
+    initiated: float | None = None  # seconds since the epoch
 
 
 class InvalidRangeError(StorageError, ValueError):
     """A byte range or part number that can never be valid (negative, out of bounds)."""
+
+
+class InvalidMetadataError(StorageError, ValueError):
+    """User metadata that S3 would reject or alter (case, characters, size)."""
+
+
+_METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def validate_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """User metadata as a plain dict, or ``InvalidMetadataError``. Keys are lowercase ASCII
+    letters, digits and '-' (S3 servers lowercase keys; these survive every backend
+    unchanged), values printable ASCII, at most 2 KiB in all (S3's limit)."""
+    if metadata is None:
+        return {}
+    checked: dict[str, str] = {}
+    total = 0
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not _METADATA_KEY.fullmatch(key):
+            raise InvalidMetadataError(
+                f"user metadata key {key!r}: use lowercase letters, digits and '-'"
+            )
+        if not isinstance(value, str) or not all(" " <= c <= "~" for c in value):
+            raise InvalidMetadataError(f"user metadata {key!r}: value must be printable ASCII")
+        total += len(key) + len(value)
+        checked[key] = value
+    if total > MAX_METADATA_BYTES:
+        raise InvalidMetadataError(f"user metadata of {total} bytes > {MAX_METADATA_BYTES}")
+    return checked
 
 
 def clamp_range(start: int | None, end: int | None, size: int) -> tuple[int, int]:
@@ -83,6 +124,7 @@ class MultipartUpload(ABC):
     the bytes given (S3 requires every part but the last to be >= 5 MiB)."""
 
     key: str
+    upload_id: str  # what ``list_multipart_uploads`` reports and ``abort_multipart`` takes
 
     @abstractmethod
     def put_part(self, part_number: int, data: Buffer) -> None:
@@ -103,11 +145,16 @@ class ObjectStore(ABC):
     """put / create-only put / ranged get / head / list / delete / multipart."""
 
     @abstractmethod
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
-        """Write (or overwrite) an object atomically."""
+    def put(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        """Write (or overwrite) an object atomically, with user ``metadata`` (see
+        ``validate_metadata``) that ``head`` returns."""
 
     @abstractmethod
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+    def put_if_absent(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         """Create an object; raise ``AlreadyExistsError`` if the key exists.
 
         Never retried internally when the outcome is unknown (a timeout may hide a success,
@@ -132,7 +179,7 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def head(self, key: str) -> ObjectMeta:
-        """Size and etag of an object; raise ``NotFoundError``."""
+        """Size, etag and user metadata of an object; raise ``NotFoundError``."""
 
     @abstractmethod
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectMeta]:
@@ -153,7 +200,20 @@ class ObjectStore(ABC):
             self.delete(key)
 
     @abstractmethod
-    def create_multipart(self, key: str) -> MultipartUpload: ...
+    def create_multipart(
+        self, key: str, *, metadata: Mapping[str, str] | None = None
+    ) -> MultipartUpload:
+        """Initiate a multipart upload; the object gets ``metadata`` once completed."""
+
+    def list_multipart_uploads(self, prefix: str = "") -> Iterator[PendingUpload]:
+        """Uploads initiated under ``prefix`` and neither completed nor aborted (to clean up
+        after crashes), sorted by key."""
+        raise UnsupportedBackendError(f"{type(self).__name__} cannot list multipart uploads")
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort the upload ``upload_id`` of ``key``, dropping its parts; aborting an upload
+        that no longer exists (completed or aborted) is not an error."""
+        raise UnsupportedBackendError(f"{type(self).__name__} cannot abort multipart uploads")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""

@@ -10,6 +10,10 @@
 - Multipart uploads with caller-chosen part boundaries use boto3 (imported lazily): obstore's
   Python API only exposes multipart inside ``put``, which cuts parts itself at a fixed
   ``chunk_size``; the offloader needs part N to be exactly the N-th block it hands over.
+  Listing and aborting uploads left by a crash use boto3 too.
+- User metadata travels as ``x-amz-meta-*`` headers: obstore ``attributes`` on puts, boto3
+  ``Metadata`` on multipart initiation, and a HEAD through obstore's ``get(head=True)`` (whose
+  result carries the attributes, unlike ``obstore.head``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import contextlib
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -41,8 +45,10 @@ from tierlog.storage.object_store import (
     MultipartUpload,
     ObjectMeta,
     ObjectStore,
+    PendingUpload,
     short_key,
     validate_key,
+    validate_metadata,
     validate_part,
 )
 from tierlog.storage.retry import RetryPolicy
@@ -57,6 +63,16 @@ _REJECTED_STATUS = frozenset({429, 503})  # throttled: the request was refused, 
 LIST_PAGE_SIZE = 1000
 DELETE_BATCH = 1000
 PROBE_PREFIX = "_tierlog/probe/"
+_STANDARD_ATTRIBUTES = frozenset(
+    {
+        "Content-Disposition",
+        "Content-Encoding",
+        "Content-Language",
+        "Content-Type",
+        "Cache-Control",
+        "Storage-Class",
+    }
+)
 
 
 class _S3Failure(Exception):
@@ -233,17 +249,29 @@ class S3ObjectStore(ObjectStore):
 
     # -- ObjectStore --------------------------------------------------------------------------
 
-    def put(self, key: str, data: Buffer) -> ObjectMeta:
+    def put(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         import obstore
 
         self._check(key)
+        attributes: Any = validate_metadata(metadata) or None
         result = self._call(
             f"put {short_key(key)}",
-            lambda: obstore.put(self._store, key, data, mode="overwrite", use_multipart=False),
+            lambda: obstore.put(
+                self._store,
+                key,
+                data,
+                mode="overwrite",
+                use_multipart=False,
+                attributes=attributes,
+            ),
         )
         return ObjectMeta(key, memoryview(data).nbytes, result["e_tag"])
 
-    def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
+    def put_if_absent(
+        self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         """Create-only put (``If-None-Match: *``).
 
         Only retried when the server refused the request outright (429 / 503 throttling).
@@ -255,9 +283,17 @@ class S3ObjectStore(ObjectStore):
         import obstore
 
         self._check(key)
+        attributes: Any = validate_metadata(metadata) or None
         result = self._call(
             f"create {short_key(key)}",
-            lambda: obstore.put(self._store, key, data, mode="create", use_multipart=False),
+            lambda: obstore.put(
+                self._store,
+                key,
+                data,
+                mode="create",
+                use_multipart=False,
+                attributes=attributes,
+            ),
             _is_rejected,
         )
         return ObjectMeta(key, memoryview(data).nbytes, result["e_tag"])
@@ -326,10 +362,19 @@ class S3ObjectStore(ObjectStore):
         import obstore
 
         self._check(key)
-        meta = self._call(f"head {short_key(key)}", lambda: obstore.head(self._store, key))
+        options: Any = {"head": True}
+        result = self._call(
+            f"head {short_key(key)}", lambda: obstore.get(self._store, key, options=options)
+        )
+        meta = result.meta
         modified = meta.get("last_modified")
+        user = {
+            str(k).lower(): str(v)
+            for k, v in result.attributes.items()
+            if k not in _STANDARD_ATTRIBUTES
+        }
         return ObjectMeta(
-            key, meta["size"], meta.get("e_tag"), modified.timestamp() if modified else None
+            key, meta["size"], meta.get("e_tag"), modified.timestamp() if modified else None, user
         )
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[ObjectMeta]:
@@ -407,9 +452,57 @@ class S3ObjectStore(ObjectStore):
         with contextlib.suppress(NotFoundError):
             self._call(f"delete {len(keys)} keys", lambda: obstore.delete(self._store, keys))
 
-    def create_multipart(self, key: str) -> MultipartUpload:
+    def create_multipart(
+        self, key: str, *, metadata: Mapping[str, str] | None = None
+    ) -> MultipartUpload:
         self._check(key)
-        return S3MultipartUpload(self, key)
+        return S3MultipartUpload(self, key, validate_metadata(metadata))
+
+    def list_multipart_uploads(self, prefix: str = "") -> Iterator[PendingUpload]:
+        if prefix:
+            validate_key(prefix.rstrip("/") or "x")
+        client = self.boto_client()
+        strip = len(self._full_key("")) if self.config.prefix else 0
+        markers: dict[str, str] = {}
+        found: list[PendingUpload] = []
+        while True:
+            page = self._call(
+                f"list multipart uploads {prefix!r}",
+                partial(
+                    client.list_multipart_uploads,
+                    Bucket=self.config.bucket,
+                    Prefix=self._full_key(prefix),
+                    **markers,
+                ),
+            )
+            for upload in page.get("Uploads", []):
+                initiated = upload.get("Initiated")
+                found.append(
+                    PendingUpload(
+                        upload["Key"][strip:],
+                        upload["UploadId"],
+                        initiated.timestamp() if initiated else None,
+                    )
+                )
+            if not page.get("IsTruncated"):
+                break
+            markers = {
+                "KeyMarker": page.get("NextKeyMarker", ""),
+                "UploadIdMarker": page.get("NextUploadIdMarker", ""),
+            }
+        found.sort(key=lambda u: (u.key, u.upload_id))
+        return iter(found)
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        self._check(key)
+        client = self.boto_client()
+        with contextlib.suppress(NotFoundError):
+            self._call(
+                f"abort multipart {short_key(key)}",
+                lambda: client.abort_multipart_upload(
+                    Bucket=self.config.bucket, Key=self._full_key(key), UploadId=upload_id
+                ),
+            )
 
     # -- boto3, for multipart only ------------------------------------------------------------
 
@@ -461,7 +554,7 @@ class S3ObjectStore(ObjectStore):
 class S3MultipartUpload(MultipartUpload):
     """CreateMultipartUpload / UploadPart / CompleteMultipartUpload, one part per call."""
 
-    def __init__(self, store: S3ObjectStore, key: str) -> None:
+    def __init__(self, store: S3ObjectStore, key: str, metadata: dict[str, str]) -> None:
         self.key = key
         self._store = store
         self._client = store.boto_client()
@@ -472,7 +565,9 @@ class S3MultipartUpload(MultipartUpload):
         self._done = False
         created = store._call(
             f"create multipart {short_key(key)}",
-            lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=self._full_key),
+            lambda: self._client.create_multipart_upload(
+                Bucket=self._bucket, Key=self._full_key, Metadata=metadata
+            ),
         )
         self.upload_id: str = created["UploadId"]
 

@@ -1,0 +1,1 @@
+"""Local → remote as whole sealed segments (Pulsar's tiered storage): the offloader."""
