@@ -21,10 +21,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from tierlog.logs import get_logger
-
-log = get_logger(__name__)
-
 _Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
@@ -166,10 +162,17 @@ class TimerHandle:
 
 class SharedTimer:
     """Every stream's timers on one thread (a heap). Callbacks must be short: they post
-    work to a pool, they never do it."""
+    work to a pool, they never do it. A callback's exception goes to ``on_error`` (the
+    owner logs it) and the timer thread goes on."""
 
-    def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        on_error: Callable[[BaseException], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
+        self.on_error = on_error
         self.clock = clock
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, TimerHandle]] = []
@@ -214,8 +217,8 @@ class SharedTimer:
                     cond.wait(delay)
             try:
                 handle.callback()
-            except Exception:
-                log.exception("timer_callback_failed", timer=self.name)
+            except Exception as exc:
+                self.on_error(exc)
 
     def shutdown(self) -> None:
         with self._cond:

@@ -18,6 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tierlog.concurrency import SerialPool, SharedTimer
+from tierlog.logs import get_logger
+
+log = get_logger(__name__)
 
 DEFAULT_EVENT_THREADS = 2
 DEFAULT_UPLOAD_THREADS = 8
@@ -38,13 +41,17 @@ class TieringRuntime:
         self.events = SerialPool(sizes.event_threads, "tier-events")
         self.uploads = ThreadPoolExecutor(sizes.upload_threads, thread_name_prefix="tier-upload")
         self.reads = ThreadPoolExecutor(sizes.resolution_reads, thread_name_prefix="tier-resolve")
-        self.timer = SharedTimer("tier-timer")
+        self.timer = SharedTimer("tier-timer", _timer_failed)
 
     def shutdown(self) -> None:
         self.timer.shutdown()
         self.events.shutdown(wait=True)
         self.uploads.shutdown(wait=True, cancel_futures=True)
         self.reads.shutdown(wait=True, cancel_futures=True)
+
+
+def _timer_failed(exc: BaseException) -> None:
+    log.error("tiering_timer_failed", error=repr(exc))
 
 
 _default: TieringRuntime | None = None
