@@ -446,11 +446,11 @@ class StreamTierer:
         if self._stopping and not isinstance(event, (CommitSucceeded, CommitFailed)):
             return
         with self._inbox_lock:
-            if isinstance(event, Tick):
-                if self._tick_queued:
-                    return
+            if not isinstance(event, Tick):
+                self._inbox.append(event)
+            elif not self._tick_queued:  # a queued Tick covers every later one
                 self._tick_queued = True
-            self._inbox.append(event)
+                self._inbox.append(event)
             if self._drain_queued or not self._running:
                 return
             self._drain_queued = True
