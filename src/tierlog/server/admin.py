@@ -81,6 +81,7 @@ def build_admin_app(
                 "status": "ok",
                 "streams": len(broker.streams()),
                 "streams_opening": len(broker.opening_streams()),
+                "catalog_loaded": broker.catalog_loaded.is_set(),
                 "connections": len(broker.connections),
             }
         )
@@ -129,6 +130,8 @@ def build_admin_app(
             opening = broker.opening(vhost, name)
             if opening is not None:
                 return web.json_response(opening.status())
+            if not broker.catalog_loaded.is_set():
+                return _error(503, "the server is starting: the stream catalog is loading")
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
         return web.json_response(handle.status())
 

@@ -422,7 +422,7 @@ class Broker:
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
         self._open_task: asyncio.Task[None] | None = None
-        self._records: list[StreamRecord] = []
+        self.catalog_loaded = asyncio.Event()
         self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.writers = SerialPool(config.server.writer_threads, "writer")
         self.all_open = asyncio.Event()
@@ -430,21 +430,31 @@ class Broker:
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Load the catalog: every stream is "resolving" until ``open_streams`` opens it."""
+        """Nothing is opened here: ``open_streams`` loads the catalog and opens its
+        streams in the background once the listeners are open."""
         os.makedirs(self.streams_dir, exist_ok=True)
-        loop = asyncio.get_running_loop()
-        records = await loop.run_in_executor(None, self.catalog.list)
-        for record in records:
-            self._opening[(record.vhost, record.name)] = StreamOpening(record)
-        self._records = records
         self._lag_task = asyncio.create_task(self._poll_lag())
 
     def open_streams(self) -> None:
-        """Open the catalog's streams in the background (called once the listeners are
-        open, so opening does not compete with them)."""
+        """Load the catalog (every stream is ``resolving`` until open) and open its
+        streams in the background. Until the catalog is loaded every stream name is
+        answered as not available yet (retriable), and creations and deletions wait."""
         if self._open_task is None:
-            self._open_task = asyncio.create_task(self._open_all(self._records))
-            self._records = []
+            self._open_task = asyncio.create_task(self._load_and_open())
+
+    async def _load_and_open(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                records = await loop.run_in_executor(None, self.catalog.list)
+                break
+            except (TierlogError, OSError) as exc:  # the MetaStore answered at start-up
+                log.error("catalog_load_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+        for record in records:
+            self._opening[(record.vhost, record.name)] = StreamOpening(record)
+        self.catalog_loaded.set()
+        await self._open_all(records)
 
     async def _open_all(self, records: list[StreamRecord]) -> None:
         """Open (recover, resolve) every catalog stream, ``open_concurrency`` at a time."""
@@ -491,6 +501,11 @@ class Broker:
     def opening(self, vhost: str, name: str) -> StreamOpening | None:
         """The stream's start-up state while it is not open (None once open or unknown)."""
         return self._opening.get((vhost, name))
+
+    def not_available_yet(self, vhost: str, name: str) -> bool:
+        """A stream that is not open may still be one: the catalog is loading, or the
+        stream is being opened (or failed to open) after a restart."""
+        return not self.catalog_loaded.is_set() or (vhost, name) in self._opening
 
     def opening_streams(self) -> list[StreamOpening]:
         return list(self._opening.values())
@@ -577,6 +592,7 @@ class Broker:
 
         Creations of different streams run concurrently (the catalog's create-only put
         decides between racing creators of one name)."""
+        await self.catalog_loaded.wait()
         key = (vhost, name)
         if key in self._streams or key in self._opening or key in self._creating:
             raise StreamExistsError(f"stream {name!r} already exists")
@@ -598,6 +614,7 @@ class Broker:
         The catalog delete enqueues the incarnation's cleanup (remote objects); the local
         directory goes here at once.
         """
+        await self.catalog_loaded.wait()
         while (vhost, name) in self._creating:  # let a creation in progress finish first
             await asyncio.sleep(0.01)
         async with self._lock:

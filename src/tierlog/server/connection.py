@@ -539,7 +539,7 @@ class Connection(asyncio.Protocol):
     def _missing(self, stream: str) -> ResponseCode:
         """The code for a stream that is not open: retriable while it is being resolved
         (or failed to open) after a restart, else it does not exist."""
-        if self.broker.opening(self.vhost, stream) is not None:
+        if self.broker.not_available_yet(self.vhost, stream):
             return ResponseCode.STREAM_NOT_AVAILABLE
         return ResponseCode.STREAM_DOES_NOT_EXIST
 
