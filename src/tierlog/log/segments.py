@@ -7,8 +7,8 @@ at ``refs``, a tuple the writer replaces atomically.
 The active segment's two files are open only while the set is among the
 ``max_open`` most recently written sets of the process (``ACTIVE_FILES``): a node with
 thousands of mostly idle streams holds a bounded number of files, and an idle
-stream's files reopen on its next write. Closing an unsynced file loses nothing: the
-next fsync through a new descriptor flushes the file's dirty pages.
+stream's files reopen on its next write. Only synced files are closed (an fsync through
+a descriptor opened later would not report an earlier writeback error).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tierlog.formats.segment import (
     SEGMENT_HEADER,
     encode_index_record,
 )
-from tierlog.log.errors import SegmentNotSealedError
+from tierlog.log.errors import SegmentNotSealedError, SyncFailedError
 from tierlog.log.segment_files import (
     ASYNC_CRC_MIN_BYTES,
     ChunkInfo,
@@ -116,6 +116,8 @@ class SegmentSet:
         self._seg_fd = -1
         self._idx_fd = -1
         self._files_lock = threading.Lock()  # held by the writer while it uses the files
+        self._dirty = False  # data written since the last fdatasync: never evicted then
+        self.sync_failed: OSError | None = None
 
     def __hash__(self) -> int:
         return id(self)
@@ -139,6 +141,10 @@ class SegmentSet:
         if not self._files_lock.acquire(blocking=False):
             return False
         try:
+            if self._dirty:
+                # an fsync through a descriptor opened later would not report a
+                # writeback error of these pages: keep it open until it is synced
+                return False
             self._close_files()
             return True
         finally:
@@ -215,15 +221,25 @@ class SegmentSet:
             pwrite_all(self._seg_fd, [header.encode(), *tail], position)
         record = encode_index_record(chunk_id, timestamp, epoch, position, chunk_type)
         write_all(self._idx_fd, [record], INDEX_RECORD_SIZE)
+        self._dirty = True
         active.size += header.total_size
         active.num_chunks += 1
         active.next_offset = header.next_offset
         return header
 
     def sync_data(self) -> None:
+        """fdatasync the active segment. After a failure the kernel may have dropped the
+        dirty pages and a later fsync can succeed without them, so the log refuses all
+        further work (``SyncFailedError``, ``sync_failed`` set) until it is closed and
+        reopened: recovery then finds what really reached the disk."""
         with self._files_lock:
             self._open_files()
-            os.fdatasync(self._seg_fd)
+            try:
+                os.fdatasync(self._seg_fd)
+            except OSError as exc:
+                self.sync_failed = exc
+                raise SyncFailedError(f"{self.stream_dir}: fdatasync failed: {exc!r}") from exc
+            self._dirty = False
 
     def sync_all(self) -> None:
         """fsync the active segment file (data and metadata)."""
@@ -231,14 +247,15 @@ class SegmentSet:
             self._open_files()
             os.fsync(self._seg_fd)
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
+        """Close the files, fsyncing the index first unless a sync already failed."""
         with self._files_lock:
-            ACTIVE_FILES.forget(self)
-            self._open_files()
-            ACTIVE_FILES.forget(self)
             try:
-                os.fsync(self._idx_fd)
+                if sync:
+                    self._open_files()
+                    os.fsync(self._idx_fd)
             finally:
+                ACTIVE_FILES.forget(self)
                 self._close_files()
 
     def roll(self, first_offset: int, data_pending: bool) -> None:
@@ -247,7 +264,12 @@ class SegmentSet:
         with self._files_lock:
             self._open_files()
             if data_pending:
-                os.fdatasync(self._seg_fd)
+                try:
+                    os.fdatasync(self._seg_fd)
+                except OSError as exc:
+                    self.sync_failed = exc
+                    raise SyncFailedError(f"{self.stream_dir}: fdatasync failed: {exc!r}") from exc
+                self._dirty = False
             os.fsync(self._idx_fd)
             ref = segment_ref(self.stream_dir, first_offset)
             create_segment_files(ref)

@@ -81,7 +81,7 @@ from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
-from tierlog.server.broker import Broker, StreamHandle
+from tierlog.server.broker import OPENING, Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
 from tierlog.server.limits import Gatekeeper
@@ -547,10 +547,14 @@ class Connection(asyncio.Protocol):
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
-            if self.broker.get(self.vhost, name) is not None:
-                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
-            else:
+            handle = self.broker.get(self.vhost, name)
+            if handle is None:
                 streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
+            elif handle.unavailable == OPENING:  # its first resolution runs
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+                streams.append(StreamMetadata(name, code, NO_LEADER, ()))
+            else:
+                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
         self.send(
             MetadataResponse(cmd.correlation_id, [BrokerInfo(0, host, port)], streams).encode()
         )
@@ -587,8 +591,10 @@ class Connection(asyncio.Protocol):
 
     def _on_declare_publisher(self, cmd: DeclarePublisherRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
-        if handle is None:
-            code = self._missing(cmd.stream)
+        if handle is None or handle.unavailable == OPENING:
+            code = (
+                self._missing(cmd.stream) if handle is None else ResponseCode.STREAM_NOT_AVAILABLE
+            )
         elif not self._permitted("write", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif cmd.publisher_id in self.publishers:
@@ -697,6 +703,8 @@ class Connection(asyncio.Protocol):
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
         elif handle is None:
             code = self._missing(cmd.stream)
+        elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
+            code = ResponseCode.STREAM_NOT_AVAILABLE
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
