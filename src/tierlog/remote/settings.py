@@ -10,6 +10,7 @@ from tierlog.errors import ConfigError
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
+SYNC_MODES = ("fsync", "os")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +19,9 @@ class StreamSettings:
 
     ``max_bytes`` / ``max_age_seconds`` are the whole stream's retention (both tiers);
     ``local_max_bytes`` / ``local_max_age_seconds`` only bound the local tier, which
-    may never free data that is not yet durable remotely.
+    may never free data that is not yet durable remotely. ``sync`` is the stream's
+    confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
+    follows the server.
     """
 
     max_bytes: int | None = None
@@ -35,6 +38,7 @@ class StreamSettings:
     max_lag_bytes: int = 1 << 30
     read_strategy: str = "NOT_IN_DISK"
     manifest_fanout: int = 1024
+    sync: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "local_max_bytes"):
@@ -55,6 +59,8 @@ class StreamSettings:
             raise ConfigError(
                 f"read_strategy must be one of {READ_STRATEGIES}, got {self.read_strategy!r}"
             )
+        if self.sync is not None and self.sync not in SYNC_MODES:
+            raise ConfigError(f"sync must be one of {SYNC_MODES} or unset, got {self.sync!r}")
         if self.max_segment_bytes < 4096 or self.max_segment_chunks < 1:
             raise ConfigError("max_segment_bytes must be >= 4096 and max_segment_chunks >= 1")
         if self.manifest_fanout < 2:

@@ -61,6 +61,7 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-max-lag-bytes": ("max_lag_bytes", _int),
     "x-tierlog-read-strategy": ("read_strategy", str),
     "x-tierlog-manifest-fanout": ("manifest_fanout", _int),
+    "x-tierlog-sync": ("sync", str),
 }
 """Argument name → (StreamSettings field, parser)."""
 
