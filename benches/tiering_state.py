@@ -8,7 +8,7 @@ over one per event the way the tierer's event loop does it (``next_deadline``, t
 the medians are printed. Times are this process's CPU time (``time.process_time``), not
 wall time, because the 2-core machine is shared with other work. The old side is the
 pre-incremental implementation kept as the oracle of the tests
-(tests/tiering_state_reference.py).
+(tests/tiering/state_reference.py).
 
 Last line: ``state_cost_ratio=<new µs/chunk at 50,000 pending ÷ new at 300>`` (target ≈ 1).
 
@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.tiering_state_reference import ReferenceTieringState  # noqa: E402
+from tests.tiering.state_reference import ReferenceTieringState  # noqa: E402
 
 from tierlog.tiering.state import (  # noqa: E402
     MIB,

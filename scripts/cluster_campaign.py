@@ -26,10 +26,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import tests.test_cluster_stateful as stateful
+import tests.cluster.test_stateful as stateful
 from hypothesis import Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine
-from tests.cluster_world import InvariantViolation
+from tests.cluster.world import InvariantViolation
 
 from tierlog.cluster import log_history
 from tierlog.cluster import state as cs
@@ -157,9 +157,9 @@ def campaign(examples: int, steps: int) -> None:
 
 
 def run_scenarios() -> str | None:
-    """The scripted interleavings of ``tests/test_cluster_scenarios.py``; the first
+    """The scripted interleavings of ``tests/cluster/test_scenarios.py``; the first
     failure, if any."""
-    import tests.test_cluster_scenarios as scenarios
+    import tests.cluster.test_scenarios as scenarios
 
     for name in sorted(dir(scenarios)):
         if name.startswith("test_"):
@@ -176,8 +176,8 @@ def mutations(examples: int, steps: int) -> int:
         caught = None
         started = time.monotonic()
         with make():
-            # cluster_world imports common_prefix_end by name: patch its copy too.
-            import tests.cluster_world as world_module
+            # The simulator imports common_prefix_end by name: patch its copy too.
+            import tests.cluster.world as world_module
 
             with patched(world_module, "common_prefix_end", log_history.common_prefix_end):
                 for size in MACHINES:

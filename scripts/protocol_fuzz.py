@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.plugins.tierlog_server import TierlogServerProcess
-from tests.server_fuzz import run_fuzz
+from tests.server.fuzz import run_fuzz
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ server for its last stored publishing id and resends everything after it that wa
 confirmed. Oracle: every confirmed message is read back exactly once, in order (and no
 message is stored twice).
 
-Used by ``tests/test_fault_kill.py`` (a few cycles in CI) and ``scripts/kill_campaign.py``
+Used by ``tests/faults/test_kill.py`` (a few cycles in CI) and ``scripts/kill_campaign.py``
 (100 cycles for the record).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.tierlog_server import TierlogServerProcess
-from tests.test_server_inprocess import AsyncRawClient
+from tests.server.test_inprocess import AsyncRawClient
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encode_publish
