@@ -69,7 +69,8 @@ def _storage_error(exc: OSError, what: str) -> StorageError:
     if exc.errno == errno.ENAMETOOLONG:
         return InvalidKeyError(f"{what}: a key segment is too long for the filesystem")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EINTR):
-        return TransientError(f"{what}: {exc.strerror}")
+        return TransientError(f"{what}: {exc.strerror}", kind="io")
+    # EACCES, EROFS, ...: an operator must act; tiering retries with backoff meanwhile
     return PermanentError(f"{what}: {exc.strerror or exc}")
 
 
@@ -115,18 +116,25 @@ class FsObjectStore(ObjectStore):
     def _dir_path(self, prefix_dirs: list[str]) -> str:
         return os.path.join(self.root, *(p + DIR_SUFFIX for p in prefix_dirs))
 
-    def _stage(self, data: Buffer) -> str:
-        """A fully written, fsynced temp file in the staging directory."""
+    def _stage(self, data: Buffer, key: str) -> str:
+        """A fully written, fsynced temp file in the staging directory. A full disk or an
+        I/O error is a typed ``TransientError`` (never a raw ``OSError``): callers retry it."""
         path = os.path.join(self.staging, f"put-{uuid.uuid4().hex}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        except BaseException:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
             os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        except OSError as exc:
+            error = _storage_error(exc, f"put {short_key(key)} (staging)")
+            if isinstance(error, NotFoundError):  # the staging directory itself is gone
+                error = TransientError(f"put {short_key(key)}: no staging directory", kind="io")
+            raise error from exc
         return path
 
     def _make_parents(self, path: str) -> None:
@@ -179,7 +187,7 @@ class FsObjectStore(ObjectStore):
 
     def put(self, key: str, data: Buffer) -> ObjectMeta:
         path = self._path(key)
-        temp = self._stage(data)
+        temp = self._stage(data, key)
         self._publish(temp, path, create_only=False, key=key)
         return self.head(key)
 
@@ -187,7 +195,7 @@ class FsObjectStore(ObjectStore):
         path = self._path(key)
         if os.path.exists(path):  # cheap early exit; link(2) below is the real check
             raise AlreadyExistsError(f"object {short_key(key)} already exists")
-        temp = self._stage(data)
+        temp = self._stage(data, key)
         self._publish(temp, path, create_only=True, key=key)
         return self.head(key)
 
@@ -337,7 +345,7 @@ class FsMultipartUpload(MultipartUpload):
     def put_part(self, part_number: int, data: Buffer) -> None:
         validate_part(part_number, memoryview(data).nbytes)
         self._check_open()
-        temp = self._store._stage(data)
+        temp = self._store._stage(data, self.key)
         os.replace(temp, self._part_path(part_number))
 
     def complete(self) -> ObjectMeta:

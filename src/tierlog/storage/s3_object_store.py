@@ -3,9 +3,11 @@
 - Create-only puts send ``If-None-Match: *``. Servers that ignore the header would silently
   overwrite immutable fragments, so the store probes at startup (create a probe key twice; the
   second must fail) and refuses to run with ``UnsupportedBackendError`` otherwise.
-- obstore's own retries are switched off; ``RetryPolicy`` (backoff + full jitter) retries
-  idempotent requests on throttling, 5xx, timeouts and connection errors. Create-only puts are
-  not retried when the outcome is unknown (see ``put_if_absent``).
+- obstore's own retries are switched off (``max_retries: 0``): object_store retries at the
+  HTTP level with its own backoff and no report to us, and it cannot tell a create-only put
+  whose reply was lost from a conflict. ``RetryPolicy`` (backoff + full jitter, bounded
+  attempts and deadline, every retry reported) is the only retry layer, for every request;
+  create-only puts resolve a lost reply by reading the object back (see ``put_if_absent``).
 - A semaphore bounds the requests in flight per store.
 - Multipart uploads with caller-chosen part boundaries use boto3 (imported lazily): obstore's
   Python API only exposes multipart inside ``put``, which cuts parts itself at a fixed
@@ -15,8 +17,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
@@ -45,7 +49,15 @@ from tierlog.storage.object_store import (
     validate_key,
     validate_part,
 )
-from tierlog.storage.retry import RetryPolicy
+from tierlog.storage.retry import (
+    KIND_CONNECTION,
+    KIND_INCOMPLETE_BODY,
+    KIND_SERVER_ERROR,
+    KIND_THROTTLED,
+    KIND_TIMEOUT,
+    RetryPolicy,
+    kind_from_text,
+)
 from tierlog.storage.s3_config import S3Config
 
 T = TypeVar("T")
@@ -57,6 +69,9 @@ _REJECTED_STATUS = frozenset({429, 503})  # throttled: the request was refused, 
 LIST_PAGE_SIZE = 1000
 DELETE_BATCH = 1000
 PROBE_PREFIX = "_tierlog/probe/"
+STALE_PROBE_S = 600.0  # far longer than any start-up probe
+
+log = logging.getLogger(__name__)
 
 
 class _S3Failure(Exception):
@@ -114,22 +129,53 @@ def _classify(exc: BaseException, what: str) -> _S3Failure:
         return _S3Failure(PermanentError(f"{what}: no S3 credentials ({text})"), None)
     if status is not None:
         if status in _RETRYABLE_STATUS:
-            return _S3Failure(TransientError(f"{what}: {detail}"), status)
-        if status == 409 and code in ("ConditionalRequestConflict", "OperationAborted"):
-            return _S3Failure(TransientError(f"{what}: {detail}"), status)
+            kind = (
+                KIND_THROTTLED
+                if status in _REJECTED_STATUS
+                else KIND_TIMEOUT
+                if status == 408
+                else KIND_SERVER_ERROR
+            )
+            return _S3Failure(TransientError(f"{what}: {detail}", kind=kind), status)
+        if status >= 500 or (
+            status == 409 and code in ("ConditionalRequestConflict", "OperationAborted")
+        ):
+            return _S3Failure(TransientError(f"{what}: {detail}", kind=KIND_SERVER_ERROR), status)
         return _S3Failure(PermanentError(f"{what}: {detail}"), status)
     if isinstance(exc, ValueError | TypeError) and name not in ("GenericError",):
         return _S3Failure(PermanentError(f"{what}: {_first_line(text)}"), None)
-    # no HTTP status: connection refused / reset, DNS, timeouts: worth retrying
-    return _S3Failure(TransientError(f"{what}: {_first_line(text)}"), None)
+    # no HTTP status: connection refused / reset, DNS, timeouts, a body cut short: retry
+    detail = _first_line(text)
+    return _S3Failure(TransientError(f"{what}: {detail}", kind=_transport_kind(text)), None)
+
+
+_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
+_HTTP_KINDS = {
+    "Connect": KIND_CONNECTION,
+    "Request": KIND_CONNECTION,
+    "Interrupted": KIND_CONNECTION,
+    "Timeout": KIND_TIMEOUT,
+    "Decode": KIND_INCOMPLETE_BODY,
+}
+
+
+def _transport_kind(text: str) -> str:
+    """The kind of a failure without an HTTP status: object_store's ``HttpError`` kind from
+    the error's debug text (Connect, Request, Interrupted, Timeout, Decode), else a guess
+    from the first line (botocore and other clients)."""
+    match = _HTTP_KIND.search(text)
+    if match:
+        return _HTTP_KINDS.get(match.group(1), kind_from_text(_first_line(text)))
+    return kind_from_text(_first_line(text))
 
 
 def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _S3Failure) and isinstance(exc.error, TransientError)
 
 
-def _is_rejected(exc: BaseException) -> bool:
-    return _is_transient(exc) and isinstance(exc, _S3Failure) and exc.status in _REJECTED_STATUS
+def _failure_kind(exc: BaseException) -> str:
+    error = exc.error if isinstance(exc, _S3Failure) else exc
+    return getattr(error, "kind", "") or kind_from_text(str(error))
 
 
 def _past(key: str, prefix: str) -> bool:
@@ -150,6 +196,7 @@ class S3ObjectStore(ObjectStore):
 
         self.config = config
         self.retry = retry or RetryPolicy(max_attempts=config.max_attempts)
+        self.resolved_creates = 0  # create-only puts whose lost reply was resolved as ours
         self._slots = threading.BoundedSemaphore(config.max_concurrency)
         self._boto: Any = None
         self._boto_lock = threading.Lock()
@@ -203,22 +250,38 @@ class S3ObjectStore(ObjectStore):
         what: str,
         operation: Callable[[], T],
         retryable: Callable[[BaseException], bool] = _is_transient,
+        *,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> T:
-        """``_request`` retried under the policy; raises the typed error."""
+        """``_request`` retried under the policy; raises the typed error. ``what`` is
+        "<operation> <key>": the retry report's op and key."""
+        op, _, key = what.partition(" ")
         try:
-            return self.retry.call(lambda: self._request(what, operation), retryable)
+            return self.retry.call(
+                lambda: self._request(what, operation),
+                retryable,
+                op=op,
+                key=key,
+                kind_of=_failure_kind,
+                on_failure=on_failure,
+            )
         except _S3Failure as failure:
             raise failure.error from failure.__cause__
 
     def probe_create_only(self) -> None:
         """Refuse to run on a server that ignores ``If-None-Match: *`` (and surface bad
-        endpoints, credentials or buckets now, with a clear error, not at the first upload)."""
+        endpoints, credentials or buckets now, with a clear error, not at the first upload).
+
+        The probe object is deleted in any case; a probe key left by a process killed
+        mid-probe (or a delete that failed) is removed by the next start's probe once it is
+        older than ``STALE_PROBE_S`` (younger ones may be another server's probe in flight)."""
         key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
-            self.put_if_absent(key, b"probe")
-        except StorageError as exc:
-            raise type(exc)(f"{self} unusable: {exc}") from exc
-        try:
+            try:
+                self._remove_stale_probes()
+                self.put_if_absent(key, b"probe")
+            except StorageError as exc:
+                raise type(exc)(f"{self} unusable: {exc}") from exc
             try:
                 self.put_if_absent(key, b"probe again")
             except AlreadyExistsError:
@@ -229,7 +292,20 @@ class S3ObjectStore(ObjectStore):
                 "immutable; use a server that supports conditional writes."
             )
         finally:
-            self.delete(key)
+            try:
+                self.delete(key)
+            except StorageError as exc:  # the next start removes it; keep the real error
+                log.warning("event=probe_delete_failed key=%s error=%s", key, exc)
+
+    def _remove_stale_probes(self) -> None:
+        cutoff = time.time() - STALE_PROBE_S
+        stale = [
+            m.key
+            for m in self._list(PROBE_PREFIX, PROBE_PREFIX.rstrip("/"), None, probes=True)
+            if m.last_modified is not None and m.last_modified < cutoff
+        ]
+        if stale:
+            self.delete_many(stale)
 
     # -- ObjectStore --------------------------------------------------------------------------
 
@@ -244,23 +320,47 @@ class S3ObjectStore(ObjectStore):
         return ObjectMeta(key, memoryview(data).nbytes, result["e_tag"])
 
     def put_if_absent(self, key: str, data: Buffer) -> ObjectMeta:
-        """Create-only put (``If-None-Match: *``).
+        """Create-only put (``If-None-Match: *``), retried on every transient failure.
 
-        Only retried when the server refused the request outright (429 / 503 throttling).
-        A timeout, a dropped connection or a 500 may hide a write that took effect; a retry
-        would then fail with ``AlreadyExistsError`` for our own object, which is worse than
-        admitting we do not know. Those surface as ``TransientError``: the caller reads the
-        key back and decides (the tiering adoption rule does exactly that).
+        A timeout, a dropped connection or a 500 may hide a write that took effect (a lost
+        reply); the retry then meets ``AlreadyExistsError`` for what may be our own object.
+        That answer is never taken blindly: after a transient failure the object is read
+        back, and only the same bytes count as our write; anything else is a real conflict.
         """
         import obstore
 
         self._check(key)
-        result = self._call(
-            f"create {short_key(key)}",
-            lambda: obstore.put(self._store, key, data, mode="create", use_multipart=False),
-            _is_rejected,
-        )
+        unsure = False
+
+        def note(exc: BaseException) -> None:
+            nonlocal unsure
+            unsure = unsure or _is_transient(exc)
+
+        try:
+            result = self._call(
+                f"create {short_key(key)}",
+                lambda: obstore.put(self._store, key, data, mode="create", use_multipart=False),
+                on_failure=note,
+            )
+        except AlreadyExistsError:
+            if not unsure or not self._holds(key, data):
+                raise
+            meta = self.head(key)
+            log.info(
+                "event=create_resolved_as_own_write key=%s",
+                short_key(key),
+                extra={"event": "create_resolved_as_own_write", "key": key},
+            )
+            self.resolved_creates += 1
+            return meta
         return ObjectMeta(key, memoryview(data).nbytes, result["e_tag"])
+
+    def _holds(self, key: str, data: Buffer) -> bool:
+        """Whether ``key`` holds exactly ``data`` (it may have vanished meanwhile: no)."""
+        try:
+            return self.get(key) == memoryview(data).cast("B")
+        except NotFoundError:
+            return False
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         import obstore
@@ -345,7 +445,9 @@ class S3ObjectStore(ObjectStore):
         directory = prefix.rsplit("/", 1)[0] if "/" in prefix else None
         return self._list(prefix, directory, start_after)
 
-    def _list(self, prefix: str, directory: str | None, offset: str | None) -> Iterator[ObjectMeta]:
+    def _list(
+        self, prefix: str, directory: str | None, offset: str | None, *, probes: bool = False
+    ) -> Iterator[ObjectMeta]:
         import obstore
 
         attempt = 0
@@ -361,6 +463,10 @@ class S3ObjectStore(ObjectStore):
                     attempt += 1
                     if not _is_transient(failure) or attempt >= self.retry.max_attempts:
                         raise failure.error from failure.__cause__
+                    if self.retry.observer is not None:
+                        self.retry.observer.on_retry(
+                            "list", prefix, attempt, _failure_kind(failure), failure.error
+                        )
                     self.retry.sleep(self.retry.delay(attempt))
                     break  # re-list from the last key yielded
                 if page is None:
@@ -372,7 +478,7 @@ class S3ObjectStore(ObjectStore):
                             return  # matching keys are contiguous in any server order
                         continue
                     matched = True
-                    if key.startswith(PROBE_PREFIX):
+                    if key.startswith(PROBE_PREFIX) and not probes:
                         continue
                     offset = key
                     modified = meta.get("last_modified")
