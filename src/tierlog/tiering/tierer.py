@@ -11,6 +11,7 @@ Every decision is taken by ``TieringState``; this module only carries effects ou
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -76,6 +77,7 @@ from tierlog.tiering.state import (
     UploadFailed,
     UploadSucceeded,
 )
+from tierlog.tiering.task_health import TaskHealth
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,7 @@ class StreamTierer:
         upload_bytes_per_second: float | None = None,
         retention: RetentionPolicy | None = None,
         retention_interval: float = 10.0,
+        task_stall_seconds: float = 300.0,
     ) -> None:
         self.log = stream_log
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
@@ -153,6 +156,7 @@ class StreamTierer:
         self._next_retention = 0.0
         self._retention_running = threading.Lock()
         self.retention_trims = 0
+        self.task_health = TaskHealth(self.remote.stream_dir, task_stall_seconds)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -228,6 +232,11 @@ class StreamTierer:
     @property
     def lag_bytes(self) -> int:
         return self.state.lag_bytes if self.state is not None else 0
+
+    @property
+    def lag_seconds(self) -> float:
+        """Seconds since the remote tier last held everything committed locally."""
+        return self.task_health.lag_seconds()
 
     def deletable_segments(self) -> list[int]:
         """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
@@ -375,6 +384,7 @@ class StreamTierer:
             if event is None:
                 return
             self._maybe_retention()
+            self.task_health.check_stalls()
             try:
                 chunks = self._new_chunks()
                 now = self.clock()
@@ -383,6 +393,7 @@ class StreamTierer:
                     effects += state.handle(ChunksCommitted(tuple(chunks)), now)
                 effects += state.handle(event, now)
                 self._carry_out(effects)
+                self.task_health.note_lag(state.lag_bytes)
             except Exception as exc:  # never let the tiering thread die silently
                 log.exception("tiering %s failed", self.remote.stream_dir)
                 self._halt(f"internal error: {exc}")
@@ -421,9 +432,11 @@ class StreamTierer:
     def _carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, StartUpload):
-                self._pool.submit(self._upload, effect.plan)
+                task = functools.partial(self._upload, effect.plan)
+                self._submit(f"upload {effect.plan.first_offset}", task)
             elif isinstance(effect, StartCommit):
-                self._pool.submit(self._commit, effect)
+                task = functools.partial(self._commit, effect)
+                self._submit(f"commit {effect.commit_id}", task)
             elif isinstance(effect, Halt):
                 self._halt(effect.reason)
 
@@ -511,6 +524,27 @@ class StreamTierer:
         return freed
 
     # -- effects (run on the pool) ----------------------------------------------------------
+    def _submit(self, name: str, task: Callable[[], None]) -> None:
+        """Run an upload or commit on the pool; the task reports its own outcome to the state
+        machine, and anything that still escapes it halts the stream visibly."""
+        token = self.task_health.started(name)
+
+        def run() -> None:
+            try:
+                task()
+            except BaseException as exc:
+                log.exception("tiering task %s of %s escaped", name, self.remote.stream_dir)
+                self._post_halt(f"{name} failed unexpectedly: {exc!r}")
+                raise
+            finally:
+                self.task_health.finished(token)
+
+        self._pool.submit(run)
+
+    def _post_halt(self, reason: str) -> None:
+        self._halt(reason)
+        self._events.put(Tick())
+
     def _upload(self, plan: FragmentPlan) -> None:
         try:
             body, entry = self._build_fragment(plan)
@@ -524,9 +558,14 @@ class StreamTierer:
                 entry = self._adopt_existing(plan)
             self._post(UploadSucceeded(plan.plan_id, entry))
         except FragmentConflictError as exc:
+            self.task_health.failed("upload", str(exc))
             self._post(UploadFailed(plan.plan_id, str(exc), retryable=False))
-        except (StorageError, OSError) as exc:
-            self._post(UploadFailed(plan.plan_id, str(exc)))
+        except Exception as exc:  # storage, local I/O or a bug: retried with backoff
+            reason = f"{type(exc).__name__}: {exc}"
+            self.task_health.failed("upload", reason)
+            self._post(UploadFailed(plan.plan_id, reason))
+        else:
+            self.task_health.succeeded()
 
     def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
         """The whole fragment object in one buffer: the chunk bytes are read straight
@@ -594,6 +633,8 @@ class StreamTierer:
         return fragment.entry()
 
     def _commit(self, effect: StartCommit) -> None:
+        """Every outcome reaches the state machine: success, a retryable failure (any
+        exception but a deposition, including raw OS errors), or a deposition (halts)."""
         try:
             self.committer.commit(effect.entries)
             event: Event = CommitSucceeded(effect.commit_id)
@@ -601,8 +642,12 @@ class StreamTierer:
             event = CommitFailed(effect.commit_id, str(exc))
         except TieringError as exc:
             event = CommitFailed(effect.commit_id, str(exc), deposed=True)
-        except StorageError as exc:
-            event = CommitFailed(effect.commit_id, str(exc))
+        except Exception as exc:
+            event = CommitFailed(effect.commit_id, f"{type(exc).__name__}: {exc}")
+        if isinstance(event, CommitFailed):
+            self.task_health.failed("commit", event.reason)
+        else:
+            self.task_health.succeeded()
         self._events.put(event)
         with self._durable:
             self._durable.notify_all()
@@ -621,4 +666,5 @@ class StreamTierer:
             "backpressure_events": self.backpressure_events,
             "manifest_commits": self.committer.commits,
             "manifest_conflicts": self.committer.conflicts,
+            **self.task_health.status(),
         }
