@@ -25,8 +25,10 @@ from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.metrics import ServerMetrics
 from tierlog.server.tiering_service import TieringService
-from tierlog.storage.meta_store import MetaStore, open_meta_store
-from tierlog.storage.object_store import ObjectStore, open_object_store
+from tierlog.storage.meta_store import MetaStore
+from tierlog.storage.object_store import ObjectStore
+from tierlog.storage.retry import RETRY_LOG
+from tierlog.storage.startup import open_meta_store_for_startup, open_object_store_for_startup
 from tierlog.tiering.catalog import Catalog
 
 log = logging.getLogger("tierlog.server")
@@ -98,13 +100,19 @@ class Server:
 
     async def start(self) -> None:
         os.makedirs(self.storage.data_dir, exist_ok=True)
-        self.meta = open_meta_store(self.storage.meta_store)
+        loop = asyncio.get_running_loop()
+        # start-up rides out a flaky store: retried up to store.startup_deadline_seconds
+        store = self.config.store
+        RETRY_LOG.configure(store.retry_warning_interval_seconds, store.retry_warnings_per_interval)
+        policy, deadline = store.retry_policy(), store.startup_deadline_seconds
+        self.meta = await loop.run_in_executor(
+            None, open_meta_store_for_startup, self.storage.meta_store, policy, deadline
+        )
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
         if self.config.tier.enabled:
-            loop = asyncio.get_running_loop()
             self.object_store = await loop.run_in_executor(
-                None, open_object_store, self.storage.object_store
+                None, open_object_store_for_startup, self.storage.object_store, policy, deadline
             )
             self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)
             await self.tiering.start()

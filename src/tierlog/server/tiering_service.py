@@ -22,6 +22,7 @@ from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
+from tierlog.storage.retry import RETRY_LOG
 from tierlog.tiering.catalog import Catalog, StreamRecord
 from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.deletion import DeletionQueue
@@ -94,6 +95,7 @@ class TieringService:
             upload_bytes_per_second=self.tier.upload_bytes_per_second or None,
             retention=RetentionPolicy(settings.max_bytes, settings.max_age_seconds),
             retention_interval=self.tier.retention_interval_seconds,
+            task_stall_seconds=self.config.store.task_stall_seconds,
         )
         loop = asyncio.get_running_loop()
         try:
@@ -157,7 +159,9 @@ class TieringService:
             }
         status = tierer.status()
         return {
-            "tiering": "halted" if tierer.halted else "running",
+            "tiering": (
+                "halted" if tierer.halted else "degraded" if status["degraded"] else "running"
+            ),
             "bytes": status["remote_bytes"],
             "fragments": status["remote_fragments"],
             "first_offset": status["remote_first_offset"],
@@ -229,6 +233,44 @@ class TieringService:
             "tierlog_object_store_requests_total",
             "Object store requests by operation and outcome (monotonic).",
             requests,
+        )
+        r.gauge(
+            "tierlog_object_store_retries_total",
+            "Object store failures that were retried, by operation and error kind (monotonic).",
+            lambda: [
+                ((("op", op), ("kind", kind)), float(n))
+                for (op, kind), n in RETRY_LOG.snapshot().items()
+            ],
+        )
+        r.gauge(
+            "tierlog_tier_lag_seconds",
+            "Seconds since the remote tier last held everything committed locally.",
+            lambda: per_stream("lag_seconds"),
+        )
+        r.gauge(
+            "tierlog_tier_degraded",
+            "1 while a stream's uploads or commits keep failing (cleared by a success).",
+            lambda: [
+                ((("stream", t.remote.stream_dir),), 1.0 if t.task_health.degraded else 0.0)
+                for t in list(self.tierers.values())
+            ],
+        )
+        r.gauge(
+            "tierlog_tier_task_failures_total",
+            "Failed tiering tasks by kind (upload, commit); each is retried (monotonic).",
+            lambda: [
+                ((("stream", t.remote.stream_dir), ("task", task)), float(n))
+                for t in list(self.tierers.values())
+                for task, n in t.task_health.failures.items()
+            ],
+        )
+        r.gauge(
+            "tierlog_tier_stalled_tasks_total",
+            "Uploads or commits reported in flight longer than store.task_stall_seconds.",
+            lambda: [
+                ((("stream", t.remote.stream_dir),), float(t.task_health.stalls))
+                for t in list(self.tierers.values())
+            ],
         )
         r.gauge(
             "tierlog_tiered_bytes_total",
