@@ -141,12 +141,13 @@ class FaultProxy:
     def _choose(self, method: str, path: str) -> str | None:
         with self._lock:
             self.requests += 1
-            for i, (kind, match) in enumerate(self._one_shots):
+            kind: str | None = None
+            for i, (one_shot, match) in enumerate(self._one_shots):
                 if match(method, path):
                     del self._one_shots[i]
+                    kind = one_shot
                     break
             else:
-                kind = None
                 if self.rate and self.rng.random() < self.rate:
                     names = list(self.kinds)
                     kind = self.rng.choices(names, [self.kinds[n] for n in names])[0]
