@@ -292,10 +292,22 @@ class S3ObjectStore(ObjectStore):
                 "immutable; use a server that supports conditional writes."
             )
         finally:
+            self._delete_probe(key)
+
+    def _delete_probe(self, key: str, rounds: int = 3) -> None:
+        """Delete the probe key, persisting through a few policy rounds (deletes are
+        idempotent); if it still fails, the next start removes it, and the real outcome of
+        the probe is what the caller sees."""
+        for attempt in range(1, rounds + 1):
             try:
                 self.delete(key)
-            except StorageError as exc:  # the next start removes it; keep the real error
+                return
+            except TransientError as exc:
+                if attempt == rounds:
+                    log.warning("event=probe_delete_failed key=%s error=%s", key, exc)
+            except StorageError as exc:
                 log.warning("event=probe_delete_failed key=%s error=%s", key, exc)
+                return
 
     def _remove_stale_probes(self) -> None:
         cutoff = time.time() - STALE_PROBE_S

@@ -1,0 +1,159 @@
+"""``tierlog serve`` on S3 behind the fault proxy, as an operator runs it: starts that ride
+out 40 % faults (and leave no probe object), and publish + tiering + remote reads at 10 %
+faults with a SIGKILL mid-run: every confirmed message read back once, in order, and tiering
+catching up once the faults stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rstream import ConsumerOffsetSpecification, OffsetType
+
+from tests.plugins.s3_fault_proxy import FaultProxy, wait_for
+from tests.plugins.seaweed import SeaweedServer, _s3_client
+from tests.plugins.tierlog_server import TierlogServerProcess
+from tests.test_server_e2e import consume, producer, publish
+from tierlog.storage.s3_object_store import PROBE_PREFIX
+
+pytestmark = pytest.mark.s3
+
+RESTART_CYCLES = int(os.environ.get("TIERLOG_FAULT_RESTARTS", "20"))
+STREAM_ARGS = {
+    "x-tierlog-fragment-bytes": str(1 << 20),
+    "x-tierlog-max-fragment-age": "0.5s",
+    "x-tierlog-debounce-seconds": "0.05",
+    "stream-max-segment-size-bytes": "65536",
+    "x-tierlog-local-max-bytes": "1",
+}
+
+
+def server_config(seaweed: SeaweedServer, proxy: FaultProxy, prefix: str) -> str:
+    uri = f"s3://{seaweed.bucket}/{prefix}?endpoint={proxy.endpoint}&region={seaweed.region}"
+    return f"""
+[storage]
+object_store = "{uri}"
+
+[store]
+max_attempts = 8
+base_delay_seconds = 0.02
+max_delay_seconds = 0.5
+startup_deadline_seconds = 60
+
+[tier]
+delete_grace_seconds = 0.0
+retention_interval_seconds = 0.5
+local_retention_interval_seconds = 0.2
+"""
+
+
+@pytest.fixture
+def s3_server(
+    tmp_path: Path, seaweed: SeaweedServer, s3_fault_proxy: FaultProxy
+) -> Iterator[tuple[TierlogServerProcess, str]]:
+    prefix = f"serve/{uuid.uuid4().hex}"
+    server = TierlogServerProcess(
+        tmp_path / "data",
+        config_text=server_config(seaweed, s3_fault_proxy, prefix),
+        env={
+            "AWS_ACCESS_KEY_ID": seaweed.access_key,
+            "AWS_SECRET_ACCESS_KEY": seaweed.secret_key,
+        },
+    )
+    try:
+        yield server, prefix
+    finally:
+        s3_fault_proxy.off()
+        try:
+            server.stop()
+        finally:
+            server.kill()
+
+
+def probe_objects(seaweed: SeaweedServer, prefix: str) -> list[str]:
+    client = _s3_client(seaweed.endpoint)
+    listed = client.list_objects_v2(Bucket=seaweed.bucket, Prefix=f"{prefix}/{PROBE_PREFIX}")
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def stream_status(server: TierlogServerProcess, name: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{server.admin_url}/api/streams/{name}", timeout=10) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+async def create_stream(server: TierlogServerProcess, name: str) -> None:
+    async with producer(server) as p:
+        await p.create_stream(name, arguments=STREAM_ARGS)
+
+
+async def test_every_start_rides_out_forty_percent_faults(
+    s3_server: tuple[TierlogServerProcess, str],
+    seaweed: SeaweedServer,
+    s3_fault_proxy: FaultProxy,
+) -> None:
+    server, prefix = s3_server
+    server.start()
+    await create_stream(server, "restarts")
+    await publish(server, "restarts", [[b"m%d" % i for i in range(50)]], name="p")
+    s3_fault_proxy.configure(rate=0.40, delay_s=(0.01, 0.2))
+    took: list[float] = []
+    for _ in range(RESTART_CYCLES):
+        server.kill()
+        started = time.monotonic()
+        server.start()  # raises if the process exits or does not listen in time
+        took.append(time.monotonic() - started)
+    injected = s3_fault_proxy.total_injected()
+    s3_fault_proxy.off()
+    assert injected >= RESTART_CYCLES, "the faults did not reach the starts"
+    log = server.log_tail(200_000)
+    assert "event=object_store_retry" in log  # retried faults are visible
+    server.stop()
+    assert probe_objects(seaweed, prefix) == []
+    print(f"starts at 40% faults: max {max(took):.1f}s mean {sum(took) / len(took):.1f}s")
+
+
+async def test_publish_tier_and_read_under_ten_percent_faults_with_a_crash(
+    s3_server: tuple[TierlogServerProcess, str], s3_fault_proxy: FaultProxy
+) -> None:
+    server, _prefix = s3_server
+    server.start()
+    await create_stream(server, "faulty")
+    s3_fault_proxy.configure(rate=0.10, delay_s=(0.01, 0.3))
+    sent = 0
+    for _ in range(4):
+        batch = [b"msg-%06d" % (sent + i) + b"x" * 2000 for i in range(200)]
+        await publish(server, "faulty", [batch], name="w")
+        sent += len(batch)
+    server.kill()  # a crash mid-run, faults still on
+    started = time.monotonic()
+    server.start()
+    listen_s = time.monotonic() - started
+    for _ in range(2):
+        batch = [b"msg-%06d" % (sent + i) + b"x" * 2000 for i in range(200)]
+        await publish(server, "faulty", [batch], name="w")
+        sent += len(batch)
+    got = await consume(
+        server, "faulty", ConsumerOffsetSpecification(OffsetType.FIRST), sent, timeout=60
+    )
+    assert [body[:10] for _, body in got] == [b"msg-%06d" % i for i in range(sent)]
+    offsets = [offset for offset, _ in got]  # tracking chunks take offsets too: gaps allowed
+    assert offsets[0] == 0 and all(a < b for a, b in zip(offsets, offsets[1:], strict=False))
+    assert s3_fault_proxy.total_injected() > 0
+    s3_fault_proxy.off()
+    stopped = time.monotonic()
+
+    def caught_up() -> bool:
+        s = stream_status(server, "faulty")
+        return s["remote"]["tiered_offset"] == s["local"]["next_offset"] and s["remote"][
+            "tiering"
+        ] in ("running",)
+
+    assert wait_for(caught_up, timeout=30), stream_status(server, "faulty")
+    print(f"restart listened in {listen_s:.1f}s; caught up {time.monotonic() - stopped:.1f}s")
