@@ -125,3 +125,36 @@ def test_outage_longer_than_the_policy_surfaces_transient(
         store.get("missing")
     assert info.value.kind == "connection"
     store.close()
+
+
+def _probe_keys(store: S3ObjectStore) -> list[str]:
+    from tierlog.storage.s3_object_store import PROBE_PREFIX
+
+    return [m.key for m in store._list(PROBE_PREFIX, PROBE_PREFIX.rstrip("/"), None, probes=True)]
+
+
+def test_probe_leaves_no_object_after_lost_replies(
+    seaweed: SeaweedServer, s3_fault_proxy: FaultProxy
+) -> None:
+    store = proxied_store(seaweed, s3_fault_proxy, probe=False)
+    s3_fault_proxy.inject_next("lost_reply", lambda method, path: method == "PUT")
+    s3_fault_proxy.inject_next("lost_reply", lambda method, path: method == "POST")  # delete
+    store.probe_create_only()
+    assert s3_fault_proxy.injected["lost_reply"] == 2
+    assert _probe_keys(store) == []
+    store.close()
+
+
+def test_probe_removes_stale_probe_objects(
+    seaweed: SeaweedServer, s3_fault_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tierlog.storage.s3_object_store as s3_module
+
+    store = proxied_store(seaweed, s3_fault_proxy, probe=False)
+    store.put(f"{s3_module.PROBE_PREFIX}left-by-a-killed-start", b"probe")
+    store.probe_create_only()  # young probe keys may be another start's: kept
+    assert len(_probe_keys(store)) == 1
+    monkeypatch.setattr(s3_module, "STALE_PROBE_S", -1.0)
+    store.probe_create_only()
+    assert _probe_keys(store) == []
+    store.close()

@@ -158,3 +158,68 @@ async def test_publish_tier_and_read_under_ten_percent_faults_with_a_crash(
 
     assert wait_for(caught_up, timeout=30), stream_status(server, "faulty")
     print(f"restart listened in {listen_s:.1f}s; caught up {time.monotonic() - stopped:.1f}s")
+
+
+def test_start_gives_up_after_the_deadline_with_one_line(
+    tmp_path: Path, seaweed: SeaweedServer, s3_fault_proxy: FaultProxy
+) -> None:
+    import subprocess
+    import sys
+
+    prefix = f"serve/{uuid.uuid4().hex}"
+    config = tmp_path / "server.toml"
+    config.write_text(
+        server_config(seaweed, s3_fault_proxy, prefix).replace(
+            "startup_deadline_seconds = 60", "startup_deadline_seconds = 2"
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    env.update(
+        AWS_ACCESS_KEY_ID=seaweed.access_key,
+        AWS_SECRET_ACCESS_KEY=seaweed.secret_key,
+        TIERLOG_STORAGE_DATA_DIR=str(tmp_path / "data"),
+        TIERLOG_SERVER_PORT="0",
+        TIERLOG_SERVER_ADMIN_PORT="0",
+    )
+    s3_fault_proxy.configure(rate=1.0, kinds={"503": 1, "reset": 1})
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tierlog", "serve", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        text=True,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert f"s3://{seaweed.bucket}/{prefix}" in errors[0]
+    assert "still unusable after 2 s" in errors[0]
+    assert "event=object_store_retry" in done.stderr  # the retries were visible meanwhile
+    assert took < 30
+
+
+async def test_admin_shows_degraded_tier_during_an_outage_and_clears_after(
+    s3_server: tuple[TierlogServerProcess, str], s3_fault_proxy: FaultProxy
+) -> None:
+    server, _prefix = s3_server
+    server.start()
+    await create_stream(server, "outage")
+    await publish(server, "outage", [[b"a" * 1000 for _ in range(20)]], name="o")
+    assert wait_for(lambda: stream_status(server, "outage")["remote"]["tiered_offset"] > 0, 20)
+    s3_fault_proxy.configure(rate=1.0, kinds={"503": 1, "500": 1, "reset": 1})
+    await publish(server, "outage", [[b"b" * 1000 for _ in range(20)]], name="o")  # confirmed
+    assert wait_for(lambda: stream_status(server, "outage")["remote"]["tiering"] == "degraded", 20)
+    remote = stream_status(server, "outage")["remote"]
+    assert remote["degraded_since"] is not None and remote["last_error"]
+    s3_fault_proxy.off()
+
+    def recovered() -> bool:
+        s = stream_status(server, "outage")
+        return s["remote"]["tiering"] == "running" and (
+            s["remote"]["tiered_offset"] == s["local"]["next_offset"]
+        )
+
+    assert wait_for(recovered, 30), stream_status(server, "outage")
+    assert stream_status(server, "outage")["remote"]["last_error"] is None
