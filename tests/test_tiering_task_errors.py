@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def test_degraded_while_commits_keep_failing_then_clears(
     caplog.set_level(logging.WARNING, logger="tierlog.tiering.health")
     fs_world.append(5)
     assert not tierer.flush(timeout=1.0)
+    deadline = time.monotonic() + 10
+    while not tierer.status()["degraded"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # a loaded machine may not have tried the commit yet
     status = tierer.status()
     assert status["degraded"] is True
     assert status["degraded_since"] is not None
@@ -164,3 +168,13 @@ def test_fs_store_maps_os_errors_while_staging(
     monkeypatch.undo()
     store.put_if_absent("a/b", b"x")
     assert store.get("a/b") == b"x"
+
+
+def test_degraded_until_every_failing_kind_of_task_succeeds() -> None:
+    health = TaskHealth("s")
+    health.failed("commit", "HTTP 503")
+    health.failed("upload", "reset")
+    health.succeeded("upload")  # uploads recover while commits still fail
+    assert health.degraded and health.status()["last_error"] == "reset"
+    health.succeeded("commit")
+    assert not health.degraded and health.status()["last_error"] is None

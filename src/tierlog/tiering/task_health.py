@@ -40,6 +40,7 @@ class TaskHealth:
         self.last_error: str | None = None
         self.consecutive_failures = 0
         self.failures: dict[str, int] = {"upload": 0, "commit": 0}
+        self._failing: set[str] = set()  # task kinds whose latest outcome was a failure
         self.stalls = 0
         self._behind_since: float | None = None
 
@@ -59,6 +60,7 @@ class TaskHealth:
         """An upload or commit failed (it will be retried or the stream halts)."""
         with self._lock:
             self.failures[what] = self.failures.get(what, 0) + 1
+            self._failing.add(what)
             self.consecutive_failures += 1
             self.last_error = text if len(text) <= 500 else text[:500] + "..."
             first = self.degraded_since is None
@@ -73,9 +75,14 @@ class TaskHealth:
                 extra={"event": "tiering_degraded", "stream": self.stream},
             )
 
-    def succeeded(self) -> None:
+    def succeeded(self, what: str) -> None:
+        """An upload or commit succeeded: the stream stays degraded while the other kind of
+        task is still failing (uploads can succeed while every commit fails)."""
         with self._lock:
+            self._failing.discard(what)
             was = self.degraded_since
+            if self._failing or was is None:
+                return
             self.degraded_since = None
             failures, self.consecutive_failures = self.consecutive_failures, 0
         if was is not None:

@@ -565,7 +565,7 @@ class StreamTierer:
             self.task_health.failed("upload", reason)
             self._post(UploadFailed(plan.plan_id, reason))
         else:
-            self.task_health.succeeded()
+            self.task_health.succeeded("upload")
 
     def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
         """The whole fragment object in one buffer: the chunk bytes are read straight
@@ -647,7 +647,7 @@ class StreamTierer:
         if isinstance(event, CommitFailed):
             self.task_health.failed("commit", event.reason)
         else:
-            self.task_health.succeeded()
+            self.task_health.succeeded("commit")
         self._events.put(event)
         with self._durable:
             self._durable.notify_all()
