@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import time
 import urllib.request
 import uuid
@@ -82,6 +83,11 @@ def probe_objects(seaweed: SeaweedServer, prefix: str) -> list[str]:
     client = _s3_client(seaweed.endpoint)
     listed = client.list_objects_v2(Bucket=seaweed.bucket, Prefix=f"{prefix}/{PROBE_PREFIX}")
     return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def metrics_text(server: TierlogServerProcess) -> str:
+    with urllib.request.urlopen(f"{server.admin_url}/metrics", timeout=10) as r:
+        return r.read().decode()
 
 
 def stream_status(server: TierlogServerProcess, name: str) -> dict[str, Any]:
@@ -213,6 +219,13 @@ async def test_admin_shows_degraded_tier_during_an_outage_and_clears_after(
     assert wait_for(lambda: stream_status(server, "outage")["remote"]["tiering"] == "degraded", 20)
     remote = stream_status(server, "outage")["remote"]
     assert remote["degraded_since"] is not None and remote["last_error"]
+    metrics = metrics_text(server)
+    assert re.search(r"^tierlog_tier_degraded\{[^}]*\} 1(\.0)?$", metrics, re.M), metrics
+    assert re.search(
+        r'^tierlog_object_store_retries_total\{op="\w+",kind="\w+"\} \d', metrics, re.M
+    )
+    lags = re.findall(r"^tierlog_tier_lag_seconds\{[^}]*\} (\S+)$", metrics, re.M)
+    assert lags and float(lags[0]) > 0
     s3_fault_proxy.off()
 
     def recovered() -> bool:

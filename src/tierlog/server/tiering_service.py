@@ -243,6 +243,11 @@ class TieringService:
             ],
         )
         r.gauge(
+            "tierlog_object_store_lost_replies_resolved_total",
+            "Create-only puts whose reply was lost and that read back as our own write.",
+            lambda: [((), float(getattr(store.inner, "resolved_creates", 0)))],
+        )
+        r.gauge(
             "tierlog_tier_lag_seconds",
             "Seconds since the remote tier last held everything committed locally.",
             lambda: per_stream("lag_seconds"),
