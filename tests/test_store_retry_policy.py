@@ -109,3 +109,22 @@ def test_startup_retries_until_the_deadline_then_one_error() -> None:
             lambda: (_ for _ in ()).throw(PermanentError("bad credentials")),
         )
     assert redact("etcd://u:secret@h:2379/p") == "etcd://u:***@h:2379/p"
+
+
+def test_meta_store_start_up_waits_for_an_answer_then_gives_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    from tierlog.storage.startup import open_meta_store_for_startup
+
+    fast = RetryPolicy(base_delay_s=0.01, max_delay_s=0.05, observer=None)
+    meta = open_meta_store_for_startup(f"sqlite://{tmp_path}/meta.db", fast, 5.0)
+    assert meta.get("anything") is None
+    meta.close()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"etcd://user:pw@127.0.0.1:{port}/tl"
+    with pytest.raises(StartupError) as info:
+        open_meta_store_for_startup(uri, fast, 1.0)
+    assert f"etcd://user:***@127.0.0.1:{port}/tl still unusable after 1 s" in str(info.value)
+    assert "pw" not in str(info.value).replace("***", "")

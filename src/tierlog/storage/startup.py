@@ -49,9 +49,26 @@ def open_object_store_for_startup(uri: str, policy: RetryPolicy, deadline_s: flo
 
 
 def open_meta_store_for_startup(uri: str, policy: RetryPolicy, deadline_s: float) -> MetaStore:
+    """Open the MetaStore and wait until it answers a read (clients such as etcd's connect
+    lazily, so opening alone proves nothing)."""
     result: list[MetaStore] = []
-    _until(uri, deadline_s, policy, "startup_meta", lambda: result.append(open_meta_store(uri)))
+
+    def open_and_read() -> None:
+        if not result:
+            result.append(open_meta_store(uri))
+        result[0].get(READY_KEY)
+
+    try:
+        _until(uri, deadline_s, policy, "startup_meta", open_and_read)
+    except BaseException:
+        if result:
+            result[0].close()
+        raise
     return result[0]
+
+
+READY_KEY = "tierlog-startup-check"
+"""A key only ever read: a cheap round trip proving the MetaStore answers."""
 
 
 def _until(uri: str, deadline_s: float, policy: RetryPolicy, what: str, step: object) -> None:
