@@ -96,8 +96,11 @@ class RetryLog:
         self.listeners: list[RetryObserver] = []
 
     def configure(self, interval_s: float, burst: int) -> None:
-        self.interval_s = interval_s
-        self.burst = burst
+        """New limits; the rate-limit windows start afresh (counts are kept)."""
+        with self._lock:
+            self.interval_s = interval_s
+            self.burst = burst
+            self._window.clear()
 
     def snapshot(self) -> dict[tuple[str, str], int]:
         with self._lock:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 import uuid
@@ -32,14 +31,12 @@ from tierlog.storage.errors import (
     InvalidKeyError,
     NotFoundError,
     PermanentError,
-    PreconditionFailedError,
     StorageError,
     TransientError,
     UnsupportedBackendError,
 )
 from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
-    MIN_PART_SIZE,
     Buffer,
     InvalidRangeError,
     MultipartUpload,
@@ -47,135 +44,25 @@ from tierlog.storage.object_store import (
     ObjectStore,
     short_key,
     validate_key,
-    validate_part,
 )
-from tierlog.storage.retry import (
-    KIND_CONNECTION,
-    KIND_INCOMPLETE_BODY,
-    KIND_SERVER_ERROR,
-    KIND_THROTTLED,
-    KIND_TIMEOUT,
-    RetryPolicy,
-    kind_from_text,
-)
+from tierlog.storage.retry import RetryPolicy
 from tierlog.storage.s3_config import S3Config
+from tierlog.storage.s3_errors import (
+    S3Failure,
+    classify,
+    failure_kind,
+    first_line,
+    is_transient,
+)
 
 T = TypeVar("T")
 
-_STATUS = re.compile(r"status(?: code)?: (\d{3})")
-_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
-_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_REJECTED_STATUS = frozenset({429, 503})  # throttled: the request was refused, not applied
 LIST_PAGE_SIZE = 1000
 DELETE_BATCH = 1000
 PROBE_PREFIX = "_tierlog/probe/"
 STALE_PROBE_S = 600.0  # far longer than any start-up probe
 
 log = logging.getLogger(__name__)
-
-
-class _S3Failure(Exception):
-    """A classified client failure: the typed error to raise plus the HTTP status if any."""
-
-    def __init__(self, error: StorageError, status: int | None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.status = status
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= 300 else line[:300] + "..."
-
-
-def _classify(exc: BaseException, what: str) -> _S3Failure:
-    """Map an obstore / botocore exception to tierlog's typed errors."""
-    if isinstance(exc, _S3Failure):
-        return exc
-    if isinstance(exc, StorageError):
-        return _S3Failure(exc, None)
-    text = str(exc)
-    match = _STATUS.search(text)
-    status = int(match.group(1)) if match else None
-    code_match = _CODE.search(text)
-    code = code_match.group(1) if code_match else None
-    name = type(exc).__name__
-    # botocore errors carry the status and code in the response
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", status)
-        code = response.get("Error", {}).get("Code", code)
-    detail = f"HTTP {status} {code}" if status else _first_line(text)
-    if code in ("KeyTooLongError", "InvalidObjectName"):
-        return _S3Failure(InvalidKeyError(f"{what}: rejected by the server ({detail})"), status)
-    if code == "NoSuchBucket":
-        return _S3Failure(PermanentError(f"{what}: bucket does not exist ({detail})"), status)
-    if (
-        isinstance(exc, FileNotFoundError)
-        or name == "NotFoundError"
-        or code in ("NoSuchKey", "NoSuchUpload")
-        or status == 404
-    ):
-        return _S3Failure(NotFoundError(f"{what}: not found"), status or 404)
-    if name == "AlreadyExistsError" or (status == 412 and "create" in what):
-        return _S3Failure(AlreadyExistsError(f"{what}: already exists"), status)
-    if name == "PreconditionError" or status == 412:
-        return _S3Failure(PreconditionFailedError(f"{what}: precondition failed"), status)
-    if name in ("PermissionDeniedError", "UnauthenticatedError") or status in (401, 403):
-        return _S3Failure(
-            PermanentError(f"{what}: access denied, check S3 credentials ({detail})"), status
-        )
-    if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return _S3Failure(PermanentError(f"{what}: no S3 credentials ({text})"), None)
-    if status is not None:
-        if status in _RETRYABLE_STATUS:
-            kind = (
-                KIND_THROTTLED
-                if status in _REJECTED_STATUS
-                else KIND_TIMEOUT
-                if status == 408
-                else KIND_SERVER_ERROR
-            )
-            return _S3Failure(TransientError(f"{what}: {detail}", kind=kind), status)
-        if status >= 500 or (
-            status == 409 and code in ("ConditionalRequestConflict", "OperationAborted")
-        ):
-            return _S3Failure(TransientError(f"{what}: {detail}", kind=KIND_SERVER_ERROR), status)
-        return _S3Failure(PermanentError(f"{what}: {detail}"), status)
-    if isinstance(exc, ValueError | TypeError) and name not in ("GenericError",):
-        return _S3Failure(PermanentError(f"{what}: {_first_line(text)}"), None)
-    # no HTTP status: connection refused / reset, DNS, timeouts, a body cut short: retry
-    detail = _first_line(text)
-    return _S3Failure(TransientError(f"{what}: {detail}", kind=_transport_kind(text)), None)
-
-
-_HTTP_KIND = re.compile(r"HttpError \{\s*kind: (\w+)")
-_HTTP_KINDS = {
-    "Connect": KIND_CONNECTION,
-    "Request": KIND_CONNECTION,
-    "Interrupted": KIND_CONNECTION,
-    "Timeout": KIND_TIMEOUT,
-    "Decode": KIND_INCOMPLETE_BODY,
-}
-
-
-def _transport_kind(text: str) -> str:
-    """The kind of a failure without an HTTP status: object_store's ``HttpError`` kind from
-    the error's debug text (Connect, Request, Interrupted, Timeout, Decode), else a guess
-    from the first line (botocore and other clients)."""
-    match = _HTTP_KIND.search(text)
-    if match:
-        return _HTTP_KINDS.get(match.group(1), kind_from_text(_first_line(text)))
-    return kind_from_text(_first_line(text))
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _S3Failure) and isinstance(exc.error, TransientError)
-
-
-def _failure_kind(exc: BaseException) -> str:
-    error = exc.error if isinstance(exc, _S3Failure) else exc
-    return getattr(error, "kind", "") or kind_from_text(str(error))
 
 
 def _past(key: str, prefix: str) -> bool:
@@ -225,7 +112,7 @@ class S3ObjectStore(ObjectStore):
                 **options,
             )
         except Exception as exc:
-            raise ConfigError(f"cannot configure S3 store {self}: {_first_line(str(exc))}") from exc
+            raise ConfigError(f"cannot configure S3 store {self}: {first_line(str(exc))}") from exc
         if probe:
             self.probe_create_only()
 
@@ -243,13 +130,13 @@ class S3ObjectStore(ObjectStore):
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt | SystemExit):
                     raise
-                raise _classify(exc, what) from exc
+                raise classify(exc, what) from exc
 
     def _call(
         self,
         what: str,
         operation: Callable[[], T],
-        retryable: Callable[[BaseException], bool] = _is_transient,
+        retryable: Callable[[BaseException], bool] = is_transient,
         *,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> T:
@@ -262,10 +149,10 @@ class S3ObjectStore(ObjectStore):
                 retryable,
                 op=op,
                 key=key,
-                kind_of=_failure_kind,
+                kind_of=failure_kind,
                 on_failure=on_failure,
             )
-        except _S3Failure as failure:
+        except S3Failure as failure:
             raise failure.error from failure.__cause__
 
     def probe_create_only(self) -> None:
@@ -346,7 +233,7 @@ class S3ObjectStore(ObjectStore):
 
         def note(exc: BaseException) -> None:
             nonlocal unsure
-            unsure = unsure or _is_transient(exc)
+            unsure = unsure or is_transient(exc)
 
         try:
             result = self._call(
@@ -471,13 +358,13 @@ class S3ObjectStore(ObjectStore):
             while True:
                 try:
                     page = self._request(f"list {prefix!r}", partial(next, stream, None))
-                except _S3Failure as failure:
+                except S3Failure as failure:
                     attempt += 1
-                    if not _is_transient(failure) or attempt >= self.retry.max_attempts:
+                    if not is_transient(failure) or attempt >= self.retry.max_attempts:
                         raise failure.error from failure.__cause__
                     if self.retry.observer is not None:
                         self.retry.observer.on_retry(
-                            "list", prefix, attempt, _failure_kind(failure), failure.error
+                            "list", prefix, attempt, failure_kind(failure), failure.error
                         )
                     self.retry.sleep(self.retry.delay(attempt))
                     break  # re-list from the last key yielded
@@ -526,6 +413,8 @@ class S3ObjectStore(ObjectStore):
             self._call(f"delete {len(keys)} keys", lambda: obstore.delete(self._store, keys))
 
     def create_multipart(self, key: str) -> MultipartUpload:
+        from tierlog.storage.s3_multipart import S3MultipartUpload
+
         self._check(key)
         return S3MultipartUpload(self, key)
 
@@ -574,95 +463,3 @@ class S3ObjectStore(ObjectStore):
             if self._boto is not None:
                 self._boto.close()
                 self._boto = None
-
-
-class S3MultipartUpload(MultipartUpload):
-    """CreateMultipartUpload / UploadPart / CompleteMultipartUpload, one part per call."""
-
-    def __init__(self, store: S3ObjectStore, key: str) -> None:
-        self.key = key
-        self._store = store
-        self._client = store.boto_client()
-        self._bucket = store.config.bucket
-        self._full_key = store._full_key(key)
-        self._parts: dict[int, tuple[str, int]] = {}  # part number -> (etag, size)
-        self._lock = threading.Lock()
-        self._done = False
-        created = store._call(
-            f"create multipart {short_key(key)}",
-            lambda: self._client.create_multipart_upload(Bucket=self._bucket, Key=self._full_key),
-        )
-        self.upload_id: str = created["UploadId"]
-
-    def _check_open(self) -> None:
-        if self._done:
-            raise PermanentError(
-                f"multipart upload of {short_key(self.key)} was completed or aborted"
-            )
-
-    def put_part(self, part_number: int, data: Buffer) -> None:
-        """Upload part ``part_number`` as exactly ``data``; retried (re-sending the same part
-        is idempotent)."""
-        size = memoryview(data).nbytes
-        validate_part(part_number, size)
-        self._check_open()
-        body = data if isinstance(data, bytes) else bytes(data)
-        result = self._store._call(
-            f"upload part {part_number} of {short_key(self.key)}",
-            lambda: self._client.upload_part(
-                Bucket=self._bucket,
-                Key=self._full_key,
-                UploadId=self.upload_id,
-                PartNumber=part_number,
-                Body=body,
-            ),
-        )
-        with self._lock:
-            self._parts[part_number] = (result["ETag"], size)
-
-    def complete(self) -> ObjectMeta:
-        self._check_open()
-        with self._lock:
-            numbers = sorted(self._parts)
-            parts = [{"ETag": self._parts[n][0], "PartNumber": n} for n in numbers]
-            sizes = [self._parts[n][1] for n in numbers]
-        if not parts:
-            raise InvalidRangeError(f"multipart upload of {short_key(self.key)} has no parts")
-        for n, size in zip(numbers[:-1], sizes[:-1], strict=True):
-            if size < MIN_PART_SIZE:
-                raise InvalidRangeError(
-                    f"part {n} of {short_key(self.key)} is smaller than {MIN_PART_SIZE} bytes"
-                )
-        attempts = 0
-
-        def complete_once() -> Any:
-            nonlocal attempts
-            attempts += 1
-            return self._client.complete_multipart_upload(
-                Bucket=self._bucket,
-                Key=self._full_key,
-                UploadId=self.upload_id,
-                MultipartUpload={"Parts": parts},
-            )
-
-        try:
-            self._store._call(f"complete multipart {short_key(self.key)}", complete_once)
-        except NotFoundError:
-            # NoSuchUpload after a retry: an earlier, ambiguous attempt completed it
-            meta = self._store.head(self.key)
-            if attempts < 2 or meta.size != sum(sizes):
-                raise
-        self._done = True
-        return self._store.head(self.key)
-
-    def abort(self) -> None:
-        if self._done:
-            return
-        with contextlib.suppress(NotFoundError):
-            self._store._call(
-                f"abort multipart {short_key(self.key)}",
-                lambda: self._client.abort_multipart_upload(
-                    Bucket=self._bucket, Key=self._full_key, UploadId=self.upload_id
-                ),
-            )
-        self._done = True
