@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -190,6 +191,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         server.kill()
         proxy.stop()
         stop_seaweed(seaweed)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
@@ -201,6 +204,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent / "src"))
     result = asyncio.run(run(args))
