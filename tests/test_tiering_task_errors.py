@@ -178,3 +178,34 @@ def test_degraded_until_every_failing_kind_of_task_succeeds() -> None:
     assert health.degraded and health.status()["last_error"] == "reset"
     health.succeeded("commit")
     assert not health.degraded and health.status()["last_error"] is None
+
+
+def test_untyped_error_after_the_pointer_put_applied_is_resolved_not_deposed(
+    tmp_path: Path, fs_world: World
+) -> None:
+    """A raw exception from the MetaStore after the conditional put took effect: the pointer
+    is re-read and the commit counts; a blind retry would see "the manifest moved" and halt."""
+    from tierlog.storage.meta_store import Versioned
+    from tierlog.storage.sqlite_meta_store import SqliteMetaStore
+
+    class BreakingMeta(SqliteMetaStore):
+        armed = False
+
+        def put_if(self, key: str, value: bytes, expected_version: int, epoch: int) -> Versioned:
+            result = super().put_if(key, value, expected_version, epoch)
+            if self.armed and key.startswith("pointer/"):
+                BreakingMeta.armed = False
+                raise RuntimeError("driver bug after the write")
+            return result
+
+    meta = BreakingMeta(str(tmp_path / "meta.db"))
+    tierer = fs_world.tierer(meta=meta)
+    tierer.start()
+    fs_world.append(5)
+    assert tierer.flush(timeout=10)
+    BreakingMeta.armed = True
+    fs_world.append(5)
+    assert tierer.flush(timeout=10)
+    assert not BreakingMeta.armed and tierer.halted is None
+    assert tierer.durable_next == fs_world.log.commit_point().next_offset
+    meta.close()
