@@ -40,8 +40,14 @@ from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
-from tierlog.storage.meta_store import MetaStore, open_meta_store
-from tierlog.storage.object_store import ObjectStore, open_object_store
+from tierlog.storage.meta_store import MetaStore
+from tierlog.storage.object_store import ObjectStore
+from tierlog.storage.retry import RETRY_LOG
+from tierlog.storage.startup import (
+    StoreStartupTimeoutError,
+    open_meta_store_for_startup,
+    open_object_store_for_startup,
+)
 
 log = get_logger("tierlog.server")
 
@@ -99,14 +105,24 @@ class Server:
                 f"cannot create the data directory {storage.data_dir} (storage.data_dir): "
                 f"{exc.strerror or exc}"
             ) from exc
+        # start-up rides out a flaky store: each step retried up to store.startup_deadline_seconds
+        store = self.config.store
+        RETRY_LOG.configure(store.retry_warning_interval_seconds, store.retry_warnings_per_interval)
+        policy, deadline = store.retry_policy(), store.startup_deadline_seconds
         self.meta = await _open_store(
-            "MetaStore", "storage.meta_store", storage.meta_store, open_meta_store
+            "MetaStore",
+            "storage.meta_store",
+            storage.meta_store,
+            lambda uri: open_meta_store_for_startup(uri, policy, deadline),
         )
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
         if self.config.tier.enabled:
             self.object_store = await _open_store(
-                "object store", "storage.object_store", storage.object_store, open_object_store
+                "object store",
+                "storage.object_store",
+                storage.object_store,
+                lambda uri: open_object_store_for_startup(uri, policy, deadline),
             )
             self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)
             await self.tiering.start()
@@ -263,6 +279,8 @@ async def _open_store(what: str, setting: str, uri: str, open_store: Callable[[s
         raise ConfigError(f"{setting}: {exc}") from exc
     except ImportError:
         raise
+    except StoreStartupTimeoutError as exc:  # its message names the (redacted) URI
+        raise StoreUnavailableError(f"cannot reach the {what} ({setting}): {exc}") from exc
     except (TierlogError, OSError, sqlite3.Error) as exc:
         raise StoreUnavailableError(
             f"cannot open the {what} {redact_uri(uri)} ({setting}): {_reason(exc)}"

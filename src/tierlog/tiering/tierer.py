@@ -11,6 +11,7 @@ Every decision is taken by ``TieringState``; this module only carries effects ou
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -84,6 +85,7 @@ from tierlog.tiering.state import (
     UploadFailed,
     UploadSucceeded,
 )
+from tierlog.tiering.task_health import TaskHealth
 
 log = get_logger(__name__)
 
@@ -140,6 +142,7 @@ class StreamTierer:
         retention: RetentionPolicy | None = None,
         retention_interval: float = 10.0,
         memory_budget: ByteBudget | None = None,
+        task_stall_seconds: float = 300.0,
     ) -> None:
         self.log = stream_log
         self._memory_budget = memory_budget
@@ -177,6 +180,7 @@ class StreamTierer:
         self._retention_running = threading.Lock()
         self.retention_trims = 0
         self._sealed_newest: dict[int, int] = {}  # sealed segment -> newest timestamp
+        self.task_health = TaskHealth(self.remote.stream_dir, task_stall_seconds)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -271,6 +275,11 @@ class StreamTierer:
     @property
     def lag_bytes(self) -> int:
         return self.state.lag_bytes if self.state is not None else 0
+
+    @property
+    def lag_seconds(self) -> float:
+        """Seconds since the remote tier last held everything committed locally."""
+        return self.task_health.lag_seconds()
 
     def deletable_segments(self) -> list[int]:
         """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
@@ -435,6 +444,7 @@ class StreamTierer:
             if event is None:
                 return
             self._maybe_retention()
+            self.task_health.check_stalls()
             try:
                 chunks = self._new_chunks()
                 now = self.clock()
@@ -443,6 +453,7 @@ class StreamTierer:
                     effects += state.handle(ChunksCommitted(tuple(chunks)), now)
                 effects += state.handle(event, now)
                 self._carry_out(effects)
+                self.task_health.note_lag(state.lag_bytes)
             except Exception as exc:  # never let the tiering thread die silently
                 log.exception("tiering_failed", stream_dir=self.remote.stream_dir)
                 self._halt(f"internal error: {exc}")
@@ -481,9 +492,11 @@ class StreamTierer:
     def _carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, StartUpload):
-                self._pool.submit(self._upload, effect.plan)
+                task = functools.partial(self._upload, effect.plan)
+                self._submit(f"upload {effect.plan.first_offset}", task)
             elif isinstance(effect, StartCommit):
-                self._pool.submit(self._commit, effect)
+                task = functools.partial(self._commit, effect)
+                self._submit(f"commit {effect.commit_id}", task)
             elif isinstance(effect, Halt):
                 self._halt(effect.reason)
 
@@ -586,6 +599,27 @@ class StreamTierer:
         return freed
 
     # -- effects (run on the pool) ----------------------------------------------------------
+    def _submit(self, name: str, task: Callable[[], None]) -> None:
+        """Run an upload or commit on the pool; the task reports its own outcome to the state
+        machine, and anything that still escapes it halts the stream visibly."""
+        token = self.task_health.started(name)
+
+        def run() -> None:
+            try:
+                task()
+            except BaseException as exc:
+                log.exception("tiering_task_escaped", task=name, stream_dir=self.remote.stream_dir)
+                self._post_halt(f"{name} failed unexpectedly: {exc!r}")
+                raise
+            finally:
+                self.task_health.finished(token)
+
+        self._pool.submit(run)
+
+    def _post_halt(self, reason: str) -> None:
+        self._halt(reason)
+        self._events.put(Tick())
+
     def _upload(self, plan: FragmentPlan) -> None:
         budget, size = self._memory_budget, 0
         if budget is not None:
@@ -612,9 +646,14 @@ class StreamTierer:
                 entry = self._adopt_existing(plan)
             self._post(UploadSucceeded(plan.plan_id, entry))
         except FragmentConflictError as exc:
+            self.task_health.failed("upload", str(exc))
             self._post(UploadFailed(plan.plan_id, str(exc), retryable=False))
-        except (StorageError, OSError) as exc:
-            self._post(UploadFailed(plan.plan_id, str(exc)))
+        except Exception as exc:  # storage, local I/O or a bug: retried with backoff
+            reason = f"{type(exc).__name__}: {exc}"
+            self.task_health.failed("upload", reason)
+            self._post(UploadFailed(plan.plan_id, reason))
+        else:
+            self.task_health.succeeded("upload")
 
     def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
         """The whole fragment object in one buffer: the chunk bytes are read straight
@@ -673,6 +712,8 @@ class StreamTierer:
         return fragment.entry()
 
     def _commit(self, effect: StartCommit) -> None:
+        """Every outcome reaches the state machine: success, a retryable failure (any
+        exception but a deposition, including raw OS errors), or a deposition (halts)."""
         try:
             self.committer.commit(effect.entries)
             event: Event = CommitSucceeded(effect.commit_id)
@@ -680,8 +721,12 @@ class StreamTierer:
             event = CommitFailed(effect.commit_id, str(exc))
         except (TieringError, StreamDeletedError) as exc:
             event = CommitFailed(effect.commit_id, str(exc), deposed=True)
-        except StorageError as exc:
-            event = CommitFailed(effect.commit_id, str(exc))
+        except Exception as exc:
+            event = CommitFailed(effect.commit_id, f"{type(exc).__name__}: {exc}")
+        if isinstance(event, CommitFailed):
+            self.task_health.failed("commit", event.reason)
+        else:
+            self.task_health.succeeded("commit")
         self._events.put(event)
         with self._durable:
             self._durable.notify_all()
@@ -700,4 +745,5 @@ class StreamTierer:
             "backpressure_events": self.backpressure_events,
             "manifest_commits": self.manifest_commits,
             "manifest_conflicts": self.manifest_conflicts,
+            **self.task_health.status(),
         }
