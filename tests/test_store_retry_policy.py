@@ -35,7 +35,7 @@ def test_store_settings_from_file_and_environment(tmp_path) -> None:  # type: ig
     ],
 )
 def test_bad_store_settings_are_refused(env: dict[str, str]) -> None:
-    with pytest.raises(ConfigError, match="(?i)store"):
+    with pytest.raises(ConfigError, match=r"(?i)store"):
         load_config(None, env)
 
 
@@ -93,19 +93,18 @@ def test_startup_retries_until_the_deadline_then_one_error() -> None:
             raise TransientError("down")
 
     fast = RetryPolicy(base_delay_s=0.001, max_delay_s=0.01, observer=None)
-    _until("s3://b/p", 5.0, fast, "startup_probe", flaky)
+    _until(5.0, fast, "startup_probe", flaky)
     assert tries["n"] == 4
 
     def down() -> None:
         raise TransientError("still down")
 
     with pytest.raises(
-        StoreStartupTimeoutError, match=r"s3://b/p still unusable after 0.2 s.*still down"
+        StoreStartupTimeoutError, match=r"still unusable after 0.2 s of retries: still down"
     ):
-        _until("s3://b/p", 0.2, fast, "startup_probe", down)
+        _until(0.2, fast, "startup_probe", down)
     with pytest.raises(PermanentError, match="bad credentials"):  # at once, unchanged
         _until(
-            "s3://b/p",
             5.0,
             fast,
             "startup_probe",
@@ -128,5 +127,4 @@ def test_meta_store_start_up_waits_for_an_answer_then_gives_up(tmp_path) -> None
     uri = f"etcd://user:pw@127.0.0.1:{port}/tl"
     with pytest.raises(StoreStartupTimeoutError) as info:
         open_meta_store_for_startup(uri, fast, 1.0)
-    assert f"etcd://user:***@127.0.0.1:{port}/tl still unusable after 1 s" in str(info.value)
-    assert "pw" not in str(info.value).replace("***", "")
+    assert "still unusable after 1 s of retries" in str(info.value)

@@ -43,11 +43,7 @@ from tierlog.server.tls import server_context
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.retry import RETRY_LOG
-from tierlog.storage.startup import (
-    StoreStartupTimeoutError,
-    open_meta_store_for_startup,
-    open_object_store_for_startup,
-)
+from tierlog.storage.startup import open_meta_store_for_startup, open_object_store_for_startup
 
 log = get_logger("tierlog.server")
 
@@ -279,8 +275,6 @@ async def _open_store(what: str, setting: str, uri: str, open_store: Callable[[s
         raise ConfigError(f"{setting}: {exc}") from exc
     except ImportError:
         raise
-    except StoreStartupTimeoutError as exc:  # its message names the (redacted) URI
-        raise StoreUnavailableError(f"cannot reach the {what} ({setting}): {exc}") from exc
     except (TierlogError, OSError, sqlite3.Error) as exc:
         raise StoreUnavailableError(
             f"cannot open the {what} {redact_uri(uri)} ({setting}): {_reason(exc)}"

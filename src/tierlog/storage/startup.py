@@ -3,8 +3,8 @@
 Each step (the object store's create-only probe, opening the MetaStore) is retried under the
 store retry policy until it succeeds or the start-up deadline passes; transient failures
 (including calls that ran out of their own retries) are logged as retries. When the deadline
-passes the step fails with ``StoreStartupTimeoutError`` naming the store's URI (password
-redacted) and the last error, which the server turns into its one-line start-up error.
+passes the step fails with ``StoreStartupTimeoutError`` naming the last error, which the
+server turns into its one-line start-up error naming the store's URI (password redacted).
 Configuration mistakes and permanent errors (bad credentials, missing bucket, a server
 without conditional writes) fail at once, unchanged.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from tierlog.logs import redact_uri
 from tierlog.storage.errors import StorageError, TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
@@ -31,13 +30,13 @@ def open_object_store_for_startup(uri: str, policy: RetryPolicy, deadline_s: flo
         store = open_object_store(uri, retry=policy, probe=False)
         probe = getattr(store, "probe_create_only")  # noqa: B009 - S3 only
         try:
-            _until(uri, deadline_s, policy, "startup_probe", probe)
+            _until(deadline_s, policy, "startup_probe", probe)
         except BaseException:
             store.close()
             raise
         return store
     result: list[ObjectStore] = []
-    _until(uri, deadline_s, policy, "startup_open", lambda: result.append(open_object_store(uri)))
+    _until(deadline_s, policy, "startup_open", lambda: result.append(open_object_store(uri)))
     return result[0]
 
 
@@ -52,7 +51,7 @@ def open_meta_store_for_startup(uri: str, policy: RetryPolicy, deadline_s: float
         result[0].get(READY_KEY)
 
     try:
-        _until(uri, deadline_s, policy, "startup_meta", open_and_read)
+        _until(deadline_s, policy, "startup_meta", open_and_read)
     except BaseException:
         if result:
             result[0].close()
@@ -64,12 +63,10 @@ READY_KEY = "tierlog-startup-check"
 """A key only ever read: a cheap round trip proving the MetaStore answers."""
 
 
-def _until(
-    uri: str, deadline_s: float, policy: RetryPolicy, what: str, step: Callable[[], object]
-) -> None:
+def _until(deadline_s: float, policy: RetryPolicy, what: str, step: Callable[[], object]) -> None:
     try:
         retry_until(deadline_s, step, what=what, policy=policy)
     except TransientError as exc:
         raise StoreStartupTimeoutError(
-            f"{redact_uri(uri)} still unusable after {deadline_s:g} s of retries: {exc}"
+            f"still unusable after {deadline_s:g} s of retries: {exc}"
         ) from exc
