@@ -36,6 +36,7 @@ from tierlog.server.broker import (
 )
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
+from tierlog.server.data_dir_lock import DataDirLock
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
@@ -82,6 +83,7 @@ class Server:
         self.stream_port = 0
         self.admin_port = 0
         self._stopped = asyncio.Event()
+        self._lock = DataDirLock(self.storage.data_dir)
 
     async def start(self) -> None:
         """Open the stores, the streams and the listeners. A failure leaves nothing open
@@ -101,6 +103,7 @@ class Server:
                 f"cannot create the data directory {storage.data_dir} (storage.data_dir): "
                 f"{exc.strerror or exc}"
             ) from exc
+        self._lock.acquire()  # one server per data directory, for the process lifetime
         # start-up rides out a flaky store: each step retried up to store.startup_deadline_seconds
         store = self.config.store
         RETRY_LOG.configure(store.retry_warning_interval_seconds, store.retry_warnings_per_interval)
@@ -260,6 +263,7 @@ class Server:
             self.object_store.close()
         if self.meta is not None:
             self.meta.close()
+        self._lock.release()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
