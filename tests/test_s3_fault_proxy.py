@@ -151,12 +151,13 @@ def test_probe_removes_stale_probe_objects(
     seaweed: SeaweedServer, s3_fault_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tierlog.storage.s3_object_store as s3_module
+    import tierlog.storage.s3_probe as s3_probe
 
     store = proxied_store(seaweed, s3_fault_proxy, probe=False)
     store.put(f"{s3_module.PROBE_PREFIX}left-by-a-killed-start", b"probe")
     store.probe_create_only()  # young probe keys may be another start's: kept
     assert len(_probe_keys(store)) == 1
-    monkeypatch.setattr(s3_module, "STALE_PROBE_S", -1.0)
+    monkeypatch.setattr(s3_probe, "STALE_PROBE_S", -1.0)
     store.probe_create_only()
     assert _probe_keys(store) == []
     store.close()

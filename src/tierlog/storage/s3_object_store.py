@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -35,9 +33,6 @@ from tierlog.storage.errors import (
     InvalidKeyError,
     NotFoundError,
     PermanentError,
-    StorageError,
-    TransientError,
-    UnsupportedBackendError,
 )
 from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
@@ -66,7 +61,6 @@ T = TypeVar("T")
 LIST_PAGE_SIZE = 1000
 DELETE_BATCH = 1000
 PROBE_PREFIX = "_tierlog/probe/"
-STALE_PROBE_S = 600.0  # far longer than any start-up probe
 _STANDARD_ATTRIBUTES = frozenset(
     {
         "Content-Disposition",
@@ -172,55 +166,11 @@ class S3ObjectStore(ObjectStore):
             raise failure.error from failure.__cause__
 
     def probe_create_only(self) -> None:
-        """Refuse to run on a server that ignores ``If-None-Match: *`` (and surface bad
-        endpoints, credentials or buckets now, with a clear error, not at the first upload).
+        """Refuse to run on a server that ignores ``If-None-Match: *``, and surface bad
+        endpoints, credentials or buckets now (see ``s3_probe``); leaves no probe object."""
+        from tierlog.storage.s3_probe import probe_create_only
 
-        The probe object is deleted in any case; a probe key left by a process killed
-        mid-probe (or a delete that failed) is removed by the next start's probe once it is
-        older than ``STALE_PROBE_S`` (younger ones may be another server's probe in flight)."""
-        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-        try:
-            try:
-                self._remove_stale_probes()
-                self.put_if_absent(key, b"probe")
-            except StorageError as exc:
-                raise type(exc)(f"{self} unusable: {exc}") from exc
-            try:
-                self.put_if_absent(key, b"probe again")
-            except AlreadyExistsError:
-                return
-            raise UnsupportedBackendError(
-                f"{self} does not enforce create-only puts (If-None-Match: *): a second "
-                "create of the same key succeeded. tierlog needs it to keep fragments "
-                "immutable; use a server that supports conditional writes."
-            )
-        finally:
-            self._delete_probe(key)
-
-    def _delete_probe(self, key: str, rounds: int = 3) -> None:
-        """Delete the probe key, persisting through a few policy rounds (deletes are
-        idempotent); if it still fails, the next start removes it, and the real outcome of
-        the probe is what the caller sees."""
-        for attempt in range(1, rounds + 1):
-            try:
-                self.delete(key)
-                return
-            except TransientError as exc:
-                if attempt == rounds:
-                    log.warning("probe_delete_failed", key=key, error=str(exc))
-            except StorageError as exc:
-                log.warning("probe_delete_failed", key=key, error=str(exc))
-                return
-
-    def _remove_stale_probes(self) -> None:
-        cutoff = time.time() - STALE_PROBE_S
-        stale = [
-            m.key
-            for m in self._list(PROBE_PREFIX, PROBE_PREFIX.rstrip("/"), None, probes=True)
-            if m.last_modified is not None and m.last_modified < cutoff
-        ]
-        if stale:
-            self.delete_many(stale)
+        probe_create_only(self)
 
     # -- ObjectStore --------------------------------------------------------------------------
 
