@@ -35,7 +35,7 @@ from rstream.utils import RawMessage
 from tests.plugins.s3_fault_proxy import FaultProxy
 from tests.plugins.seaweed import _s3_client, start_seaweed, stop_seaweed
 from tests.plugins.tierlog_server import TierlogServerProcess
-from tests.test_server_e2e import consume
+from tests.server.test_e2e import consume
 
 from tierlog.storage.s3_object_store import PROBE_PREFIX
 

@@ -13,7 +13,7 @@ import pytest
 from tests.plugins.s3_fault_proxy import FaultProxy
 from tests.plugins.seaweed import SeaweedServer
 from tests.plugins.tiering_world import World
-from tests.test_tierer import assert_manifest_matches_log
+from tests.tiering.test_tierer import assert_manifest_matches_log
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.retry import RetryPolicy
 from tierlog.storage.s3_config import S3Config

@@ -21,7 +21,7 @@ from rstream import ConsumerOffsetSpecification, OffsetType
 from tests.plugins.s3_fault_proxy import FaultProxy, wait_for
 from tests.plugins.seaweed import SeaweedServer, _s3_client
 from tests.plugins.tierlog_server import TierlogServerProcess
-from tests.test_server_e2e import admin, consume, producer, publish
+from tests.server.test_e2e import admin, consume, producer, publish
 from tierlog.storage.s3_object_store import PROBE_PREFIX
 
 pytestmark = pytest.mark.s3
