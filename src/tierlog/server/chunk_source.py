@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from tierlog.errors import TierlogError
-from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogSource
 
@@ -66,6 +66,32 @@ class DeliverableChunk:
     parts: tuple[bytes | memoryview, ...] | None = None
     file: BinaryIO | None = None
     ranges: tuple[tuple[int, int], ...] = ()
+
+
+def deliverable_from_raw(header: ChunkHeader, raw: bytes | memoryview) -> DeliverableChunk:
+    """The Deliver payload of a chunk held in memory (``raw`` starts at its header):
+    header and data section, without the bloom filter and trailer."""
+    wire = HEADER_SIZE + header.data_length
+    if header.bloom_size == 0:
+        parts: tuple[bytes | memoryview, ...] = (raw[:wire],)
+    else:
+        start = header.data_start
+        parts = (raw[:HEADER_SIZE], raw[start : start + header.data_length])
+    return DeliverableChunk(header.chunk_id, header.num_records, header.next_offset, wire, parts)
+
+
+def deliverable_from_file(header: ChunkHeader, file: BinaryIO, start: int) -> DeliverableChunk:
+    """The Deliver payload of a chunk at ``start`` in an open segment file, as the byte
+    ranges ``sendfile`` sends (header and data section, bloom filter skipped)."""
+    wire = HEADER_SIZE + header.data_length
+    ranges: tuple[tuple[int, int], ...]
+    if header.bloom_size:
+        ranges = ((start, HEADER_SIZE), (start + header.data_start, header.data_length))
+    else:
+        ranges = ((start, wire),)
+    return DeliverableChunk(
+        header.chunk_id, header.num_records, header.next_offset, wire, None, file, ranges
+    )
 
 
 class ChunkCursor(Protocol):
@@ -200,22 +226,7 @@ class LocalChunkCursor:
             header = chunk.header
             wire = HEADER_SIZE + header.data_length
             if wire >= self._sendfile_min:
-                file = self._open(chunk.segment_path)
-                start = chunk.position
-                ranges: tuple[tuple[int, int], ...]
-                if header.bloom_size:
-                    ranges = ((start, HEADER_SIZE), (start + header.data_start, header.data_length))
-                else:
-                    ranges = ((start, wire),)
-                return DeliverableChunk(
-                    header.chunk_id,
-                    header.num_records,
-                    header.next_offset,
-                    wire,
-                    None,
-                    file,
-                    ranges,
-                )
+                return deliverable_from_file(header, self._open(chunk.segment_path), chunk.position)
             fd = self._open(chunk.segment_path).fileno()
             raw = memoryview(os.pread(fd, header.total_size, chunk.position))
         else:
@@ -225,15 +236,7 @@ class LocalChunkCursor:
             header = loaded.header
             assert loaded.raw is not None
             raw = loaded.raw
-        wire = HEADER_SIZE + header.data_length
-        if header.bloom_size == 0:
-            parts: tuple[bytes | memoryview, ...] = (raw[:wire],)
-        else:
-            start = header.data_start
-            parts = (raw[:HEADER_SIZE], raw[start : start + header.data_length])
-        return DeliverableChunk(
-            header.chunk_id, header.num_records, header.next_offset, wire, parts
-        )
+        return deliverable_from_raw(header, raw)
 
     def _open(self, path: str) -> BinaryIO:
         if self._file is None or self._file_path != path:

@@ -24,7 +24,6 @@ from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.remote.catalog import Catalog, StreamRecord
-from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import free_disk_below
@@ -134,11 +133,7 @@ class TieringService:
         handle.unavailable = None
         self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer
-        handle.use_source(
-            TieredChunkSource(
-                handle.log, tierer, handle.notifier, lambda: handle.record.settings.read_strategy
-            )
-        )
+        handle.tier_started(tierer)
         log.info(
             "tiering_started",
             vhost=handle.vhost,
