@@ -8,6 +8,9 @@ Publish frames go straight from ``data_received`` to ``_on_publish``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from tierlog.formats.protocol.commands import (
     CloseRequest,
     CreateRequest,
@@ -34,28 +37,17 @@ from tierlog.formats.protocol.commands import (
     UnknownCommand,
     UnsubscribeRequest,
 )
-from tierlog.metrics import Metrics
-from tierlog.server.broker import Broker
-from tierlog.server.config import ServerConfig
 from tierlog.server.handlers.consumers import ConsumerHandlers
 from tierlog.server.handlers.handshake import HandshakeHandlers
 from tierlog.server.handlers.publishers import PublisherHandlers
 from tierlog.server.handlers.streams import StreamHandlers
-from tierlog.server.limits import Gatekeeper
 
 
 class Connection(HandshakeHandlers, StreamHandlers, PublisherHandlers, ConsumerHandlers):
     """The server side of one client connection."""
 
-    def __init__(
-        self,
-        broker: Broker,
-        config: ServerConfig,
-        metrics: Metrics,
-        gate: Gatekeeper | None = None,
-    ) -> None:
-        super().__init__(broker, config, metrics, gate)
-        self._dispatch = {
+    def _dispatch_table(self) -> dict[type, Callable[[Any], None]]:
+        return {
             PeerPropertiesRequest: self._on_peer_properties,
             SaslHandshakeRequest: self._on_sasl_handshake,
             SaslAuthenticateRequest: self._on_sasl_authenticate,

@@ -103,8 +103,7 @@ class ConnectionCore(asyncio.Protocol):
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._use_sendfile = config.server.use_sendfile and _loop_has_sendfile(self._loop)
-        self._dispatch: dict[type, Callable[[Any], None]] = {}
-        """Decoded command type → handler; filled by ``Connection``."""
+        self._dispatch = self._dispatch_table()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- transport events
@@ -254,6 +253,11 @@ class ConnectionCore(asyncio.Protocol):
         unsent = transport.get_write_buffer_size() if transport is not None else 0
         used = self._queued_publish_bytes + unsent
         return used > self.limits.connection_memory_bytes // divisor
+
+    def _dispatch_table(self) -> dict[type, Callable[[Any], None]]:
+        """Decoded command type → handler (one dict lookup per frame); ``Connection``
+        builds it from the handlers of every area."""
+        raise NotImplementedError
 
     def _on_publish(self, frame: memoryview) -> None:
         """A Publish frame (the hot path); ``PublisherHandlers`` handles it."""
