@@ -11,6 +11,8 @@ MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
 SYNC_MODES = ("fsync", "os")
+COMPRESSIONS = ("none", "zstd")
+ENCRYPTIONS = ("none", "aes-256-gcm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,11 @@ class StreamSettings:
     may never free data that is not yet durable remotely. ``sync`` is the stream's
     confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
     follows the server.
+
+    ``compression`` / ``compression_level`` / ``dictionary`` / ``encryption`` choose how
+    fragments are stored from now on: any of them set makes the tierer write fragment
+    format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
+    fragments already written keep their format and stay readable.
     """
 
     max_bytes: int | None = None
@@ -39,6 +46,15 @@ class StreamSettings:
     read_strategy: str = "NOT_IN_DISK"
     manifest_fanout: int = 1024
     sync: str | None = None
+    compression: str = "none"
+    compression_level: int = 3
+    dictionary: bool = False
+    encryption: str = "none"
+
+    @property
+    def cold_coding(self) -> bool:
+        """Whether fragments are written in format v2 (compressed and/or encrypted)."""
+        return self.compression != "none" or self.encryption != "none"
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "local_max_bytes"):
@@ -71,6 +87,18 @@ class StreamSettings:
             raise ConfigError("max_fragment_age_seconds must be > 0 and debounce_seconds >= 0")
         if self.debounce_count < 1:
             raise ConfigError("debounce_count must be >= 1")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"compression must be one of {COMPRESSIONS}, got {self.compression!r}"
+            )
+        if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
+            raise ConfigError(f"compression_level must be 1..22, got {self.compression_level!r}")
+        if not isinstance(self.dictionary, bool):
+            raise ConfigError(f"dictionary must be true or false, got {self.dictionary!r}")
+        if self.dictionary and self.compression != "zstd":
+            raise ConfigError("dictionary needs compression zstd")
+        if self.encryption not in ENCRYPTIONS:
+            raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -290,6 +290,13 @@ class ConnectionCore(asyncio.Protocol):
         log.info("access_refused", user=self.user, vhost=self.vhost, action=action, stream=stream)
         return False
 
+    def _missing(self, stream: str) -> ResponseCode:
+        """The code for a stream that is not open: retriable while it is being resolved
+        (or failed to open) after a restart, else it does not exist."""
+        if self.broker.not_available_yet(self.vhost, stream):
+            return ResponseCode.STREAM_NOT_AVAILABLE
+        return ResponseCode.STREAM_DOES_NOT_EXIST
+
     def _close_transport(self) -> None:
         if self.transport is not None:
             self.transport.close()

@@ -24,6 +24,7 @@ from tierlog.formats.protocol.constants import (
 )
 from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
 from tierlog.logs import get_logger
+from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
@@ -43,7 +44,9 @@ class ConsumerHandlers(ConnectionCore):
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
         elif handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+            code = self._missing(cmd.stream)
+        elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
+            code = ResponseCode.STREAM_NOT_AVAILABLE
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
@@ -106,7 +109,7 @@ class ConsumerHandlers(ConnectionCore):
         handle = self.broker.get(self.vhost, cmd.stream)
         corr = cmd.correlation_id
         if handle is None:
-            response = QueryOffsetResponse(corr, ResponseCode.STREAM_DOES_NOT_EXIST, 0)
+            response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
         elif not self._permitted("read", cmd.stream):
             response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
         else:

@@ -27,6 +27,7 @@ from tierlog.formats.protocol.publish import (
     encode_publish_confirm,
 )
 from tierlog.logs import get_logger
+from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
 from tierlog.server.handlers.publisher import Publisher
 
@@ -38,8 +39,10 @@ class PublisherHandlers(ConnectionCore):
 
     def _on_declare_publisher(self, cmd: DeclarePublisherRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
-        if handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        if handle is None or handle.unavailable == OPENING:
+            code = (
+                self._missing(cmd.stream) if handle is None else ResponseCode.STREAM_NOT_AVAILABLE
+            )
         elif not self._permitted("write", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif cmd.publisher_id in self.publishers:
@@ -68,7 +71,7 @@ class PublisherHandlers(ConnectionCore):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None:
             response = QueryPublisherSequenceResponse(
-                cmd.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0
+                cmd.correlation_id, self._missing(cmd.stream), 0
             )
         elif not self.gate.auth.allowed(
             self.user, self.vhost, "write", cmd.stream

@@ -28,6 +28,7 @@ from tierlog.formats.protocol.constants import (
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
+from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
 
 log = get_logger("tierlog.server.connection")
@@ -76,12 +77,14 @@ class StreamHandlers(ConnectionCore):
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
-            if self.broker.get(self.vhost, name) is not None:
-                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
+            handle = self.broker.get(self.vhost, name)
+            if handle is None:
+                streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
+            elif handle.unavailable == OPENING:  # its first resolution runs
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+                streams.append(StreamMetadata(name, code, NO_LEADER, ()))
             else:
-                streams.append(
-                    StreamMetadata(name, ResponseCode.STREAM_DOES_NOT_EXIST, NO_LEADER, ())
-                )
+                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
         self.send(
             MetadataResponse(cmd.correlation_id, [BrokerInfo(0, host, port)], streams).encode()
         )
@@ -90,7 +93,7 @@ class StreamHandlers(ConnectionCore):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
-            code = ResponseCode.STREAM_DOES_NOT_EXIST if handle is None else refused
+            code = self._missing(cmd.stream) if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
         stats = {
