@@ -22,7 +22,7 @@ from tierlog.remote.errors import (
     ManifestCorruptError,
     ManifestGapError,
     OffsetBeyondEndError,
-    OffsetTrimmedError,
+    OffsetOvertakenError,
 )
 from tierlog.remote.keys import (
     BranchKey,
@@ -347,7 +347,7 @@ def test_trim_in_place_when_the_root_has_no_branches() -> None:
     assert tree.first_offset == all_frags[2].first_offset
     assert result.removed_fragments == 2
     assert result.removed_bytes == all_frags[0].data_size + all_frags[1].data_size
-    with pytest.raises(OffsetTrimmedError):
+    with pytest.raises(OffsetOvertakenError):
         tree.locate_offset(all_frags[1].first_offset, store.load)
     assert tree.trim_front(0, store.load).deletes == []  # nothing below the first offset
 

@@ -25,7 +25,6 @@ from tierlog.log.writer import StreamLog
 from tierlog.read.errors import (
     FragmentExpiredError,
     NotHeldLocallyError,
-    OffsetOvertakenError,
     OffsetUnavailableError,
     RemoteDataCorruptError,
 )
@@ -35,6 +34,7 @@ from tierlog.read.strategies import ReadStrategy, TierView, choose_tier
 from tierlog.read.tiered_reader import TieredReader, _aligned_spans
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.object_store import ObjectStore

@@ -60,7 +60,7 @@ class ManifestSource:
 
     # -- lookups ----------------------------------------------------------------------------
     def locate_offset(self, tree: ManifestTree, offset: int) -> FragmentLocation:
-        """The fragment of ``tree`` holding ``offset`` (OffsetTrimmedError below the first)."""
+        """The fragment of ``tree`` holding ``offset`` (OffsetOvertakenError below the first)."""
         with self._lock:
             return tree.locate_offset(offset, self._load_branch)
 

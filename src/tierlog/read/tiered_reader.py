@@ -37,7 +37,6 @@ from tierlog.log.segment_files import IndexView, SegmentRef, pread_exact
 from tierlog.read.errors import (
     FragmentExpiredError,
     NotHeldLocallyError,
-    OffsetOvertakenError,
     OffsetUnavailableError,
     ReadError,
     RemoteDataCorruptError,
@@ -51,7 +50,7 @@ from tierlog.read.strategies import (
     default_hot_bytes,
     hot_tail_start,
 )
-from tierlog.remote.errors import OffsetBeyondEndError, OffsetTrimmedError
+from tierlog.remote.errors import OffsetBeyondEndError, OffsetOvertakenError
 from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
 
 _U32 = struct.Struct(">I")
@@ -423,8 +422,6 @@ class TieredReader:
                 until,
                 self._verify,
             )
-        except OffsetTrimmedError as exc:
-            raise OffsetOvertakenError(self._next, tree.first_offset) from exc
         except FragmentExpiredError as exc:
             self._expired(exc)
 
@@ -627,8 +624,6 @@ class TieredReader:
         tree = self._remote_tree(n)
         try:
             loc = self._manifest.locate_offset(tree, n)
-        except OffsetTrimmedError as exc:
-            raise OffsetOvertakenError(n, tree.first_offset) from exc
         except OffsetBeyondEndError as exc:
             raise OffsetUnavailableError(f"offset {n} is in neither tier") from exc
         index = self._manifest.fragment_index(loc)

@@ -41,8 +41,21 @@ class OffsetOutOfRangeError(ManifestTreeError, LookupError):
     """The offset is outside the manifest's ``[first, next)``."""
 
 
-class OffsetTrimmedError(OffsetOutOfRangeError):
-    """The offset is below the first offset: retention removed it."""
+class OffsetOvertakenError(OffsetOutOfRangeError):
+    """The offset is below the stream's first offset: retention removed it; never skipped
+    silently. The one type for this in every tier (manifest lookups, the cross-tier reader,
+    the server's cursors).
+
+    ``first_available`` is the stream's first offset now: re-attach there (or wherever the
+    application decides) to go on.
+    """
+
+    def __init__(self, position: int, first_available: int) -> None:
+        super().__init__(
+            f"offset {position} was removed by retention; the first available is {first_available}"
+        )
+        self.position = position
+        self.first_available = first_available
 
 
 class OffsetBeyondEndError(OffsetOutOfRangeError):

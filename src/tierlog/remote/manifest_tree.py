@@ -41,7 +41,7 @@ from tierlog.remote.errors import (
     ManifestCorruptError,
     ManifestGapError,
     OffsetBeyondEndError,
-    OffsetTrimmedError,
+    OffsetOvertakenError,
 )
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.keys import branch_key, fragment_key, new_uid
@@ -308,9 +308,7 @@ class ManifestTree:
     def locate_offset(self, offset: int, load: Loader) -> FragmentLocation:
         """The fragment holding ``offset``: binary search from the root down."""
         if offset < self.first_offset:
-            raise OffsetTrimmedError(
-                f"offset {offset} is below the first offset {self.first_offset}"
-            )
+            raise OffsetOvertakenError(offset, self.first_offset)
         if offset >= self._next_offset:
             raise OffsetBeyondEndError(f"offset {offset} is at or past {self._next_offset}")
         entries, node_next, loads = self.root_entries(), self._next_offset, 0

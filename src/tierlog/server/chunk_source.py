@@ -8,7 +8,7 @@ skipped, as RabbitMQ does), either as buffers or as byte ranges of an open file 
 connection code never changes when chunks come from the remote tier.
 
 Only user chunks are handed out. A cursor whose position was removed by retention
-raises ``OvertakenError`` (with the first offset still available) instead of skipping.
+raises ``OffsetOvertakenError`` (with the first offset still available) instead of skipping.
 """
 
 from __future__ import annotations
@@ -24,15 +24,7 @@ from tierlog.errors import TierlogError
 from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogSource
-
-
-class OvertakenError(TierlogError):
-    """The cursor's position was removed by retention; ``first_offset`` is still available."""
-
-    def __init__(self, position: int, first_offset: int) -> None:
-        super().__init__(f"position {position} was removed by retention (first is {first_offset})")
-        self.position = position
-        self.first_offset = first_offset
+from tierlog.remote.errors import OffsetOvertakenError
 
 
 class SourceClosedError(TierlogError):
@@ -187,7 +179,7 @@ class LocalChunkCursor:
         position = self._reader.next_offset
         first = self._first_offset()
         if position < first:
-            raise OvertakenError(position, first)
+            raise OffsetOvertakenError(position, first)
 
     async def read(self) -> DeliverableChunk | None:
         if self._notifier.closed:

@@ -9,24 +9,6 @@ class SparkSourceError(TierlogError):
     """Base class of the Spark data source's errors."""
 
 
-class FragmentExpiredError(SparkSourceError):
-    """A fragment the plan named is gone (404): retention removed it after planning.
-
-    Raised by the task reading it unless the read was started with ``onExpired=skip``.
-    """
-
-    def __init__(self, stream: str, key: str, first_offset: int, next_offset: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: fragment [{first_offset}, {next_offset}) ({key}) was removed "
-            "after the read was planned (retention); re-run the query, or read with "
-            "option onExpired=skip to skip removed fragments"
-        )
-        self.stream = stream
-        self.key = key
-        self.first_offset = first_offset
-        self.next_offset = next_offset
-
-
 class OffsetExpiredError(SparkSourceError):
     """A streaming query's position is below the stream's first offset (retention)."""
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from tierlog.read.errors import FragmentExpiredError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.spark.arrow_batch import fragment_to_record_batch
 from tierlog.spark.connections import object_store
-from tierlog.spark.errors import FragmentExpiredError
 from tierlog.spark.planning import ReadTask
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
@@ -56,7 +56,11 @@ def read_task(
                 if settings.skip_expired:
                     continue
                 raise FragmentExpiredError(
-                    task.stream, fragment.key, fragment.first_offset, fragment.next_offset
+                    fragment.key,
+                    f"stream {task.stream!r}: fragment [{fragment.first_offset}, "
+                    f"{fragment.next_offset}) ({fragment.key}) was removed after the read was "
+                    "planned (retention); re-run the query, or read with option "
+                    "onExpired=skip to skip removed fragments",
                 )
             if settings.trace_dir:
                 _trace(settings.trace_dir, task.incarnation, fragment)
