@@ -38,7 +38,7 @@ mixed = memoryview(encode_publish_entries(1, list(range(100)), mixed_entries))[4
 ids = list(range(1000))
 subscribe = memoryview(
     c.SubscribeRequest(
-        7, 1, "orders", c.OffsetSpec(OffsetType.OFFSET, 42), 10, {"name": "consumer-1"}
+        7, 1, "orders", c.WireOffsetSpec(OffsetType.OFFSET, 42), 10, {"name": "consumer-1"}
     ).encode()
 )[4:]
 credit = memoryview(c.CreditRequest(1, 1).encode())[4:]

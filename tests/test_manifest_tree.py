@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, decode_trailer, encode_fragment
+from tierlog.formats.fragment import (
+    FragmentChunkInfo,
+    FragmentPlacement,
+    decode_trailer,
+    encode_fragment,
+)
 from tierlog.formats.manifest import ENTRY_DTYPE, decode_node, node_size
 from tierlog.remote.errors import (
     InvalidFragmentEntryError,
@@ -522,7 +527,7 @@ def test_fragment_trailers_append_directly() -> None:
         data = struct.pack(">I", 1) + b"x"
         crc = zlib.crc32(data)
         header = struct.pack(">BBHIqQQIIIB3x", 0x50, 0, 1, 1, 10 + seq, 1, offset, crc, 5, 0, 0)
-        info = ChunkInfo(offset, 10 + seq, 1, len(header) + 5, 1, crc)
+        info = FragmentChunkInfo(offset, 10 + seq, 1, len(header) + 5, 1, crc)
         parts, _ = encode_fragment(FragmentPlacement(seq, 0, 8), [header + data], [info])
         trailers.append(decode_trailer(b"".join(parts)))
     tree = ManifestTree("tl", STREAM, m=4)

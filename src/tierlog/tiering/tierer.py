@@ -23,7 +23,7 @@ from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.fragment import (
     HEADER_SIZE,
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentPlacement,
     encode_fragment,
     fragment_size,
@@ -635,7 +635,7 @@ class StreamTierer:
         raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
         self.log.read_segment_into(plan.segment, first.position, raw)
         buffers: list[bytes | bytearray | memoryview] = []
-        infos: list[ChunkInfo] = []
+        infos: list[FragmentChunkInfo] = []
         for c in plan.chunks:
             at = c.position - first.position
             buf = raw[at : at + c.size]
@@ -653,7 +653,7 @@ class StreamTierer:
                 )
             buffers.append(buf)
             infos.append(
-                ChunkInfo(
+                FragmentChunkInfo(
                     chunk_id=c.chunk_id,
                     timestamp=c.timestamp,
                     epoch=c.epoch,
