@@ -19,7 +19,7 @@ from tierlog.formats.offload import (
     decode_index,
     iter_block_entries,
 )
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead, LogReader

@@ -29,7 +29,7 @@ from tierlog.log.append import (
     tracking_id,
 )
 from tierlog.log.batching import CommitBatcher, CommitListener
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import (
     InvalidAppendError,

@@ -28,7 +28,7 @@ from tierlog.formats.fragment import (
     encode_fragment,
     fragment_size,
 )
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
