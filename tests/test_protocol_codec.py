@@ -211,7 +211,7 @@ def test_golden_publish_error() -> None:
 
 
 def fake_chunk(data: bytes, bloom: int = 0, trailer: int = 0) -> bytes:
-    """A 48-byte Osiris chunk header (as DESIGN.md lays it out) followed by ``data``."""
+    """A 48-byte Osiris chunk header (as formats/chunk.py lays it out) followed by ``data``."""
     header = struct.pack(
         ">BBHIqQQIIIB3x",
         0x50,

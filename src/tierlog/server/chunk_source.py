@@ -4,7 +4,7 @@ A subscription attaches a ``ChunkSource`` at an offset spec and gets a ``ChunkCu
 The cursor hands out ``DeliverableChunk``s: the bytes a Deliver frame carries after its
 prefix (the 48-byte chunk header and the data section; bloom filter and trailer are
 skipped, as RabbitMQ does), either as buffers or as byte ranges of an open file for
-``sendfile``. The cross-tier reader (issue 5) implements the same protocol, so
+``sendfile``. The cross-tier reader (``server.tiered_source``) implements the same protocol, so
 connection code never changes when chunks come from the remote tier.
 
 Only user chunks are handed out. A cursor whose position was removed by retention

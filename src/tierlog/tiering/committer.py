@@ -1,4 +1,4 @@
-"""The manifest commit protocol with optimistic concurrency (DESIGN.md).
+"""The manifest commit protocol with optimistic concurrency.
 
 Order of a commit: new branch objects (create-only, fresh uids) → new root under a
 fresh uid (create-only) → conditional put of the pointer (version unchanged, stored

@@ -279,7 +279,7 @@ class StreamTierer:
         return self.state.lag_bytes if self.state is not None else 0
 
     def deletable_segments(self) -> list[int]:
-        """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
+        """Sealed local segments whose every offset is in the committed manifest."""
         return self.local_segments_to_free(max_bytes=0, max_age_seconds=None)
 
     # -- resolution -----------------------------------------------------------------------
@@ -557,7 +557,8 @@ class StreamTierer:
     def local_segments_to_free(
         self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
     ) -> list[int]:
-        """Local segments that local retention may delete now (DESIGN.md's rule)."""
+        """Local segments that local retention may delete now: only those below the durably
+        committed manifest's next offset (``retention.local_segments_to_free``)."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
 
         # A sealed segment never changes once all its chunks are committed: its newest
