@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.faults.object_store import FaultyObjectStore
 from tests.plugins.seaweed import SeaweedServer, start_seaweed
 
 from tierlog.log.config import LogConfig
@@ -42,7 +43,6 @@ from tierlog.read.prefetch import Prefetcher
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.catalog import Catalog
-from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.s3_config import S3Config
 from tierlog.storage.s3_object_store import S3ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.object_store import FaultyObjectStore, InjectedFault
 from tierlog.formats.offload import (
     BLOCK_HEADER_SIZE,
     FORMAT_VERSION_KEY,
@@ -33,7 +34,6 @@ from tierlog.offload.errors import (
 )
 from tierlog.offload.keys import segments_prefix
 from tierlog.offload.offloader import ObjectStoreOffloader
-from tierlog.storage.faults import FaultyObjectStore, InjectedFault
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.faults.object_store import FaultyObjectStore
 from tierlog.formats.chunk import SubBatch
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
@@ -35,7 +36,6 @@ from tierlog.read.tiered_reader import TieredReader, _aligned_spans
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
 from tierlog.remote.errors import OffsetOvertakenError
-from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
