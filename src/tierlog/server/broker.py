@@ -81,10 +81,6 @@ def no_lag(record: StreamRecord) -> int:
     return 0
 
 
-class StreamUnavailableError(TierlogError):
-    """The stream is closed or being deleted."""
-
-
 if TYPE_CHECKING:
     from tierlog.server.tiered_source import TieredChunkSource
 

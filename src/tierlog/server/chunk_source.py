@@ -20,26 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from tierlog.errors import TierlogError
 from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogSource
 from tierlog.remote.errors import OffsetOvertakenError
-
-
-class SourceClosedError(TierlogError):
-    """The stream behind a cursor was closed or deleted."""
-
-
-class UnreadableDataError(TierlogError):
-    """The data at the cursor's position does not validate (a CRC mismatch in a local chunk
-    or a remote fragment) or vanished; it is never served and never skipped: the
-    subscription ends and the consumer is told. ``kind`` names the tier ("local",
-    "remote")."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+from tierlog.server.errors import SourceClosedError
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,8 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.remote.errors import OffsetOvertakenError
-from tierlog.server.chunk_source import (
-    ChunkCursor,
-    ChunkSource,
-    DeliverableChunk,
-    SourceClosedError,
-    UnreadableDataError,
-)
+from tierlog.server.chunk_source import ChunkCursor, ChunkSource, DeliverableChunk
+from tierlog.server.errors import SourceClosedError, UnreadableDataError
 
 log = get_logger("tierlog.server.subscriptions")
 

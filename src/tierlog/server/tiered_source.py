@@ -31,9 +31,8 @@ from tierlog.server.chunk_source import (
     DeliverableChunk,
     LocalChunkCursor,
     LocalChunkSource,
-    SourceClosedError,
-    UnreadableDataError,
 )
+from tierlog.server.errors import SourceClosedError, UnreadableDataError
 from tierlog.tiering.tierer import StreamTierer
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
