@@ -60,3 +60,19 @@ class OffsetOvertakenError(OffsetOutOfRangeError):
 
 class OffsetBeyondEndError(OffsetOutOfRangeError):
     """The offset is at or past the next offset: not in the remote tier (yet)."""
+
+
+class CorruptPointerError(TierlogError):
+    """A stream's manifest pointer in the MetaStore does not decode; rebuild it from the
+    root objects in the store (``tierlog recover-pointers``)."""
+
+
+class StreamExistsError(TierlogError):
+    """A stream of that name already exists in the vhost."""
+
+
+class StreamNotFoundError(TierlogError, KeyError):
+    """No live stream of that name in the vhost."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "stream not found"

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
+from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes

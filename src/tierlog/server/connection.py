@@ -77,7 +77,7 @@ from tierlog.formats.protocol.publish import (
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
+from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk

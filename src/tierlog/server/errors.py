@@ -18,10 +18,6 @@ class StoreUnavailableError(StartupError):
     """The data directory, object store or MetaStore could not be opened or reached."""
 
 
-class StreamUnavailableError(TierlogError):
-    """The stream is closed or being deleted."""
-
-
 class DataDirLockedError(ConfigError):
     """Another process holds the data directory."""
 

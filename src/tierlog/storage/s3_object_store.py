@@ -30,6 +30,7 @@ from tierlog.errors import ConfigError
 from tierlog.storage.errors import (
     AlreadyExistsError,
     InvalidKeyError,
+    InvalidRangeError,
     NotFoundError,
     PermanentError,
     PreconditionFailedError,
@@ -41,7 +42,6 @@ from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
     MIN_PART_SIZE,
     Buffer,
-    InvalidRangeError,
     MultipartUpload,
     ObjectMeta,
     ObjectStore,

@@ -27,17 +27,13 @@ from tierlog.storage.errors import (
     TransientError,
 )
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import DeposedError, TieringError
+from tierlog.tiering.errors import CommitRetryError, DeposedError
 
 log = get_logger(__name__)
 
 
 def _ignore(seconds: float) -> None:
     pass
-
-
-class CommitRetryError(TieringError):
-    """The commit did not happen but may be retried (transient error, lost race)."""
 
 
 class ManifestCommitter:

@@ -42,9 +42,14 @@ from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import BackPressure
-from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
+from tierlog.tiering.committer import ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import FragmentConflictError, TieringError
+from tierlog.tiering.errors import (
+    CommitRetryError,
+    FragmentConflictError,
+    LocalChunkCorruptError,
+    TieringError,
+)
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.rate_limit import RateLimiter
 from tierlog.tiering.resolution import (
@@ -117,11 +122,6 @@ def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFrag
         return remote.read_fragment(first_offset)
     except CorruptFragmentError as exc:
         raise FragmentConflictError(f"fragment {first_offset} is corrupt: {exc}") from exc
-
-
-class LocalChunkCorruptError(FragmentConflictError):
-    """A chunk cut into a fragment fails its CRC check: the fragment is not uploaded and
-    tiering of the stream halts (alarm) instead of making bit rot the remote copy."""
 
 
 class StreamTierer:
