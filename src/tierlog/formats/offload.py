@@ -68,9 +68,11 @@ import numpy as np
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import (
     BadMagicError,
+    BadPaddingError,
     CrcMismatchError,
     FormatError,
     InvalidSizeError,
+    LayoutMismatchError,
     TruncatedError,
     UnsupportedError,
 )
@@ -113,14 +115,6 @@ assert _ENTRY_HEADER.size == ENTRY_HEADER_SIZE
 assert _OFFLOAD_INDEX_HEADER.size == OFFLOAD_INDEX_HEADER_SIZE
 assert _MAPPING.size == MAPPING_SIZE
 assert _METADATA_HEADER.size == METADATA_HEADER_SIZE
-
-
-class BadPaddingError(FormatError):
-    """Bytes that must be padding (header zeros or the FEDCDEAD pattern) are something else."""
-
-
-class LayoutMismatchError(FormatError):
-    """The index's block mappings or lengths disagree with the layout its records imply."""
 
 
 # -- block layout ---------------------------------------------------------------------------
