@@ -1,8 +1,12 @@
-"""Typed errors of the Spark data source (``tierlog.spark``)."""
+"""Typed errors of ``tierlog.spark``: the data source, the stream client, the writer and the
+maintenance jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tierlog.errors import TierlogError
+from tierlog.formats.protocol.constants import ResponseCode
 
 
 class SparkSourceError(TierlogError):
@@ -24,3 +28,38 @@ class OffsetExpiredError(SparkSourceError):
 
 class StreamUnavailableError(SparkSourceError):
     """A stream named in the options does not exist (or was deleted while reading)."""
+
+
+class StreamClientError(TierlogError):
+    """The server refused a request or the connection failed."""
+
+
+class ResponseError(StreamClientError):
+    """A request answered with a response code other than OK."""
+
+    def __init__(self, what: str, code: int) -> None:
+        try:
+            name = ResponseCode(code).name
+        except ValueError:
+            name = f"code {code:#x}"
+        super().__init__(f"{what}: {name}")
+        self.code = code
+
+
+class PublishFailedError(StreamClientError):
+    """The server answered some publishing ids with PublishError."""
+
+    def __init__(self, errors: Sequence[tuple[int, int]]) -> None:
+        first_id, code = errors[0]
+        super().__init__(
+            f"{len(errors)} messages not stored (first: publishing id {first_id}, code {code:#x})"
+        )
+        self.errors = list(errors)
+
+
+class WriterError(TierlogError):
+    """The writer cannot publish this DataFrame (bad options or schema)."""
+
+
+class JobError(TierlogError):
+    """A maintenance job cannot run (bad arguments, unreachable stores)."""

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tierlog.errors import TierlogError
 from tierlog.formats.errors import FormatError
 from tierlog.formats.manifest import KIND_ROOT, decode_node
 from tierlog.remote import keys
@@ -34,10 +33,6 @@ _S3_CREDENTIALS = (
     ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
     ("session_token", "AWS_SESSION_TOKEN"),
 )
-
-
-class JobError(TierlogError):
-    """A maintenance job cannot run (bad arguments, unreachable stores)."""
 
 
 @dataclass(frozen=True)
