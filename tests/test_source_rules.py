@@ -4,10 +4,14 @@ A reference to a file outside the repository (a design note, a spec seed, a shar
 directory) or to an issue number means nothing to a reader of the code, and goes stale
 when the outside file moves. Where a pointer helps, it names a page under ``docs/``,
 and that page must exist.
+
+Each package declares the errors it raises in its own ``errors.py``, so a caller finds
+every error a package can raise in one place.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -80,3 +84,23 @@ def test_docs_pages_named_in_sources_exist() -> None:
         if not (ROOT / "docs" / name).is_file()
     ]
     assert not missing, "docs pages that do not exist:\n" + "\n".join(missing)
+
+
+def _error_classes_outside_errors_modules(path: Path) -> list[str]:
+    """Exception classes (named ``...Error``, based on an error) not in an ``errors.py``."""
+    if path.name == "errors.py":
+        return []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef) or not node.name.endswith("Error"):
+            continue
+        bases = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+        if any(b.endswith(("Error", "Exception")) for b in bases):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_every_error_class_lives_in_its_packages_errors_module() -> None:
+    stray = [hit for path in _sources() for hit in _error_classes_outside_errors_modules(path)]
+    assert not stray, "error classes outside errors.py:\n" + "\n".join(stray)
