@@ -44,16 +44,17 @@ class OffsetOutOfRangeError(ManifestTreeError, LookupError):
 class OffsetOvertakenError(OffsetOutOfRangeError):
     """The offset is below the stream's first offset: retention removed it; never skipped
     silently. The one type for this in every tier (manifest lookups, the cross-tier reader,
-    the server's cursors).
+    the server's cursors, the Spark streaming source, which adds how to go on).
 
     ``first_available`` is the stream's first offset now: re-attach there (or wherever the
     application decides) to go on.
     """
 
-    def __init__(self, position: int, first_available: int) -> None:
-        super().__init__(
+    def __init__(self, position: int, first_available: int, message: str = "") -> None:
+        default = (
             f"offset {position} was removed by retention; the first available is {first_available}"
         )
+        super().__init__(message or default)
         self.position = position
         self.first_available = first_available
 

@@ -14,7 +14,7 @@ always advances). ``Trigger.AvailableNow`` is supported: the heads at its start 
 target, later data waits for the next run.
 
 Retention may remove a position before a micro-batch reads it: with ``onExpired=fail``
-planning raises ``OffsetExpiredError``; with ``skip`` the batch starts at the first offset
+planning raises ``OffsetOvertakenError``; with ``skip`` the batch starts at the first offset
 still held.
 """
 
@@ -32,12 +32,13 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark import connections
 from tierlog.spark.batch import TaskPartition, read_partition
-from tierlog.spark.errors import OffsetExpiredError, StreamUnavailableError
+from tierlog.spark.errors import StreamUnavailableError
 from tierlog.spark.options import SourceOptions, StreamName
 from tierlog.spark.planning import (
     coalesce,
@@ -137,7 +138,13 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tree = self._tree(stream)
             if lo < tree.first_offset:
                 if self.options.on_expired != "skip":
-                    raise OffsetExpiredError(name, lo, tree.first_offset)
+                    raise OffsetOvertakenError(
+                        lo,
+                        tree.first_offset,
+                        f"stream {name!r}: offset {lo} was removed by retention; the first "
+                        f"available offset is {tree.first_offset} (read with onExpired=skip "
+                        "to go on there)",
+                    )
                 lo = tree.first_offset
                 if hi <= lo:
                     continue
