@@ -46,7 +46,7 @@ store = memoryview(c.StoreOffsetRequest("consumer-1", "orders", 12345).encode())
 declare = memoryview(c.DeclarePublisherRequest(3, 1, "producer-1", "orders").encode())[4:]
 metadata = c.MetadataResponse(
     9,
-    [c.Broker(0, "localhost", 5552)],
+    [c.BrokerAddress(0, "localhost", 5552)],
     [c.StreamMetadata("orders", 1, 0, ()), c.StreamMetadata("gone", 2, 0xFFFF, ())],
 )
 metadata_wire = memoryview(metadata.encode())[4:]
