@@ -109,3 +109,11 @@ class SegmentHeaderError(MsgStoreFormatError, BadMagicError):
 
 class V1RecordError(MsgStoreFormatError):
     """Bytes at a v1 (``.rdq``) position are not a complete record with its 255 trailer."""
+
+
+class AuthenticationError(FormatError):
+    """A sealed frame or wrapped key does not authenticate: tampered, moved or wrong key."""
+
+
+class UnknownKeyError(UnsupportedError):
+    """The object was sealed under a key-encryption key that is not configured."""

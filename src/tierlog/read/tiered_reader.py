@@ -30,6 +30,7 @@ from tierlog.formats.crc import crc32
 from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
+from tierlog.formats.fragment_v2 import stored_sizes
 from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead, LogReader, LogSource
@@ -144,6 +145,8 @@ class _RemoteCursor:
             raise RemoteDataCorruptError(f"{self.key}: no chunk starts at {chunk_id}")
         self._i = i
         self._request_bytes = prefetcher.config.request_bytes
+        self._prefetcher = prefetcher
+        self._spans_stopped_at: int | None = None  # read-ahead stopped before this fragment
         self._stream: RangeStream = prefetcher.open(manifest.store, self._spans(self._loc, i))
 
     def _enter(self, loc: FragmentLocation) -> None:
@@ -151,8 +154,11 @@ class _RemoteCursor:
         records = index.records
         self._loc = loc
         self.key = loc.key
+        self._data_end = index.trailer.index_start
+        self._decoder = self._manifest.frame_decoder(loc, index)  # None: frames are chunks
         self._ids: list[int] = records["chunk_id"].astype(np.int64).tolist()
         self._sizes: list[int] = records["size"].astype(np.int64).tolist()
+        self._stored: list[int] = stored_sizes(index).astype(np.int64).tolist()
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
         self._i = 0
 
@@ -161,20 +167,20 @@ class _RemoteCursor:
         boundaries into spans of at most one request (so no chunk straddles two requests and
         every chunk is served as a slice of one buffer, without a copy)."""
         step = self._request_bytes
-        data_end = FRAGMENT_HEADER_SIZE + first.entry.data_size
-        yield from _aligned_spans(first.key, self._positions[i:], data_end, step)
+        yield from _aligned_spans(first.key, self._positions[i:], self._data_end, step)
         loc = first
         while loc.next_offset < self._until:
             loc = self._manifest.locate_offset(self._tree, loc.next_offset)
-            data_end = FRAGMENT_HEADER_SIZE + loc.entry.data_size
             try:
                 index = self._manifest.fragment_index(loc)  # cached: ``_enter`` reuses it
             except TierlogError:
-                # Read ahead unaligned; the error surfaces when the reader gets there.
-                yield loc.key, FRAGMENT_HEADER_SIZE, data_end
-                continue
+                # Where its frames end is unknown: stop reading ahead here. The reader loads
+                # the index again when it gets there (the error surfaces then, or it was
+                # transient) and opens a new stream from that fragment.
+                self._spans_stopped_at = loc.entry.first_offset
+                return
             positions: list[int] = index.records["position"].astype(np.int64).tolist()
-            yield from _aligned_spans(loc.key, positions, data_end, step)
+            yield from _aligned_spans(loc.key, positions, index.trailer.index_start, step)
 
     @property
     def stream(self) -> RangeStream:
@@ -187,13 +193,21 @@ class _RemoteCursor:
             if nxt >= self._until or nxt >= self._tree.next_offset:
                 return None
             self._enter(self._manifest.locate_offset(self._tree, nxt))
+            if self._spans_stopped_at == self._loc.entry.first_offset:
+                self._stream.close()
+                self._spans_stopped_at = None
+                self._stream = self._prefetcher.open(
+                    self._manifest.store, self._spans(self._loc, 0)
+                )
         i = self._i
         chunk_id = self._ids[i]
         if chunk_id >= self._until:
             return None
         size = self._sizes[i]
-        raw = self._stream.read(size)
+        raw = self._stream.read(self._stored[i])
         try:
+            if self._decoder is not None:
+                raw = memoryview(self._decoder.decode(i, raw))
             header = decode_header(raw)
             if header.chunk_id != chunk_id or header.total_size != size:
                 raise RemoteDataCorruptError(

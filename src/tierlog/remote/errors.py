@@ -77,3 +77,7 @@ class StreamNotFoundError(TierlogError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "stream not found"
+
+
+class MissingDictionaryError(CorruptFragmentError):
+    """A fragment names a dictionary that is not in the object store."""

@@ -10,6 +10,9 @@ from tierlog.errors import ConfigError
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
+SYNC_MODES = ("fsync", "os")
+COMPRESSIONS = ("none", "zstd")
+ENCRYPTIONS = ("none", "aes-256-gcm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +21,14 @@ class StreamSettings:
 
     ``max_bytes`` / ``max_age_seconds`` are the whole stream's retention (both tiers);
     ``local_max_bytes`` / ``local_max_age_seconds`` only bound the local tier, which
-    may never free data that is not yet durable remotely.
+    may never free data that is not yet durable remotely. ``sync`` is the stream's
+    confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
+    follows the server.
+
+    ``compression`` / ``compression_level`` / ``dictionary`` / ``encryption`` choose how
+    fragments are stored from now on: any of them set makes the tierer write fragment
+    format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
+    fragments already written keep their format and stay readable.
     """
 
     max_bytes: int | None = None
@@ -35,6 +45,16 @@ class StreamSettings:
     max_lag_bytes: int = 1 << 30
     read_strategy: str = "NOT_IN_DISK"
     manifest_fanout: int = 1024
+    sync: str | None = None
+    compression: str = "none"
+    compression_level: int = 3
+    dictionary: bool = False
+    encryption: str = "none"
+
+    @property
+    def cold_coding(self) -> bool:
+        """Whether fragments are written in format v2 (compressed and/or encrypted)."""
+        return self.compression != "none" or self.encryption != "none"
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "local_max_bytes"):
@@ -55,6 +75,8 @@ class StreamSettings:
             raise ConfigError(
                 f"read_strategy must be one of {READ_STRATEGIES}, got {self.read_strategy!r}"
             )
+        if self.sync is not None and self.sync not in SYNC_MODES:
+            raise ConfigError(f"sync must be one of {SYNC_MODES} or unset, got {self.sync!r}")
         if self.max_segment_bytes < 4096 or self.max_segment_chunks < 1:
             raise ConfigError("max_segment_bytes must be >= 4096 and max_segment_chunks >= 1")
         if self.manifest_fanout < 2:
@@ -65,6 +87,18 @@ class StreamSettings:
             raise ConfigError("max_fragment_age_seconds must be > 0 and debounce_seconds >= 0")
         if self.debounce_count < 1:
             raise ConfigError("debounce_count must be >= 1")
+        if self.compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"compression must be one of {COMPRESSIONS}, got {self.compression!r}"
+            )
+        if not isinstance(self.compression_level, int) or not 1 <= self.compression_level <= 22:
+            raise ConfigError(f"compression_level must be 1..22, got {self.compression_level!r}")
+        if not isinstance(self.dictionary, bool):
+            raise ConfigError(f"dictionary must be true or false, got {self.dictionary!r}")
+        if self.dictionary and self.compression != "zstd":
+            raise ConfigError("dictionary needs compression zstd")
+        if self.encryption not in ENCRYPTIONS:
+            raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,7 +18,7 @@ from typing import Any
 
 from tierlog.errors import ConfigError
 from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
-from tierlog.log.config import LogConfig
+from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 
@@ -52,6 +52,12 @@ class ServerSection:
     """When set, the bound ports are written there as JSON once the server listens."""
     log_format: str = "kv"
     log_level: str = "INFO"
+    writer_threads: int = 4
+    """Threads that write every stream's log (each stream's writes stay in order)."""
+    open_concurrency: int = 16
+    """Streams opened (recovered and resolved) at once after a restart."""
+    max_open_segments: int = 4096
+    """Active segments whose files stay open (two files each; least recently used close)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +84,13 @@ class StorageSection:
 
 @dataclass(frozen=True, slots=True)
 class LogSection:
-    """Local log limits and group commit (every group is fsynced before it is confirmed).
+    """Local log limits, group commit and the sync mode.
+
+    ``sync``: when a group of Publish frames is confirmed. ``"fsync"`` (default): after
+    an fdatasync of the stream's segment. ``"os"``: once the writes have reached the
+    operating system, without waiting for the disk, as RabbitMQ streams and Kafka do
+    by default (a power loss can lose confirmed messages not yet tiered; see
+    docs/reliability.md). A stream's ``x-tierlog-sync`` argument overrides it.
 
     ``max_chunk_bytes`` 0 means: as large as fits one Deliver frame of the server's
     ``frame_max`` (clients negotiate at most that), so a group commit of many Publish
@@ -88,11 +100,17 @@ class LogSection:
     max_chunk_bytes: int = 0
     group_commit_max_frames: int = 256
     epoch: int = 1
+    sync: str = "fsync"
 
     def log_config(
-        self, max_segment_bytes: int, max_segment_chunks: int, frame_max: int
+        self,
+        max_segment_bytes: int,
+        max_segment_chunks: int,
+        frame_max: int,
+        sync: str | None = None,
     ) -> LogConfig:
-        """The LogConfig of a stream: fsync is driven by the broker (one per group)."""
+        """The LogConfig of a stream: fsync is driven by the broker (one per group);
+        ``sync`` is the stream's own sync mode (None: the server's)."""
         chunk = self.max_chunk_bytes or frame_max - DELIVER_OVERHEAD
         return LogConfig(
             max_segment_bytes=max_segment_bytes,
@@ -100,8 +118,17 @@ class LogSection:
             max_chunk_bytes=chunk,
             max_record_bytes=chunk - SUB_BATCH_HEADER_SIZE,
             fsync="never",
+            sync=_sync_mode(sync or self.sync),
             epoch=self.epoch,
         )
+
+
+def _sync_mode(value: str) -> SyncMode:
+    if value == "fsync":
+        return "fsync"
+    if value == "os":
+        return "os"
+    raise ConfigError(f"log.sync must be 'fsync' or 'os', got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,10 +245,18 @@ class TierSection:
     epoch: int = 1  # this node's writer epoch (until leases exist)
     max_uploads: int = 4
     upload_bytes_per_second: int = 0  # 0: unlimited
+    read_bytes_per_second: int = 0  # all remote (cold) reads of the node; 0: unlimited
     delete_grace_seconds: float = 600.0
     retention_interval_seconds: float = 10.0
     local_retention_interval_seconds: float = 5.0
     min_free_disk_bytes: int = 0
+    event_threads: int = 2
+    """Threads running every stream's tiering state machine."""
+    upload_threads: int = 8
+    """Threads uploading fragments and committing manifests for every stream (a stream
+    has at most ``max_uploads`` uploads in flight)."""
+    resolution_reads: int = 8
+    """Threads reading fragment trailers while streams resolve (shared)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,11 +289,23 @@ class ServerConfig:
             )
         if self.log.group_commit_max_frames < 1:
             raise ConfigError("log.group_commit_max_frames must be >= 1")
+        for section, name, value, low, high in (
+            ("server", "writer_threads", s.writer_threads, 1, 256),
+            ("server", "open_concurrency", s.open_concurrency, 1, 1024),
+            ("server", "max_open_segments", s.max_open_segments, 16, 1 << 20),
+            ("tier", "event_threads", self.tier.event_threads, 1, 256),
+            ("tier", "upload_threads", self.tier.upload_threads, 1, 256),
+            ("tier", "resolution_reads", self.tier.resolution_reads, 1, 256),
+        ):
+            if not low <= value <= high:
+                raise ConfigError(f"{section}.{name} must be {low}..{high}, got {value}")
         self.log.log_config(500_000_000, 256_000, s.frame_max)  # validates chunk limits
         self.auth.validate()
         self.tls.validate()
         self.limits.validate()
         t = self.tier
+        if t.read_bytes_per_second < 0:
+            raise ConfigError("tier.read_bytes_per_second must be >= 0 (0: unlimited)")
         if t.epoch < 1 or t.max_uploads < 1 or t.upload_bytes_per_second < 0:
             raise ConfigError("tier.epoch and tier.max_uploads must be >= 1, rates >= 0")
         for name in (

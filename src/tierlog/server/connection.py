@@ -79,7 +79,7 @@ from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
-from tierlog.server.broker import Broker, StreamHandle
+from tierlog.server.broker import OPENING, Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
 from tierlog.server.limits import Gatekeeper
@@ -91,7 +91,10 @@ from tierlog.server.subscriptions import (
 
 log = get_logger("tierlog.server.connection")
 
-WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+WRITE_BUFFER_HIGH = 1024 * 1024
+"""A connection's output buffer above which Deliver waits (the per-consumer buffer cap,
+plus the one chunk being written): the kernel's socket buffer keeps the link busy
+meanwhile, and a remote chunk's pieces pin their fragment block until written."""
 NO_LEADER = 0xFFFF
 SERVER_PROPERTIES = {"product": "tierlog", "platform": "Python", "copyright": "tierlog authors"}
 _HANDSHAKE_COMMANDS = (
@@ -534,16 +537,25 @@ class Connection(asyncio.Protocol):
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
+    def _missing(self, stream: str) -> ResponseCode:
+        """The code for a stream that is not open: retriable while it is being resolved
+        (or failed to open) after a restart, else it does not exist."""
+        if self.broker.not_available_yet(self.vhost, stream):
+            return ResponseCode.STREAM_NOT_AVAILABLE
+        return ResponseCode.STREAM_DOES_NOT_EXIST
+
     def _on_metadata(self, cmd: MetadataRequest) -> None:
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
-            if self.broker.get(self.vhost, name) is not None:
-                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
+            handle = self.broker.get(self.vhost, name)
+            if handle is None:
+                streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
+            elif handle.unavailable == OPENING:  # its first resolution runs
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+                streams.append(StreamMetadata(name, code, NO_LEADER, ()))
             else:
-                streams.append(
-                    StreamMetadata(name, ResponseCode.STREAM_DOES_NOT_EXIST, NO_LEADER, ())
-                )
+                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
         self.send(
             MetadataResponse(cmd.correlation_id, [BrokerAddress(0, host, port)], streams).encode()
         )
@@ -552,7 +564,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
-            code = ResponseCode.STREAM_DOES_NOT_EXIST if handle is None else refused
+            code = self._missing(cmd.stream) if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
         stats = {
@@ -580,8 +592,10 @@ class Connection(asyncio.Protocol):
 
     def _on_declare_publisher(self, cmd: DeclarePublisherRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
-        if handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        if handle is None or handle.unavailable == OPENING:
+            code = (
+                self._missing(cmd.stream) if handle is None else ResponseCode.STREAM_NOT_AVAILABLE
+            )
         elif not self._permitted("write", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif cmd.publisher_id in self.publishers:
@@ -610,7 +624,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None:
             response = QueryPublisherSequenceResponse(
-                cmd.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0
+                cmd.correlation_id, self._missing(cmd.stream), 0
             )
         elif not self.gate.auth.allowed(
             self.user, self.vhost, "write", cmd.stream
@@ -689,7 +703,9 @@ class Connection(asyncio.Protocol):
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
         elif handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+            code = self._missing(cmd.stream)
+        elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
+            code = ResponseCode.STREAM_NOT_AVAILABLE
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
@@ -752,7 +768,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         corr = cmd.correlation_id
         if handle is None:
-            response = QueryOffsetResponse(corr, ResponseCode.STREAM_DOES_NOT_EXIST, 0)
+            response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
         elif not self._permitted("read", cmd.stream):
             response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
         else:
@@ -768,6 +784,11 @@ class Connection(asyncio.Protocol):
 
     # ----------------------------------------------------------------- DeliverySink
 
+    def unsent_bytes(self) -> int:
+        """Bytes written to the transport and not yet accepted by the socket."""
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
     async def deliver(self, subscription_id: int, chunk: DeliverableChunk) -> None:
         transport = self.transport
         if transport is None or self.state == "closed":
@@ -778,7 +799,9 @@ class Connection(asyncio.Protocol):
                 raise asyncio.CancelledError
         prefix = deliver_prefix(subscription_id, chunk.wire_size)
         if chunk.parts is not None:
-            transport.write(b"".join((prefix, *chunk.parts)))
+            # Scatter-gather: the pieces (views into a fragment buffer for remote
+            # chunks) go to the socket as they are, never joined into a copy.
+            transport.writelines((prefix, *chunk.parts))
             return
         assert chunk.file is not None
         transport.write(prefix)

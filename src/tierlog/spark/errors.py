@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from tierlog.errors import TierlogError
 from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.server.errors import StoreUnavailableError
 
 
 class SparkSourceError(TierlogError):
@@ -50,3 +51,7 @@ class WriterError(TierlogError):
 
 class JobError(TierlogError):
     """A maintenance job cannot run (bad arguments, unreachable stores)."""
+
+
+class StoreMissingError(StoreUnavailableError):
+    """A store named by URI does not exist, or does not hold what it should."""

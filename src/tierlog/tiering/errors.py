@@ -24,3 +24,7 @@ class LocalChunkCorruptError(FragmentConflictError):
 
 class CommitRetryError(TieringError):
     """The commit did not happen but may be retried (transient error, lost race)."""
+
+
+class EncryptionKeyMissingError(TieringError):
+    """The stream is encrypted and this process holds no key-encryption key."""
