@@ -27,7 +27,14 @@ class PreconditionFailedError(StorageError):
 
 
 class TransientError(StorageError):
-    """A failure that may succeed if retried (timeouts, throttling, 5xx)."""
+    """A failure that may succeed if retried (timeouts, throttling, 5xx).
+
+    ``kind`` names what failed (``throttled``, ``server_error``, ``connection``, ``timeout``,
+    ``incomplete_body``, ``io``) for retry warnings and metrics; empty = unknown."""
+
+    def __init__(self, *args: object, kind: str = "") -> None:
+        super().__init__(*args)
+        self.kind = kind
 
 
 class PermanentError(StorageError):
@@ -64,3 +71,7 @@ class InvalidRangeError(StorageError, ValueError):
 
 class InvalidMetadataError(StorageError, ValueError):
     """User metadata that S3 would reject or alter (case, characters, size)."""
+
+
+class StoreStartupTimeoutError(StorageError):
+    """A store stayed unusable, failing transiently, for the whole start-up deadline."""
