@@ -492,6 +492,7 @@ def test_every_offset_and_timestamp_attaches_like_a_local_reader(
 def test_keys_share_the_stream_prefix_of_fragments() -> None:
     from tierlog.offload.keys import data_key, index_key, parse_offload_key, stream_prefix
     from tierlog.storage.errors import InvalidKeyError
+
     try:  # the fragment keys' home moves from tiering/ to remote/
         from tierlog.remote.keys import stream_prefix as fragments_stream_prefix
     except ImportError:
