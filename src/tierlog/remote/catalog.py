@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from tierlog.errors import TierlogError
 from tierlog.log.names import stream_dir_name
+from tierlog.errors import ConfigError
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
@@ -142,6 +143,12 @@ class Catalog:
         """Change settings with a version-checked write (retried on a racing update)."""
         for _ in range(16):
             record = self.require(vhost, name)
+            mode = changes.get("tier_mode", record.settings.tier_mode)
+            if mode != record.settings.tier_mode:
+                raise ConfigError(
+                    f"tier_mode of {name!r} is fixed at creation ({record.settings.tier_mode!r});"
+                    f" it cannot become {mode!r}: create a new stream instead"
+                )
             settings = record.settings.updated(**changes)
             body = {
                 "vhost": vhost,

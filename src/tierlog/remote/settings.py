@@ -9,6 +9,7 @@ from tierlog.errors import ConfigError
 
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
+DEFAULT_OFFLOAD_DELETION_LAG_SECONDS = 4 * 3600.0
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
 
 
@@ -19,6 +20,12 @@ class StreamSettings:
     ``max_bytes`` / ``max_age_seconds`` are the whole stream's retention (both tiers);
     ``local_max_bytes`` / ``local_max_age_seconds`` only bound the local tier, which
     may never free data that is not yet durable remotely.
+
+    ``tier_mode`` is fixed at creation. In ``segments`` mode sealed segments are offloaded
+    whole once the local bytes not offloaded exceed ``offload_threshold_bytes`` or once a
+    segment has been sealed ``offload_threshold_age_seconds`` (each lower than the matching
+    retention limit), in blocks of ``offload_block_size``; a local copy goes
+    ``offload_deletion_lag_seconds`` after its offload was committed.
     """
 
     max_bytes: int | None = None
@@ -35,8 +42,13 @@ class StreamSettings:
     max_lag_bytes: int = 1 << 30
     read_strategy: str = "NOT_IN_DISK"
     manifest_fanout: int = 1024
+    offload_threshold_bytes: int | None = None
+    offload_threshold_age_seconds: float | None = None
+    offload_deletion_lag_seconds: float = DEFAULT_OFFLOAD_DELETION_LAG_SECONDS
+    offload_block_size: int = 64 * MIB
 
     def __post_init__(self) -> None:
+        self._check_offload()
         for name in ("max_bytes", "local_max_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
@@ -65,6 +77,41 @@ class StreamSettings:
             raise ConfigError("max_fragment_age_seconds must be > 0 and debounce_seconds >= 0")
         if self.debounce_count < 1:
             raise ConfigError("debounce_count must be >= 1")
+
+    def _check_offload(self) -> None:
+        """The seed's rule: a threshold is only useful below the retention limit it races."""
+        size, age = self.offload_threshold_bytes, self.offload_threshold_age_seconds
+        if size is not None and (not isinstance(size, int) or size < 0):
+            raise ConfigError(f"offload_threshold_bytes must be an integer >= 0, got {size!r}")
+        if age is not None and age < 0:
+            raise ConfigError(f"offload_threshold_age_seconds must be >= 0, got {age!r}")
+        if size is not None and self.max_bytes is not None and size >= self.max_bytes:
+            raise ConfigError(
+                f"offload_threshold_bytes ({size}) must be lower than the retention limit "
+                f"max_bytes ({self.max_bytes}): data would be deleted before it is offloaded"
+            )
+        if age is not None and self.max_age_seconds is not None and age >= self.max_age_seconds:
+            raise ConfigError(
+                f"offload_threshold_age_seconds ({age}) must be lower than the retention limit "
+                f"max_age_seconds ({self.max_age_seconds}): data would be deleted before it "
+                "is offloaded"
+            )
+        if self.offload_deletion_lag_seconds < 0:
+            raise ConfigError("offload_deletion_lag_seconds must be >= 0")
+        if not 5 * MIB <= self.offload_block_size <= 5 * 1024 * MIB:
+            raise ConfigError(
+                f"offload_block_size must be between 5 MiB and 5 GiB, got {self.offload_block_size}"
+            )
+        if self.tier_mode != "segments" and (
+            size is not None
+            or age is not None
+            or self.offload_deletion_lag_seconds != DEFAULT_OFFLOAD_DELETION_LAG_SECONDS
+            or self.offload_block_size != 64 * MIB
+        ):
+            raise ConfigError(
+                "offload settings apply to tier_mode 'segments' only (this stream tiers "
+                f"in {self.tier_mode!r})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
