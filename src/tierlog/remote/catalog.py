@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from tierlog.errors import TierlogError
+from tierlog.errors import ConfigError, TierlogError
 from tierlog.log.names import stream_dir_name
-from tierlog.errors import ConfigError
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
