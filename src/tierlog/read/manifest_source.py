@@ -93,6 +93,7 @@ class ManifestSource:
             if cached is not None:
                 self._indexes.move_to_end(key)
                 return cached
+        index: FragmentIndex
         try:
             if loc.entry.is_segment:
                 index = read_segment_index(self.store, loc.entry)

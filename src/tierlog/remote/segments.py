@@ -12,6 +12,8 @@ one run of whole entries per block (``entry_runs``).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from tierlog.formats.errors import FormatError
@@ -98,6 +100,6 @@ def entry_runs(index: SegmentChunkIndex, start: int) -> list[tuple[int, int, int
     positions = index.records["position"]
     sizes = index.records["size"]
     out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         out.append((lo, hi, int(positions[hi - 1]) + int(sizes[hi - 1])))
     return out
