@@ -18,7 +18,6 @@ under the stream's segment prefix that no running attempt owns.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import uuid as uuid_module
@@ -55,6 +54,7 @@ from tierlog.formats.segment import (
     check_index_header,
 )
 from tierlog.log.segment_files import SegmentRef, pread_exact, read_file
+from tierlog.logs import get_logger
 from tierlog.offload.attempts import Attempt, AttemptLog
 from tierlog.offload.errors import (
     AttemptExistsError,
@@ -68,7 +68,7 @@ from tierlog.storage.errors import InvalidKeyError, NotFoundError
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import MultipartUpload, ObjectStore
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _IOV_MAX = 1024  # iovecs per preadv (Linux's limit)
 DEFAULT_INDEX_CACHE = 64
@@ -386,7 +386,7 @@ class ObjectStoreOffloader(SegmentOffloader):
             self.store.delete_many([dkey, ikey])
             self.attempts.clear(first, uuid)
         except Exception as exc:  # the attempt record stays: ``recover`` finishes the job
-            log.warning("offload %s of segment %d: cleanup failed (%s)", uuid, first, exc)
+            log.warning("offload_cleanup_failed", attempt=uuid.hex, segment=first, error=repr(exc))
 
     def finish(self, segment: int, attempt_uuid: uuid_module.UUID) -> None:
         """Forget a committed attempt (call once the offload is recorded durably)."""

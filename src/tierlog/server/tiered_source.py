@@ -19,6 +19,7 @@ from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, Read
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import TieredChunk, TieredReader, default_prefetcher
+from tierlog.remote.committed import CommittedManifest
 from tierlog.server.chunk_source import (
     CommitNotifier,
     DeliverableChunk,
@@ -36,7 +37,7 @@ class TieredChunkSource:
     def __init__(
         self,
         log: LogSource,
-        tierer: StreamTierer,
+        tierer: StreamTierer | CommittedManifest,
         notifier: CommitNotifier,
         strategy: Callable[[], str],
     ) -> None:
