@@ -18,7 +18,9 @@ import uuid as uuid_module
 from dataclasses import dataclass
 
 from tierlog.remote.keys import (
+    OFFLOAD_ATTEMPTS_PREFIX,
     SegmentKey,
+    offload_attempts_prefix,
     parse_key,
     segment_data_key,
     segment_index_key,
@@ -27,7 +29,7 @@ from tierlog.remote.keys import (
 )
 from tierlog.storage.errors import InvalidKeyError
 
-ATTEMPTS_PREFIX = "offload-attempts/"
+ATTEMPTS_PREFIX = OFFLOAD_ATTEMPTS_PREFIX
 _MAX_OFFSET = (1 << 64) - 1
 
 data_key = segment_data_key
@@ -68,8 +70,7 @@ def parse_offload_key(key: str, prefix: str, stream_dir: str) -> OffloadKey:
 
 
 def attempts_prefix(stream_dir: str) -> str:
-    stream_prefix("", stream_dir)  # validates the stream dir
-    return f"{ATTEMPTS_PREFIX}{stream_dir}/"
+    return offload_attempts_prefix(stream_dir)
 
 
 def attempt_key(stream_dir: str, first_offset: int, uuid: uuid_module.UUID) -> str:

@@ -138,6 +138,14 @@ def segment_index_key(
     )
 
 
+OFFLOAD_ATTEMPTS_PREFIX = "offload-attempts/"
+
+
+def offload_attempts_prefix(stream_dir: str) -> str:
+    """MetaStore keys of a stream's in-flight segment offloads (stream cleanup drops them)."""
+    return f"{OFFLOAD_ATTEMPTS_PREFIX}{_check_stream_dir(stream_dir)}/"
+
+
 def fragment_key(prefix: str, stream_dir: str, first_offset: int) -> str:
     return f"{data_prefix(prefix, stream_dir)}{_check_offset(first_offset):020d}.fragment"
 
