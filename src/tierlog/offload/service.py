@@ -18,8 +18,9 @@ holds its entry, cleaned up otherwise.
 A local segment is deleted once its offload is committed and ``offload_deletion_lag_seconds``
 has passed since — or earlier when free disk is under the floor (counted in
 ``early_deletions``). Remote retention trims whole segments through the committer, whose
-pending-deletion list removes both objects. The committer and the retention rule come from
-the caller (the server), since the fragment tierer's package is a sibling of this one.
+pending-deletion list removes both objects (``run_deletions``). The committer, the retention
+rule and the pending-deletion list come from the caller (the server), since the fragment
+tierer's package is a sibling of this one.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class SegmentOffloadService:
         *,
         min_free_disk_bytes: int = 0,
         retention_trim: Callable[[ManifestTree], int | None] | None = None,
+        run_deletions: Callable[[], object] | None = None,
         interval: float = 1.0,
         clock: Callable[[], float] = time.time,
         step_hook: Callable[[str], None] = _ignore_step,
@@ -114,6 +116,7 @@ class SegmentOffloadService:
         self.settings = settings
         self.min_free_disk_bytes = min_free_disk_bytes
         self.retention_trim = retention_trim
+        self.run_deletions = run_deletions
         self.interval = interval
         self.clock = clock
         self._step = step_hook
@@ -235,6 +238,8 @@ class SegmentOffloadService:
                     self._state = "success"
         done += self._offload_all(self._due_by_triggers())
         self._apply_remote_retention()
+        if self.run_deletions is not None:
+            self.run_deletions()  # the pending-deletion list: trimmed segments, old roots
         return done
 
     def _candidates(self) -> list[SegmentInfo]:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from tierlog.errors import ConfigError, TierlogError
+from tierlog.errors import TierlogError
 from tierlog.log.names import stream_dir_name
-from tierlog.remote.settings import StreamSettings
+from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
 
@@ -142,12 +142,7 @@ class Catalog:
         """Change settings with a version-checked write (retried on a racing update)."""
         for _ in range(16):
             record = self.require(vhost, name)
-            mode = changes.get("tier_mode", record.settings.tier_mode)
-            if mode != record.settings.tier_mode:
-                raise ConfigError(
-                    f"tier_mode of {name!r} is fixed at creation ({record.settings.tier_mode!r});"
-                    f" it cannot become {mode!r}: create a new stream instead"
-                )
+            check_tier_mode_unchanged(record.settings, changes)
             settings = record.settings.updated(**changes)
             body = {
                 "vhost": vhost,

@@ -126,3 +126,14 @@ class StreamSettings:
 
     def updated(self, **changes: Any) -> StreamSettings:
         return self.from_dict({**self.to_dict(), **changes})
+
+
+def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) -> None:
+    """ConfigError when ``changes`` would change the tier mode: it is fixed at creation
+    (the remote tier of a stream holds fragments or whole segments, never both)."""
+    mode = changes.get("tier_mode", current.tier_mode)
+    if mode != current.tier_mode:
+        raise ConfigError(
+            f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
+            f"{mode!r}: create a new stream instead"
+        )

@@ -31,7 +31,7 @@ from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
 from tierlog.offload.service import OffloadRunningError, SegmentOffloadService
 from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
-from tierlog.remote.settings import StreamSettings
+from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
@@ -137,6 +137,7 @@ def build_admin_app(
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
         try:
             changes = _changes(data)
+            check_tier_mode_unchanged(current.record.settings, changes)
             _check_log_limits(broker, current.record.settings.updated(**changes))
             broker.update_settings(vhost, name, changes)
         except (ConfigError, TypeError) as exc:

@@ -179,6 +179,7 @@ class TieringService:
             lambda: handle.record.settings,
             min_free_disk_bytes=self.tier.min_free_disk_bytes,
             retention_trim=trim,
+            run_deletions=lambda: self.deletions.run_due(self.store),
             interval=max(0.05, min(1.0, self.tier.retention_interval_seconds)),
         )
         loop = asyncio.get_running_loop()
