@@ -27,10 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import pyarrow as pa
 
 from tierlog.formats.amqp import Symbol, decode_message, encode_message, looks_like_message
-from tierlog.formats.arrow_batch import (
-    fragment_to_record_batch,
-    record_batch_schema,
-)
 from tierlog.formats.chunk import (
     HEADER_SIZE,
     Entry,
@@ -47,6 +43,10 @@ from tierlog.formats.fragment import (
     decode_index,
     decode_trailer,
     encode_fragment,
+)
+from tierlog.spark.arrow_batch import (
+    fragment_to_record_batch,
+    record_batch_schema,
 )
 
 

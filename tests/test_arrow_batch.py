@@ -24,14 +24,6 @@ from tierlog.formats.amqp import (
     encode_message,
     encode_value,
 )
-from tierlog.formats.arrow_batch import (
-    APPLICATION_PROPERTIES_TYPE,
-    PROPERTIES_TYPE,
-    chunks_to_record_batch,
-    fragment_to_record_batch,
-    record_batch_schema,
-    stringify_value,
-)
 from tierlog.formats.chunk import Entry, SubBatch, encode_chunk, encode_records
 from tierlog.formats.compression import Compression, compress
 from tierlog.formats.errors import (
@@ -43,6 +35,14 @@ from tierlog.formats.errors import (
     UnsupportedError,
 )
 from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, encode_fragment
+from tierlog.spark.arrow_batch import (
+    APPLICATION_PROPERTIES_TYPE,
+    PROPERTIES_TYPE,
+    chunks_to_record_batch,
+    fragment_to_record_batch,
+    record_batch_schema,
+    stringify_value,
+)
 
 # ---------------------------------------------------------------- reference decoder
 

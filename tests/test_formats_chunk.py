@@ -5,23 +5,30 @@ from __future__ import annotations
 import struct
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tierlog.formats.chunk import (
+    DATA_LENGTH_POS,
+    HEADER_DTYPE,
     HEADER_SIZE,
+    SECTION_SIZES,
+    ChunkHeader,
     ChunkType,
     SubBatch,
     check_entries,
     decode_chunk,
     decode_header,
+    decode_sub_batch_entry,
     encode_chunk,
     encode_entries,
     iter_entries,
     iter_records,
     make_header,
     single_entry_body,
+    sub_batch_entry,
 )
 from tierlog.formats.compression import Compression, compress, decompress
 from tierlog.formats.errors import (
@@ -221,3 +228,51 @@ def test_compression_errors() -> None:
         decompress(Compression.LZ4, b"not lz4", 10)
     with pytest.raises(FormatError):
         decompress(Compression.SNAPPY, b"\xffnot snappy", 10)
+
+
+# ---------------------------------------------------------------- one declaration, two views
+
+
+@given(
+    st.tuples(
+        st.integers(0, 2),
+        st.integers(0, 0xFFFF),
+        st.integers(0, 0xFFFFFFFF),
+        st.integers(-(2**63), 2**63 - 1),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 2**64 - 1),
+        st.integers(0, 0xFFFFFFFF),
+        st.integers(0, 0xFFFFFFFF),
+        st.integers(0, 0xFFFFFFFF),
+        st.integers(0, 255),
+    )
+)
+def test_header_struct_and_dtype_read_the_same_fields(fields: tuple[int, ...]) -> None:
+    header = ChunkHeader(*fields)
+    raw = header.encode()
+    row = np.frombuffer(raw, dtype=HEADER_DTYPE)[0]
+    assert int(row["magic"]) == 0x50
+    for name in ChunkHeader.__slots__:
+        dtype_name = "crc" if name == "data_crc" else name
+        assert int(row[dtype_name]) == getattr(header, name), name
+    assert SECTION_SIZES.unpack_from(raw, DATA_LENGTH_POS) == (
+        header.data_length,
+        header.trailer_length,
+        header.bloom_size,
+    )
+
+
+@given(st.integers(0, 4), st.lists(st.binary(max_size=20), min_size=1, max_size=5))
+def test_sub_batch_entry_round_trip(compression: int, records: list[bytes]) -> None:
+    body = encode_entries(list(records))[0]
+    entry = sub_batch_entry(body, len(records), len(body), compression)
+    assert entry[0] == 0x80 | compression << 4
+    assert decode_sub_batch_entry(entry) == SubBatch(compression, len(records), len(body), body)
+    with pytest.raises(InvalidSizeError):
+        decode_sub_batch_entry(entry + b"x")
+    with pytest.raises(TruncatedError):
+        decode_sub_batch_entry(entry[:10])
+    with pytest.raises(FormatError):
+        decode_sub_batch_entry(b"\x00" + entry[1:])
+    with pytest.raises(UnsupportedError):
+        sub_batch_entry(body, len(records), len(body), 5)

@@ -302,14 +302,17 @@ def test_publish_frame_matches_the_codec(bodies: list[bytes], first_id: int) -> 
     """The numpy-built Publish frame is byte for byte the codec's, and decodes back."""
     import numpy as np
 
-    from tierlog.formats.protocol.publish import decode_publish, encode_publish
-    from tierlog.spark.client import encode_publish_binary
+    from tierlog.formats.protocol.publish import (
+        decode_publish,
+        encode_publish,
+        encode_publish_columns,
+    )
 
     offsets = np.zeros(len(bodies) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(b) for b in bodies])
     data = np.frombuffer(b"".join(bodies), dtype=np.uint8)
     ids = np.arange(first_id, first_id + len(bodies), dtype=np.uint64)
-    frame = encode_publish_binary(7, ids, offsets, data)
+    frame = encode_publish_columns(7, ids, offsets, data)
     assert frame == encode_publish(7, [(first_id + i, b) for i, b in enumerate(bodies)])
     if bodies:
         batch = decode_publish(memoryview(frame)[4:])

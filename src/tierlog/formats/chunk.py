@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+import numpy as np
+
 from tierlog.formats.compression import decompress
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import (
@@ -31,23 +33,60 @@ from tierlog.formats.errors import (
     FormatError,
     InvalidSizeError,
     TruncatedError,
+    UnsupportedError,
 )
 
-HEADER_SIZE = 48
 MAGIC = 5
 VERSION = 0
 MAGIC_VERSION = (MAGIC << 4) | VERSION  # 0x50
 MAX_SIMPLE_ENTRY_BYTES = (1 << 31) - 1
 MAX_ENTRIES_PER_CHUNK = 0xFFFF
 MAX_SUB_BATCH_RECORDS = 0xFFFF
-SIMPLE_ENTRY_HEADER_SIZE = 4
-SUB_BATCH_HEADER_SIZE = 11
+MAX_COMPRESSION = 4
+"""Highest sub-batch compression code: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd."""
+SUB_BATCH_FLAG = 0x80
+"""The top bit of an entry's first byte: set for a sub-batch, clear for a simple entry."""
 
-_HEADER = struct.Struct(">BBHIqQQIIIB3x")
+# The one declaration of the 48-byte chunk header, as a struct (one header at a time) and as
+# a numpy dtype (many headers at once, vectorised readers). Field order and offsets agree:
+# checked below.
+HEADER = struct.Struct(">BBHIqQQIIIB3x")
+HEADER_DTYPE = np.dtype(
+    {
+        "names": [
+            "magic",
+            "chunk_type",
+            "num_entries",
+            "num_records",
+            "timestamp",
+            "epoch",
+            "chunk_id",
+            "crc",
+            "data_length",
+            "trailer_length",
+            "bloom_size",
+        ],
+        "formats": ["u1", "u1", ">u2", ">u4", ">i8", ">u8", ">u8", ">u4", ">u4", ">u4", "u1"],
+        "offsets": [0, 1, 2, 4, 8, 16, 24, 32, 36, 40, 44],
+        "itemsize": 48,
+    }
+)
+HEADER_SIZE = HEADER.size  # 48
+DATA_LENGTH_POS = 36
+"""Byte position of the u32 data length in the header."""
+SECTION_SIZES = struct.Struct(">IIB")
+"""Data length, trailer length, bloom filter size: header bytes from ``DATA_LENGTH_POS``."""
+
+# The one declaration of the 11-byte sub-batch entry header:
+# type byte (1:1 Compression:3 0:4), num records u16, uncompressed length u32, length u32.
+SUB_BATCH_HEADER = struct.Struct(">BHII")
+SUB_BATCH_HEADER_SIZE = SUB_BATCH_HEADER.size  # 11
+SIMPLE_ENTRY_HEADER_SIZE = 4
+
 _U32 = struct.Struct(">I")
-_SUB_BATCH = struct.Struct(">BHII")
-assert _HEADER.size == HEADER_SIZE
-assert _SUB_BATCH.size == SUB_BATCH_HEADER_SIZE
+assert HEADER_DTYPE.itemsize == HEADER_SIZE
+assert HEADER_DTYPE.fields is not None
+assert HEADER_DTYPE.fields["data_length"][1] == DATA_LENGTH_POS
 
 
 class RecordSizeError(InvalidSizeError):
@@ -97,7 +136,7 @@ class ChunkHeader:
 
     def encode(self) -> bytes:
         """The header's 48 bytes."""
-        return _HEADER.pack(
+        return HEADER.pack(
             MAGIC_VERSION,
             self.chunk_type,
             self.num_entries,
@@ -152,7 +191,7 @@ def decode_header(buf: bytes | bytearray | memoryview, offset: int = 0) -> Chunk
         data_length,
         trailer_length,
         bloom_size,
-    ) = _HEADER.unpack_from(buf, offset)
+    ) = HEADER.unpack_from(buf, offset)
     if magic != MAGIC_VERSION:
         raise BadMagicError(f"chunk magic/version byte is {magic:#04x}, expected 0x50")
     if chunk_type not in _CHUNK_TYPES:
@@ -270,12 +309,37 @@ def encode_entries(entries: Sequence[Entry]) -> tuple[bytes, int, int]:
 
 def encode_sub_batch_header(entry: SubBatch) -> bytes:
     """The 11-byte header of a sub-batch entry."""
-    return _SUB_BATCH.pack(
-        0x80 | (entry.compression << 4),
+    return SUB_BATCH_HEADER.pack(
+        SUB_BATCH_FLAG | (entry.compression << 4),
         entry.num_records,
         entry.uncompressed_length,
         len(entry.data),
     )
+
+
+def sub_batch_entry(
+    payload: bytes, num_records: int, uncompressed_length: int, compression: int = 0
+) -> bytes:
+    """A whole sub-batch entry: the header, then ``payload`` (the records, as
+    ``encode_records`` lays them out, compressed with ``compression``)."""
+    if not 0 <= compression <= MAX_COMPRESSION:
+        raise UnsupportedError(f"unknown sub-batch compression {compression}")
+    batch = SubBatch(compression, num_records, uncompressed_length, payload)
+    return encode_sub_batch_header(batch) + payload
+
+
+def decode_sub_batch_entry(entry: bytes | memoryview) -> SubBatch:
+    """A whole sub-batch entry (header + data, e.g. as a client published it) as a SubBatch
+    whose data is a copy, to be appended verbatim."""
+    if len(entry) < SUB_BATCH_HEADER_SIZE:
+        raise TruncatedError("sub-batch entry shorter than its header")
+    type_byte, num_records, uncompressed, length = SUB_BATCH_HEADER.unpack_from(entry, 0)
+    if not type_byte & SUB_BATCH_FLAG:
+        raise FormatError("not a sub-batch entry")
+    if SUB_BATCH_HEADER_SIZE + length != len(entry):
+        raise InvalidSizeError(f"sub-batch entry of {len(entry)} bytes says {length} data bytes")
+    data = bytes(entry[SUB_BATCH_HEADER_SIZE:])
+    return SubBatch((type_byte >> 4) & 0x07, num_records, uncompressed, data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,10 +401,10 @@ def iter_entries(data: bytes | memoryview, num_entries: int) -> Iterator[memoryv
         if pos + SIMPLE_ENTRY_HEADER_SIZE > end:
             raise TruncatedError("entry header runs past the chunk data")
         first = view[pos]
-        if first & 0x80:
+        if first & SUB_BATCH_FLAG:
             if pos + SUB_BATCH_HEADER_SIZE > end:
                 raise TruncatedError("sub-batch header runs past the chunk data")
-            kind, count, uncompressed, length = _SUB_BATCH.unpack_from(view, pos)
+            kind, count, uncompressed, length = SUB_BATCH_HEADER.unpack_from(view, pos)
             pos += SUB_BATCH_HEADER_SIZE
             if pos + length > end:
                 raise TruncatedError("sub-batch body runs past the chunk data")
@@ -384,7 +448,7 @@ def iter_records(
             continue
         if pos + SUB_BATCH_HEADER_SIZE > end:
             raise TruncatedError("sub-batch header runs past the chunk data")
-        kind, count, uncompressed, length = _SUB_BATCH.unpack_from(view, pos)
+        kind, count, uncompressed, length = SUB_BATCH_HEADER.unpack_from(view, pos)
         pos += SUB_BATCH_HEADER_SIZE
         if pos + length > end:
             raise TruncatedError("sub-batch body runs past the chunk data")
@@ -420,28 +484,7 @@ def iter_sub_batch_records(
 
 def check_entries(data: bytes | memoryview, num_entries: int, num_records: int) -> None:
     """Check that ``num_entries`` entries exactly fill ``data`` and hold ``num_records``."""
-    view = memoryview(data)
-    unpack = _U32.unpack_from
-    end = len(view)
-    pos = 0
-    records = 0
-    for _ in range(num_entries):
-        if pos + 4 > end:
-            raise TruncatedError("entry header runs past the chunk data")
-        (word,) = unpack(view, pos)
-        if word < 0x80000000:
-            pos += 4 + word
-            records += 1
-        else:
-            if pos + SUB_BATCH_HEADER_SIZE > end:
-                raise TruncatedError("sub-batch header runs past the chunk data")
-            _, count, _, length = _SUB_BATCH.unpack_from(view, pos)
-            pos += SUB_BATCH_HEADER_SIZE + length
-            records += count
-        if pos > end:
-            raise TruncatedError("entry body runs past the chunk data")
-    if pos != end:
-        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+    records = count_entry_data(data, num_entries, MAX_SIMPLE_ENTRY_BYTES, 0xFFFFFFFF)
     if records != num_records:
         raise InvalidSizeError(f"entries hold {records} records, header says {num_records}")
 
@@ -511,7 +554,7 @@ def count_entry_data(
         else:
             if pos + SUB_BATCH_HEADER_SIZE > end:
                 raise TruncatedError("sub-batch header runs past the chunk data")
-            _, count, _, length = _SUB_BATCH.unpack_from(view, pos)
+            _, count, _, length = SUB_BATCH_HEADER.unpack_from(view, pos)
             if length > max_sub_batch_bytes:
                 raise RecordSizeError(f"sub-batch of {length} bytes exceeds {max_sub_batch_bytes}")
             pos += SUB_BATCH_HEADER_SIZE + length

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tierlog.formats.chunk import HEADER_SIZE as CHUNK_HEADER_SIZE
+from tierlog.formats.chunk import check_crc
+from tierlog.formats.chunk import decode_header as decode_chunk_header
 from tierlog.formats.errors import (
     BadMagicError,
     CrcMismatchError,
@@ -38,8 +41,8 @@ FRAGMENT_VERSION = 1
 
 HEADER = struct.Struct(">4sI")
 HEADER_SIZE = HEADER.size  # 8
-INDEX_HEADER = struct.Struct(">4sI")
-INDEX_HEADER_SIZE = INDEX_HEADER.size  # 8
+FRAGMENT_INDEX_HEADER = struct.Struct(">4sI")
+INDEX_HEADER_SIZE = FRAGMENT_INDEX_HEADER.size  # 8
 
 # chunk id, timestamp, epoch, position in the fragment, chunk size, num records,
 # chunk data CRC, num entries, chunk type, 1 reserved byte.
@@ -74,13 +77,6 @@ INDEX_DTYPE = np.dtype(
 
 MAX_U32 = 0xFFFFFFFF
 MAX_U64 = 0xFFFFFFFFFFFFFFFF
-
-# The Osiris chunk header fields a whole-fragment validation compares with the index:
-# magic/version, type, num entries, num records, timestamp, epoch, chunk id, data CRC,
-# data length, trailer length, bloom filter size.
-_CHUNK_HEADER = struct.Struct(">BBHIqQQIIIB3x")
-_CHUNK_MAGIC_VERSION = 0x50
-CHUNK_HEADER_SIZE = _CHUNK_HEADER.size  # 48
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +157,7 @@ def encode_fragment(
     if not chunks or len(chunks) != len(infos):
         raise InvalidSizeError(f"need one info per chunk: {len(chunks)} chunks, {len(infos)} infos")
     position = HEADER_SIZE
-    records = bytearray(INDEX_HEADER.pack(INDEX_MAGIC, FRAGMENT_VERSION))
+    records = bytearray(FRAGMENT_INDEX_HEADER.pack(INDEX_MAGIC, FRAGMENT_VERSION))
     expected_id = infos[0].chunk_id
     for buf, info in zip(chunks, infos, strict=True):
         size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
@@ -201,14 +197,20 @@ def encode_fragment(
         len(infos),
         placement.seq_no,
     )
-    body = TRAILER.pack(*fields, 0, 0, FRAGMENT_VERSION, TRAILER_MAGIC)[:_TRAILER_CRC_AT]
-    crc = zlib.crc32(body, zlib.crc32(records))
+    crc = _metadata_crc(records, fields)
     trailer_bytes = TRAILER.pack(*fields, 0, crc, FRAGMENT_VERSION, TRAILER_MAGIC)
     parts: list[bytes | bytearray | memoryview] = [HEADER.pack(FRAGMENT_MAGIC, FRAGMENT_VERSION)]
     parts.extend(chunks)
     parts.append(bytes(records))
     parts.append(trailer_bytes)
     return parts, FragmentTrailer(*fields, crc=crc)
+
+
+def _metadata_crc(index: bytes | bytearray | memoryview, fields: tuple[int, ...]) -> int:
+    """The trailer CRC: over the index (header and records) and the trailer fields
+    before the CRC (``fields`` are the first eleven, in trailer order)."""
+    body = TRAILER.pack(*fields, 0, 0, FRAGMENT_VERSION, TRAILER_MAGIC)[:_TRAILER_CRC_AT]
+    return zlib.crc32(body, zlib.crc32(index))
 
 
 def decode_trailer(tail: bytes | bytearray | memoryview) -> FragmentTrailer:
@@ -244,11 +246,7 @@ def decode_trailer(tail: bytes | bytearray | memoryview) -> FragmentTrailer:
         raise UnsupportedError(f"fragment version {version} not supported")
     if reserved != 0:
         raise UnsupportedError(f"fragment trailer reserved field is {reserved:#x}, not 0")
-    if (
-        count < 1
-        or data_size < count * _CHUNK_HEADER.size
-        or index_start != HEADER_SIZE + data_size
-    ):
+    if count < 1 or data_size < count * CHUNK_HEADER_SIZE or index_start != HEADER_SIZE + data_size:
         raise InvalidSizeError(
             f"fragment trailer sizes impossible: {count} chunks, {data_size} bytes, "
             f"index at {index_start}"
@@ -326,13 +324,13 @@ def decode_index(
     length = INDEX_HEADER_SIZE + trailer.chunk_count * INDEX_RECORD_SIZE
     if view.nbytes < length:
         raise TruncatedError(f"fragment index needs {length} bytes, got {view.nbytes}")
-    magic, version = INDEX_HEADER.unpack_from(view, 0)
+    magic, version = FRAGMENT_INDEX_HEADER.unpack_from(view, 0)
     if magic != INDEX_MAGIC:
         raise BadMagicError(f"not a fragment index: magic {magic!r}")
     if version != FRAGMENT_VERSION:
         raise UnsupportedError(f"fragment index version {version} not supported")
     region = view[:length]
-    body = TRAILER.pack(
+    fields = (
         trailer.first_offset,
         trailer.next_offset,
         trailer.min_timestamp,
@@ -344,12 +342,8 @@ def decode_index(
         trailer.data_size,
         trailer.chunk_count,
         trailer.seq_no,
-        0,
-        trailer.crc,
-        FRAGMENT_VERSION,
-        TRAILER_MAGIC,
-    )[:_TRAILER_CRC_AT]
-    crc = zlib.crc32(body, zlib.crc32(region))
+    )
+    crc = _metadata_crc(region, fields)
     if crc != trailer.crc:
         raise CrcMismatchError(f"fragment metadata CRC {crc:#010x} != stored {trailer.crc:#010x}")
     records = np.frombuffer(region, dtype=INDEX_DTYPE, count=trailer.chunk_count, offset=8)
@@ -417,22 +411,17 @@ def validate_fragment(
 
 
 def _check_chunk(chunk: memoryview, info: ChunkInfo) -> None:
-    (
-        magic,
-        chunk_type,
-        num_entries,
-        num_records,
-        timestamp,
-        epoch,
-        chunk_id,
-        crc,
-        data_len,
-        trailer_len,
-        bloom,
-    ) = _CHUNK_HEADER.unpack_from(chunk, 0)
-    if magic != _CHUNK_MAGIC_VERSION:
-        raise BadMagicError(f"chunk {info.chunk_id}: bad chunk magic {magic:#04x}")
-    header = (chunk_id, timestamp, epoch, num_records, crc, chunk_type, num_entries)
+    """Check one chunk's Osiris header against its index record, and its data CRC."""
+    header = decode_chunk_header(chunk)
+    fields = (
+        header.chunk_id,
+        header.timestamp,
+        header.epoch,
+        header.num_records,
+        header.data_crc,
+        header.chunk_type,
+        header.num_entries,
+    )
     indexed = (
         info.chunk_id,
         info.timestamp,
@@ -442,11 +431,9 @@ def _check_chunk(chunk: memoryview, info: ChunkInfo) -> None:
         info.chunk_type,
         info.num_entries,
     )
-    if header != indexed:
-        raise InvalidSizeError(f"chunk {info.chunk_id}: header {header} != index {indexed}")
-    start = _CHUNK_HEADER.size + bloom
-    if start + data_len + trailer_len != info.size:
+    if fields != indexed:
+        raise InvalidSizeError(f"chunk {info.chunk_id}: header {fields} != index {indexed}")
+    if header.total_size != info.size:
         raise InvalidSizeError(f"chunk {info.chunk_id}: sizes do not add up to {info.size}")
-    actual = zlib.crc32(chunk[start : start + data_len])
-    if actual != crc:
-        raise CrcMismatchError(f"chunk {info.chunk_id}: data CRC {actual:#010x} != {crc:#010x}")
+    start = header.data_start
+    check_crc(header, chunk[start : start + header.data_length])

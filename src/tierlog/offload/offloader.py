@@ -386,7 +386,7 @@ class ObjectStoreOffloader(SegmentOffloader):
             self.store.delete_many([dkey, ikey])
             self.attempts.clear(first, uuid)
         except Exception as exc:  # the attempt record stays: ``recover`` finishes the job
-            log.warning("offload_cleanup_failed", attempt=uuid.hex, segment=first, error=repr(exc))
+            log.warning("offload_cleanup_failed", attempt=str(uuid), segment=first, error=str(exc))
 
     def finish(self, segment: int, attempt_uuid: uuid_module.UUID) -> None:
         """Forget a committed attempt (call once the offload is recorded durably)."""

@@ -48,8 +48,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tierlog.formats.arrow_batch import record_batch_schema
 from tierlog.remote.manifest_walk import Bounds
+from tierlog.spark.arrow_batch import record_batch_schema
 from tierlog.spark.options import SourceOptions, StreamName, parse_options
 from tierlog.spark.planning import (
     ReadTask,
@@ -64,7 +64,7 @@ SOURCE_NAME = "tierlog"
 
 
 def spark_schema(include_amqp: bool) -> StructType:
-    """The source's schema: ``tierlog.formats.arrow_batch`` columns, timestamps as UTC."""
+    """The source's schema: ``tierlog.spark.arrow_batch`` columns, timestamps as UTC."""
     converted = _utc_timestamps(from_arrow_schema(record_batch_schema(include_amqp=include_amqp)))
     assert isinstance(converted, StructType)
     return converted

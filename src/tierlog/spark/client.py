@@ -13,7 +13,6 @@ of unconfirmed messages is full and at the end.
 from __future__ import annotations
 
 import socket
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -23,17 +22,17 @@ from tierlog.errors import TierlogError
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import Command, ResponseCode
 from tierlog.formats.protocol.frames import FrameSplitter
-from tierlog.formats.protocol.publish import PublishConfirm, PublishError
+from tierlog.formats.protocol.publish import (
+    PUBLISH_FRAME_HEADER_SIZE,
+    PUBLISH_V1_MESSAGE_HEADER_SIZE,
+    PublishConfirm,
+    PublishError,
+    encode_publish_columns,
+)
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_IN_FLIGHT = 10_000
 MAX_REFERENCE_BYTES = 255
-
-_PUBLISH_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
-_PUBLISH_HEAD_SIZE = _PUBLISH_HEAD.size  # 13
-_MESSAGE_HEAD_SIZE = 12  # publishing id u64 + simple entry length u32
-_MESSAGE_HEAD = np.dtype([("id", ">u8"), ("len", ">u4")])
-_SIMPLE_MAX_LEN = 0x7FFFFFFF
 
 
 class StreamClientError(TierlogError):
@@ -68,41 +67,6 @@ class _Publisher:
     outstanding: int = 0
     confirmed: int = 0
     errors: list[tuple[int, int]] = field(default_factory=list)
-
-
-def encode_publish_binary(
-    publisher_id: int, ids: np.ndarray, offsets: np.ndarray, data: np.ndarray
-) -> bytes:
-    """One Publish (v1) frame: message ``k`` is ``data[offsets[k]:offsets[k+1]]`` with
-    publishing id ``ids[k]``, each as an Osiris simple entry. Built with numpy gathers,
-    not one Python object per message."""
-    n = len(ids)
-    if len(offsets) != n + 1:
-        raise ValueError("need len(ids) + 1 offsets")
-    offs = offsets.astype(np.int64, copy=False)
-    lens = np.diff(offs)
-    if n and (int(lens.min()) < 0 or int(lens.max()) > _SIMPLE_MAX_LEN):
-        raise ValueError("message length out of range for a simple entry")
-    starts = np.zeros(n, dtype=np.int64)
-    if n > 1:
-        np.cumsum(lens[:-1] + _MESSAGE_HEAD_SIZE, out=starts[1:])
-    starts += _PUBLISH_HEAD_SIZE
-    total_data = int(lens.sum())
-    size = _PUBLISH_HEAD_SIZE + n * _MESSAGE_HEAD_SIZE + total_data
-    out = np.empty(size, dtype=np.uint8)
-    out[:_PUBLISH_HEAD_SIZE] = np.frombuffer(
-        _PUBLISH_HEAD.pack(size - 4, Command.PUBLISH, 1, publisher_id, n), dtype=np.uint8
-    )
-    heads = np.empty(n, dtype=_MESSAGE_HEAD)
-    heads["id"] = ids
-    heads["len"] = lens
-    head_pos = (starts[:, None] + np.arange(_MESSAGE_HEAD_SIZE)).ravel()
-    out[head_pos] = heads.view(np.uint8)
-    if total_data:
-        base = int(offs[0])
-        shift = np.repeat(starts + _MESSAGE_HEAD_SIZE - (offs[:-1] - base), lens)
-        out[np.arange(total_data, dtype=np.int64) + shift] = data[base : int(offs[-1])]
-    return out.tobytes()
 
 
 class StreamClient:
@@ -228,19 +192,19 @@ class StreamClient:
     def publish(
         self, publisher_id: int, ids: np.ndarray, offsets: np.ndarray, data: np.ndarray
     ) -> None:
-        """Send messages (see ``encode_publish_binary``) in frames that fit ``frame_max``,
+        """Send messages (see ``encode_publish_columns``) in frames that fit ``frame_max``,
         waiting for confirms whenever ``max_in_flight`` messages are unconfirmed.
         Errors reported by the server are raised by ``wait_for_confirms``."""
         state = self._publishers[publisher_id]
         n = len(ids)
         offs = offsets.astype(np.int64, copy=False)
         # End position (within one frame) of each message counted from the first one.
-        sizes = np.diff(offs) + _MESSAGE_HEAD_SIZE
-        room = self.frame_max - _PUBLISH_HEAD_SIZE
+        sizes = np.diff(offs) + PUBLISH_V1_MESSAGE_HEADER_SIZE
+        room = self.frame_max - PUBLISH_FRAME_HEADER_SIZE
         if n and int(sizes.max()) > room:
             raise StreamClientError(
-                f"a message of {int(sizes.max()) - _MESSAGE_HEAD_SIZE} bytes does not fit "
-                f"a frame of {self.frame_max} bytes"
+                f"a message of {int(sizes.max()) - PUBLISH_V1_MESSAGE_HEADER_SIZE} bytes does "
+                f"not fit a frame of {self.frame_max} bytes"
             )
         cum = np.cumsum(sizes)
         lo = 0
@@ -250,7 +214,7 @@ class StreamClient:
             hi = max(lo + 1, min(hi, lo + max(1, self.max_in_flight)))
             while state.outstanding and state.outstanding + (hi - lo) > self.max_in_flight:
                 self._pump()
-            self._send(encode_publish_binary(publisher_id, ids[lo:hi], offs[lo : hi + 1], data))
+            self._send(encode_publish_columns(publisher_id, ids[lo:hi], offs[lo : hi + 1], data))
             state.outstanding += hi - lo
             lo = hi
 

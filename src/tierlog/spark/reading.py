@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from tierlog.formats.arrow_batch import fragment_to_record_batch
 from tierlog.remote.fragments import FragmentEntry
+from tierlog.spark.arrow_batch import fragment_to_record_batch
 from tierlog.spark.connections import object_store
 from tierlog.spark.errors import FragmentExpiredError
 from tierlog.spark.planning import ReadTask

@@ -10,6 +10,8 @@ so the chunk itself never passes through an encoder.
 import struct
 from dataclasses import dataclass
 
+from tierlog.formats.chunk import DATA_LENGTH_POS
+from tierlog.formats.chunk import HEADER_SIZE as CHUNK_HEADER_SIZE
 from tierlog.formats.protocol.constants import Command
 from tierlog.formats.protocol.errors import ProtocolError, TruncatedFrameError
 
@@ -17,9 +19,6 @@ _PREFIX_V1 = struct.Struct(">IHHB")
 _PREFIX_V2 = struct.Struct(">IHHBQ")
 _DATA_LENGTH = struct.Struct(">I")
 
-CHUNK_HEADER_SIZE = 48
-DATA_LENGTH_POS = 36
-"""Position of the uint32 data length inside the chunk header."""
 DELIVER_V1_PREFIX_SIZE = _PREFIX_V1.size
 DELIVER_V2_PREFIX_SIZE = _PREFIX_V2.size
 

@@ -1,4 +1,4 @@
-"""The publish hot path: Publish decoding, PublishConfirm / PublishError encoding.
+"""The publish hot path: Publish decoding and encoding, PublishConfirm encoding.
 
 A Publish message is ``PublishingId:uint64 [FilterValue:string (v2)] Entry`` where
 ``Entry`` is an Osiris entry verbatim: simple ``0:1 Len:31 Data`` or sub-batch
@@ -16,24 +16,38 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
+from tierlog.formats.chunk import (
+    MAX_COMPRESSION,
+    MAX_SIMPLE_ENTRY_BYTES,
+    SIMPLE_ENTRY_HEADER_SIZE,
+    SUB_BATCH_FLAG,
+    simple_entry,
+)
+from tierlog.formats.chunk import SUB_BATCH_HEADER as _SUBBATCH
+from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE as SUBBATCH_ENTRY_HEADER_SIZE
+from tierlog.formats.chunk import encode_records as subbatch_records
+from tierlog.formats.chunk import sub_batch_entry as subbatch_entry
 from tierlog.formats.protocol.constants import Command
 from tierlog.formats.protocol.errors import ProtocolError, TruncatedFrameError
+from tierlog.formats.protocol.publishers import PublishError
 from tierlog.formats.protocol.wire import U32, U64, Reader, encode_string, frame
 
-_HEAD = struct.Struct(">HHBI")  # key, version, publisher id, message count
+_FRAME_HEAD = struct.Struct(">IHHBI")  # size, key, version, publisher id, message count
+_HEAD = struct.Struct(">HHBI")  # the same without the size prefix (a frame body's start)
+_V1_MESSAGE_HEAD_DTYPE = np.dtype([("id", ">u8"), ("len", ">u4")])
+"""A v1 message holding a simple entry starts with its publishing id and the entry length."""
 _ID_WORD = struct.Struct(">QI")  # publishing id, first 4 bytes of the entry
-_SUBBATCH = struct.Struct(">BHII")  # type byte, records, uncompressed length, length
 _CONFIRM_HEAD = struct.Struct(">IHHBI")
-_ERROR_ITEM = struct.Struct(">QH")
 
 PUBLISH_HEADER_SIZE = _HEAD.size
-SIMPLE_ENTRY_HEADER_SIZE = 4
-SUBBATCH_ENTRY_HEADER_SIZE = _SUBBATCH.size
-MAX_COMPRESSION = 4  # 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd
-_SIMPLE_MAX_LEN = 0x7FFFFFFF
+PUBLISH_FRAME_HEADER_SIZE = _FRAME_HEAD.size
+PUBLISH_V1_MESSAGE_HEADER_SIZE = _V1_MESSAGE_HEAD_DTYPE.itemsize  # 12
 _FAST_PATH_MAX_COUNT = 4096
 _CONFIRM_STRUCT_MAX_COUNT = 4096
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
+_SUB_BATCH_BIT = SUB_BATCH_FLAG << 24  # in the entry's first 4 bytes read as a u32
 
 
 @dataclass(slots=True)
@@ -103,7 +117,7 @@ def _decode_uniform(body: memoryview | bytes, publisher_id: int, count: int) -> 
     """Split a v1 frame of same-length simple entries with one unpack; None if it is not."""
     end = len(body)
     word = _ID_WORD.unpack_from(body, PUBLISH_HEADER_SIZE)[1]
-    if word & 0x80000000:
+    if word & _SUB_BATCH_BIT:
         return None
     entry_size = SIMPLE_ENTRY_HEADER_SIZE + word
     if count * (8 + entry_size) != end - PUBLISH_HEADER_SIZE:
@@ -137,6 +151,7 @@ def _decode_general(
     filter_values: list[str | None] | None = [] if version == 2 else None
     num_records = 0
     id_unpack = _ID_WORD.unpack_from
+    sub_batch_bit = _SUB_BATCH_BIT
     for index in range(count):
         if filter_values is not None:
             if pos + 8 > end:
@@ -153,7 +168,7 @@ def _decode_general(
                 raise TruncatedFrameError("Publish frame ends inside a message header")
             pid, word = id_unpack(view, pos)
             entry_pos = pos + 8
-        if word & 0x80000000 == 0:
+        if not word & sub_batch_bit:
             entry_end = entry_pos + SIMPLE_ENTRY_HEADER_SIZE + word
             records = 1
         else:
@@ -188,28 +203,6 @@ def _decode_general(
         record_counts=record_counts,
         filter_values=filter_values,
     )
-
-
-def simple_entry(data: bytes) -> bytes:
-    """An Osiris simple entry holding one message."""
-    if len(data) > _SIMPLE_MAX_LEN:
-        raise ProtocolError("message too large for a simple entry")
-    return U32.pack(len(data)) + data
-
-
-def subbatch_records(records: Sequence[bytes]) -> bytes:
-    """The uncompressed payload of a sub-batch: each record as ``0:1 Len:31 Data``."""
-    return b"".join(simple_entry(r) for r in records)
-
-
-def subbatch_entry(
-    payload: bytes, num_records: int, uncompressed_len: int, compression: int = 0
-) -> bytes:
-    """An Osiris sub-batch entry around an (optionally compressed) records payload."""
-    if not 0 <= compression <= MAX_COMPRESSION:
-        raise ProtocolError(f"unknown compression {compression}")
-    type_byte = 0x80 | (compression << 4)
-    return _SUBBATCH.pack(type_byte, num_records, uncompressed_len, len(payload)) + payload
 
 
 def encode_publish_entries(
@@ -251,6 +244,42 @@ def encode_publish(
         [simple_entry(data) for _, data in messages],
         filter_values=filter_values,
     )
+
+
+def encode_publish_columns(
+    publisher_id: int, ids: np.ndarray, offsets: np.ndarray, data: np.ndarray
+) -> bytes:
+    """One Publish (v1) frame from columns: message ``k`` is ``data[offsets[k]:offsets[k+1]]``
+    with publishing id ``ids[k]``, each as an Osiris simple entry. Byte for byte what
+    ``encode_publish`` makes of the same messages, but built with numpy gathers, not one
+    Python object per message (the Spark writer frames millions of Arrow rows this way)."""
+    n = len(ids)
+    if len(offsets) != n + 1:
+        raise ValueError("need len(ids) + 1 offsets")
+    offs = offsets.astype(np.int64, copy=False)
+    lens = np.diff(offs)
+    if n and (int(lens.min()) < 0 or int(lens.max()) > MAX_SIMPLE_ENTRY_BYTES):
+        raise ValueError("message length out of range for a simple entry")
+    starts = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        np.cumsum(lens[:-1] + PUBLISH_V1_MESSAGE_HEADER_SIZE, out=starts[1:])
+    starts += PUBLISH_FRAME_HEADER_SIZE
+    total_data = int(lens.sum())
+    size = PUBLISH_FRAME_HEADER_SIZE + n * PUBLISH_V1_MESSAGE_HEADER_SIZE + total_data
+    out = np.empty(size, dtype=np.uint8)
+    out[:PUBLISH_FRAME_HEADER_SIZE] = np.frombuffer(
+        _FRAME_HEAD.pack(size - 4, Command.PUBLISH, 1, publisher_id, n), dtype=np.uint8
+    )
+    heads = np.empty(n, dtype=_V1_MESSAGE_HEAD_DTYPE)
+    heads["id"] = ids
+    heads["len"] = lens
+    head_pos = (starts[:, None] + np.arange(PUBLISH_V1_MESSAGE_HEADER_SIZE)).ravel()
+    out[head_pos] = heads.view(np.uint8)
+    if total_data:
+        base = int(offs[0])
+        shift = np.repeat(starts + PUBLISH_V1_MESSAGE_HEADER_SIZE - (offs[:-1] - base), lens)
+        out[np.arange(total_data, dtype=np.int64) + shift] = data[base : int(offs[-1])]
+    return out.tobytes()
 
 
 @lru_cache(maxsize=64)
@@ -297,37 +326,14 @@ def decode_publish_confirm(body: memoryview | bytes) -> PublishConfirm:
     return PublishConfirm(publisher_id, tuple(ids))
 
 
-@dataclass(frozen=True, slots=True)
-class PublishError:
-    """Server → client: (publishing id, response code) pairs that were not stored."""
-
-    publisher_id: int
-    errors: Sequence[tuple[int, int]]
-
-    def encode(self) -> bytes:
-        items = b"".join(_ERROR_ITEM.pack(pid, code) for pid, code in self.errors)
-        return frame(
-            Command.PUBLISH_ERROR, 1, bytes((self.publisher_id,)), U32.pack(len(self.errors)), items
-        )
-
-
-def decode_publish_error(body: memoryview | bytes) -> PublishError:
-    reader = Reader(body, 4)
-    publisher_id = reader.u8()
-    count = reader.count(_ERROR_ITEM.size)
-    errors = [(reader.u64(), reader.u16()) for _ in range(count)]
-    reader.done()
-    return PublishError(publisher_id, errors)
-
-
 __all__ = [
     "PublishBatch",
     "PublishConfirm",
     "PublishError",
     "decode_publish",
     "decode_publish_confirm",
-    "decode_publish_error",
     "encode_publish",
+    "encode_publish_columns",
     "encode_publish_confirm",
     "encode_publish_entries",
     "simple_entry",

@@ -1,4 +1,5 @@
-"""Primitive wire types of the stream protocol: a bounds-checked reader and encoders.
+"""Primitive wire types of the stream protocol: a bounds-checked reader and encoders
+(composed into command schemas by ``schema``).
 
 Integers are big-endian. ``string`` is an int16 length then UTF-8 bytes, ``bytes`` an
 int32 length then the bytes; a length of -1 means null. Arrays are an int32 count then
@@ -6,7 +7,7 @@ the items.
 """
 
 import struct
-from collections.abc import Iterable, Mapping
+from typing import Any
 
 from tierlog.formats.protocol.constants import FRAME_SIZE_BYTES
 from tierlog.formats.protocol.errors import ProtocolError, TruncatedFrameError
@@ -40,7 +41,7 @@ class Reader:
     def remaining(self) -> int:
         return self.end - self.pos
 
-    def _take(self, fmt: struct.Struct) -> int:
+    def take(self, fmt: struct.Struct) -> int:
         pos = self.pos
         if pos + fmt.size > self.end:
             raise TruncatedFrameError(f"frame ends at {self.end}, field needs {fmt.size} at {pos}")
@@ -48,26 +49,34 @@ class Reader:
         value: int = fmt.unpack_from(self.buf, pos)[0]
         return value
 
+    def take_all(self, fmt: struct.Struct) -> tuple[Any, ...]:
+        """Every field of ``fmt`` at once (several fixed-size fields in one unpack)."""
+        pos = self.pos
+        if pos + fmt.size > self.end:
+            raise TruncatedFrameError(f"frame ends at {self.end}, fields need {fmt.size} at {pos}")
+        self.pos = pos + fmt.size
+        return fmt.unpack_from(self.buf, pos)
+
     def u8(self) -> int:
-        return self._take(U8)
+        return self.take(U8)
 
     def u16(self) -> int:
-        return self._take(U16)
+        return self.take(U16)
 
     def i16(self) -> int:
-        return self._take(I16)
+        return self.take(I16)
 
     def u32(self) -> int:
-        return self._take(U32)
+        return self.take(U32)
 
     def i32(self) -> int:
-        return self._take(I32)
+        return self.take(I32)
 
     def u64(self) -> int:
-        return self._take(U64)
+        return self.take(U64)
 
     def i64(self) -> int:
-        return self._take(I64)
+        return self.take(I64)
 
     def raw(self, length: int) -> memoryview:
         pos = self.pos
@@ -107,16 +116,6 @@ class Reader:
             raise TruncatedFrameError(f"array of {n} items cannot fit in {self.remaining()} bytes")
         return n
 
-    def strings(self) -> list[str]:
-        return [self.string() for _ in range(self.count(2))]
-
-    def string_map(self) -> dict[str, str]:
-        result: dict[str, str] = {}
-        for _ in range(self.count(4)):
-            key = self.string()
-            result[key] = self.string()
-        return result
-
     def done(self) -> None:
         if self.pos != self.end:
             raise ProtocolError(f"{self.end - self.pos} unexpected bytes at the end of the frame")
@@ -137,19 +136,6 @@ def encode_bytes(value: bytes | None) -> bytes:
     return U32.pack(len(value)) + value
 
 
-def encode_strings(values: Iterable[str]) -> bytes:
-    items = [encode_string(v) for v in values]
-    return U32.pack(len(items)) + b"".join(items)
-
-
-def encode_string_map(values: Mapping[str, str]) -> bytes:
-    parts = [U32.pack(len(values))]
-    for key, value in values.items():
-        parts.append(encode_string(key))
-        parts.append(encode_string(value))
-    return b"".join(parts)
-
-
 def frame(key: int, version: int, *parts: bytes) -> bytes:
     """Assemble a whole frame, size prefix included."""
     body = b"".join(parts)
@@ -162,7 +148,5 @@ __all__ = [
     "Reader",
     "encode_bytes",
     "encode_string",
-    "encode_string_map",
-    "encode_strings",
     "frame",
 ]

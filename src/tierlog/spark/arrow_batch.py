@@ -41,6 +41,17 @@ import pyarrow.compute as pc
 from numpy.lib.stride_tricks import as_strided
 
 from tierlog.formats.amqp import decode_message
+from tierlog.formats.chunk import (
+    DATA_LENGTH_POS,
+    HEADER_DTYPE,
+    MAGIC_VERSION,
+    SECTION_SIZES,
+    SUB_BATCH_FLAG,
+    SUB_BATCH_HEADER,
+    SUB_BATCH_HEADER_SIZE,
+    ChunkType,
+)
+from tierlog.formats.chunk import HEADER_SIZE as CHUNK_HEADER_SIZE
 from tierlog.formats.compression import decompress
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import (
@@ -56,39 +67,12 @@ from tierlog.formats.fragment import decode_fragment
 Buffer = bytes | bytearray | memoryview
 IntArray = npt.NDArray[np.int64]
 
-CHUNK_HEADER_SIZE = 48
-_MAGIC_VERSION = 0x50
-_USER_CHUNK = 0
-_CHUNK_TYPES = (0, 1, 2)
-_SUB_BATCH_HEADER_SIZE = 11
-_SIMPLE_MAX = 0x80000000
+_USER_CHUNK = int(ChunkType.USER)
+_CHUNK_TYPES = tuple(int(t) for t in ChunkType)
+_SIMPLE_MAX = SUB_BATCH_FLAG << 24  # an entry's first u32 at or above this is a sub-batch
 _INT64_MAX = (1 << 63) - 1
 _INT32_LIMIT = 1 << 31
-
-_HEADER_DTYPE = np.dtype(
-    {
-        "names": [
-            "magic",
-            "chunk_type",
-            "num_entries",
-            "num_records",
-            "timestamp",
-            "epoch",
-            "chunk_id",
-            "crc",
-            "data_length",
-            "trailer_length",
-            "bloom_size",
-        ],
-        "formats": ["u1", "u1", ">u2", ">u4", ">i8", ">u8", ">u8", ">u4", ">u4", ">u4", "u1"],
-        "offsets": [0, 1, 2, 4, 8, 16, 24, 32, 36, 40, 44],
-        "itemsize": CHUNK_HEADER_SIZE,
-    }
-)
-_SIZES = struct.Struct(">IIB")  # data length, trailer length, bloom size (header bytes 36..45)
-_SIZES_AT = 36
 _U32 = struct.Struct(">I")
-_SUB_BATCH = struct.Struct(">BHII")
 
 PROPERTIES_TYPE = pa.struct(
     [
@@ -259,12 +243,12 @@ def _walk_positions(view: memoryview) -> IntArray:
     positions: list[int] = []
     end = view.nbytes
     pos = 0
-    unpack = _SIZES.unpack_from
+    unpack = SECTION_SIZES.unpack_from
     while pos < end:
         if pos + CHUNK_HEADER_SIZE > end:
             raise TruncatedError(f"chunk header at {pos} needs 48 bytes, buffer ends at {end}")
         positions.append(pos)
-        data_length, trailer_length, bloom = unpack(view, pos + _SIZES_AT)
+        data_length, trailer_length, bloom = unpack(view, pos + DATA_LENGTH_POS)
         pos += CHUNK_HEADER_SIZE + bloom + data_length + trailer_length
     return np.array(positions, dtype=np.int64)
 
@@ -274,7 +258,7 @@ def _decode_headers(src: npt.NDArray[np.uint8], positions: IntArray) -> np.ndarr
     if len(positions) and (positions.min() < 0 or positions.max() + CHUNK_HEADER_SIZE > len(src)):
         raise TruncatedError("a chunk header runs past the end of the buffer")
     raw = _windows(src, CHUNK_HEADER_SIZE)[positions]
-    return raw.view(_HEADER_DTYPE).reshape(-1)
+    return raw.view(HEADER_DTYPE).reshape(-1)
 
 
 def _check_layout(
@@ -284,8 +268,8 @@ def _check_layout(
     sizes: Sequence[int] | npt.NDArray[np.integer] | None,
 ) -> IntArray:
     """Check magic, types, sizes and that chunks do not overlap; return the chunk ends."""
-    if not np.all(headers["magic"] == _MAGIC_VERSION):
-        bad = int(np.argmin(headers["magic"] == _MAGIC_VERSION))
+    if not np.all(headers["magic"] == MAGIC_VERSION):
+        bad = int(np.argmin(headers["magic"] == MAGIC_VERSION))
         raise BadMagicError(
             f"chunk at {int(positions[bad])}: magic/version byte "
             f"{int(headers['magic'][bad]):#04x}, expected 0x50"
@@ -567,10 +551,10 @@ class _EntryWalk:
                 self.records += 1
                 pos += word
                 continue
-            if pos + _SUB_BATCH_HEADER_SIZE > end:
+            if pos + SUB_BATCH_HEADER_SIZE > end:
                 raise TruncatedError("sub-batch header runs past the chunk data")
-            kind, count, uncompressed, size = _SUB_BATCH.unpack_from(view, pos)
-            pos += _SUB_BATCH_HEADER_SIZE
+            kind, count, uncompressed, size = SUB_BATCH_HEADER.unpack_from(view, pos)
+            pos += SUB_BATCH_HEADER_SIZE
             if pos + size > end:
                 raise TruncatedError("sub-batch runs past the chunk data")
             if 4 * count > uncompressed:
