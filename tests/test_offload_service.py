@@ -167,7 +167,11 @@ def test_size_trigger_then_read_every_spec_after_local_deletion(
     sealed = [x for x in s.log.list_segments() if x.sealed]
     assert len(sealed) >= 4
     everything = local_records(s.log, OffsetSpec.first())
+    due = s.service.due_by_triggers()
+    assert due and s.service.lag_bytes == sum(x.size for x in due)  # back-pressure's lag
     done = s.service.run_once()
+    assert s.service.lag_bytes == 0
+    assert done == len(due)
     tree = s.service.committed_tree()
     pending = sum(x.size for x in s.log.list_segments() if x.next_offset > tree.next_offset)
     assert done >= 1 and pending <= 300_000  # offloaded oldest first down to the threshold

@@ -236,7 +236,7 @@ class SegmentOffloadService:
             else:
                 with self._lock:
                     self._state = "success"
-        done += self._offload_all(self._due_by_triggers())
+        done += self._offload_all(self.due_by_triggers())
         self._apply_remote_retention()
         if self.run_deletions is not None:
             self.run_deletions()  # the pending-deletion list: trimmed segments, old roots
@@ -247,9 +247,10 @@ class SegmentOffloadService:
         tree = self.committer.tree
         committed = self.log.commit_point().next_offset
         start = tree.next_offset
+        listed = self.log.list_segments()[:-1]  # never the last: it is (or was) the active one
         return [
             s
-            for s in self.log.list_segments()
+            for s in listed
             if s.sealed
             and s.num_chunks > 0
             and s.next_offset <= committed
@@ -259,7 +260,9 @@ class SegmentOffloadService:
     def _due_before(self, before: int) -> list[SegmentInfo]:
         return [s for s in self._candidates() if s.next_offset <= before]
 
-    def _due_by_triggers(self) -> list[SegmentInfo]:
+    def due_by_triggers(self) -> list[SegmentInfo]:
+        """The segments the size and age thresholds want offloaded now; their bytes are the
+        stream's lag for back-pressure (sealed bytes past the thresholds)."""
         settings = self.settings()
         size, age = settings.offload_threshold_bytes, settings.offload_threshold_age_seconds
         candidates = self._candidates()
@@ -284,7 +287,7 @@ class SegmentOffloadService:
     def _offload_all(self, segments: list[SegmentInfo]) -> int:
         for s in segments:
             self.offload_segment(s)
-        self.lag_bytes = 0
+            self.lag_bytes = max(0, self.lag_bytes - s.size)
         return len(segments)
 
     def offload_segment(self, segment: SegmentInfo) -> FragmentEntry:
