@@ -250,6 +250,17 @@ async def test_admin_offload_before_with_status(running: Running) -> None:
         },
     )
     assert code == 400 and "lower than the retention limit" in body["error"]
+    # 409 while a requested offload runs: hold the service's loop so the request stays open
+    tiering = running.server.tiering
+    assert tiering is not None
+    service = next(iter(tiering.offloads.values()))
+    service.stop()
+    code, body = await running.http("PUT", "/ops/offload", {"before": TOTAL})
+    assert code == 202 and body["status"] == "running"
+    code, body = await running.http("PUT", "/ops/offload", {"before": TOTAL})
+    assert code == 409 and "running" in body["error"]
+    code, body = await running.http("GET", "/ops/offload")
+    assert code == 200 and body["status"] == "running" and body["before"] == TOTAL
 
 
 async def test_retention_and_stream_deletion_leave_no_objects(running: Running) -> None:
