@@ -421,3 +421,25 @@ def test_spark_source_reads_a_segment_mode_stream(
     assert df.rdd.getNumPartitions() == len(list(tree.iter_fragments(s.store.get)))
     rows = [(r["offset"], bytes(r["body"])) for r in df.orderBy("offset").collect()]
     assert rows == [r for r in everything if r[0] < tree.next_offset]
+
+
+def test_stream_retention_applies_to_segments_never_offloaded(
+    make_stream: Callable[..., Stream],
+) -> None:
+    """No trigger, no operator call: the stream's retention still bounds the local tier
+    (the remote tier holds nothing older), and a later offload continues after the gap."""
+    s = make_stream(max_bytes=500_000)
+    s.append(random.Random(10), 500)
+    before = s.log.list_segments()
+    assert sum(x.size for x in before) > 500_000
+    freed = s.service.apply_local_deletion()
+    assert freed and freed == [x.first_offset for x in before[: len(freed)]]
+    assert sum(x.size for x in s.log.list_segments()) <= 500_000
+    first = s.log.segment_refs()[0].first_offset
+    sealed = [x for x in s.log.list_segments() if x.sealed]
+    s.service.request_offload(sealed[0].next_offset)
+    assert s.service.run_once() == 1
+    tree = s.service.committed_tree()
+    assert (tree.first_offset, tree.next_offset) == (first, sealed[0].next_offset)
+    got = read_all(s.reader(OffsetSpec.first()))
+    assert got[0][0] >= first and got == local_records(s.log, OffsetSpec.first())

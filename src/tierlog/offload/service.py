@@ -354,28 +354,46 @@ class SegmentOffloadService:
     # -- local deletion (on the log's writer thread) ----------------------------------------
     def apply_local_deletion(self) -> list[int]:
         """Delete the oldest local segments that are offloaded and past the deletion lag
-        (or removed by remote retention); under the free-disk floor the lag is waived."""
+        (under the free-disk floor the lag is waived), that remote retention removed, or
+        that the stream's retention removes while nothing older is held remotely."""
         tree = self.committer.tree
-        lag = self.settings().offload_deletion_lag_seconds
+        settings = self.settings()
+        lag = settings.offload_deletion_lag_seconds
         now = self.clock()
+        listed = self.log.list_segments()
+        total = sum(s.size for s in listed) + (0 if tree.is_empty else tree.header().total_bytes)
         freed: list[int] = []
-        for s in self.log.list_segments():
+        for s in listed:
             if not s.sealed:
                 break
-            if not tree.is_empty and s.next_offset <= tree.first_offset:
+            if s.next_offset <= tree.first_offset:
                 pass  # remote retention removed it from the stream
-            elif s.next_offset <= tree.next_offset and not tree.is_empty:
+            elif s.next_offset <= tree.next_offset:
                 committed = self._commit_time(s.first_offset, now)
                 if committed + lag > now:
                     if not self._disk_below_floor():
                         break
                     self.early_deletions += 1
-            else:
+            elif not (tree.is_empty and self._over_retention(s, total, settings, now)):
                 break
             self.log.delete_segment(s.first_offset)
             self._committed_at.pop(s.first_offset, None)
+            total -= s.size
             freed.append(s.first_offset)
         return freed
+
+    def _over_retention(
+        self, segment: SegmentInfo, total: int, settings: StreamSettings, now: float
+    ) -> bool:
+        """Whether the stream's retention removes this oldest, never offloaded segment (the
+        remote tier holds nothing older, so the stream stays one contiguous range)."""
+        if settings.max_bytes is not None and total > settings.max_bytes:
+            return True
+        if settings.max_age_seconds is None:
+            return False
+        chunks = self.log.segment_chunks(segment.first_offset)
+        newest = chunks[-1].timestamp if chunks else 0
+        return newest < (now - settings.max_age_seconds) * 1000
 
     def _commit_time(self, first: int, now: float) -> float:
         """When the offload of ``first`` was committed: remembered, else its index object's
