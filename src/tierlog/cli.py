@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(func=cmd_quickstart)
     add_serve_command(sub)
     add_spark_commands(sub)
+    from tierlog.msgstore.cli import add_msgstore_commands
+
+    add_msgstore_commands(sub)
     return parser
 
 
