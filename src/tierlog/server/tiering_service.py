@@ -30,6 +30,7 @@ from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
+from tierlog.tiering.backpressure import free_disk_below
 from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.committer import ManifestCommitter
 from tierlog.tiering.config import tiering_config
@@ -226,6 +227,10 @@ class TieringService:
         its limits for want of disk, so the broker throttles whatever the lag."""
         service = self.offload_of(record)
         if service is not None:
+            # segment mode: the sealed bytes its thresholds want offloaded; under the disk
+            # floor publishers wait whatever the lag (the deletion lag is waived meanwhile)
+            if free_disk_below(service.log.stream_dir, self.tier.min_free_disk_bytes) is not None:
+                return HUGE_LAG
             return service.lag_bytes
         tierer = self.tierer_of(record)
         if tierer is None:
