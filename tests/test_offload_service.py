@@ -432,6 +432,8 @@ def test_stream_retention_applies_to_segments_never_offloaded(
     s.append(random.Random(10), 500)
     before = s.log.list_segments()
     assert sum(x.size for x in before) > 500_000
+    with s.service._offload_lock:  # an offload in flight: its segment must not go under it
+        assert s.service.apply_local_deletion() == []
     freed = s.service.apply_local_deletion()
     assert freed and freed == [x.first_offset for x in before[: len(freed)]]
     assert sum(x.size for x in s.log.list_segments()) <= 500_000

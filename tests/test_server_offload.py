@@ -121,7 +121,7 @@ async def running(
         store.close()
 
 
-async def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> None:
+async def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if await predicate():

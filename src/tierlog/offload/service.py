@@ -127,6 +127,10 @@ class SegmentOffloadService:
         self.halted: str | None = None
         self._committed_at: dict[int, float] = {}  # first offset -> when its offload committed
         self._lock = threading.Lock()
+        # held for a whole offload (upload and commit): the stream's retention frees
+        # never-offloaded segments only while no offload runs, so the manifest and the
+        # local log stay one contiguous range
+        self._offload_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -290,8 +294,15 @@ class SegmentOffloadService:
             self.lag_bytes = max(0, self.lag_bytes - s.size)
         return len(segments)
 
-    def offload_segment(self, segment: SegmentInfo) -> FragmentEntry:
-        """Offload one sealed segment and commit it to the manifest."""
+    def offload_segment(self, segment: SegmentInfo) -> FragmentEntry | None:
+        """Offload one sealed segment and commit it to the manifest (None: the stream's
+        retention freed it meanwhile)."""
+        with self._offload_lock:
+            if segment.first_offset not in {r.first_offset for r in self.log.segment_refs()}:
+                return None
+            return self._offload_segment(segment)
+
+    def _offload_segment(self, segment: SegmentInfo) -> FragmentEntry:
         uuid = uuid_module.uuid4()
         ref = SegmentRef(segment.first_offset, segment.segment_path, segment.index_path)
         extra = {
@@ -356,6 +367,14 @@ class SegmentOffloadService:
         """Delete the oldest local segments that are offloaded and past the deletion lag
         (under the free-disk floor the lag is waived), that remote retention removed, or
         that the stream's retention removes while nothing older is held remotely."""
+        offloading = not self._offload_lock.acquire(blocking=False)
+        try:
+            return self._apply_local_deletion(may_drop_unoffloaded=not offloading)
+        finally:
+            if not offloading:
+                self._offload_lock.release()
+
+    def _apply_local_deletion(self, may_drop_unoffloaded: bool) -> list[int]:
         tree = self.committer.tree
         settings = self.settings()
         lag = settings.offload_deletion_lag_seconds
@@ -374,7 +393,11 @@ class SegmentOffloadService:
                     if not self._disk_below_floor():
                         break
                     self.early_deletions += 1
-            elif not (tree.is_empty and self._over_retention(s, total, settings, now)):
+            elif not (
+                may_drop_unoffloaded
+                and tree.is_empty
+                and self._over_retention(s, total, settings, now)
+            ):
                 break
             self.log.delete_segment(s.first_offset)
             self._committed_at.pop(s.first_offset, None)
