@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.config import LogConfig
-from tierlog.log.errors import CorruptChunkError, NotAStreamError
+from tierlog.log.damage import patch_segment, quarantine
+from tierlog.log.errors import CorruptChunkError, DamagedSegmentError, NotAStreamError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogView
 from tierlog.log.segment_files import encode_index, read_file, scan_segment
@@ -126,12 +127,21 @@ def test_flipped_byte_never_served(
         f.seek(pos)
         f.write(bytes([byte ^ (1 << bit)]))
     hit = next(j for j, (_, p, sz, _) in enumerate(chunks) if p <= pos < p + sz)
-    log = StreamLog.open(stream_dir)
+    try:
+        log = StreamLog.open(stream_dir)
+    except DamagedSegmentError as exc:
+        # damage followed by trustworthy chunks is never cut: refused, file named, no change;
+        # the last chunk's header (no right neighbour) is refused when its index disagrees
+        assert hit < len(chunks) - 1 or pos < chunks[hit][1] + HEADER_SIZE
+        assert exc.segment_path == segment_path(stream_dir)
+        assert exc.first_offset <= chunks[hit][0]
+        assert exc.end_offset is None or exc.end_offset > chunks[hit][0]
+        return
     got = served(log)
     original = [(cid, recs) for cid, _, _, recs in chunks]
-    # exactly a prefix, nothing before the damage is lost
+    # exactly a prefix, nothing before the damage is lost; only the last chunk may be cut
     assert got == original[: len(got)]
-    assert len(got) >= hit
+    assert len(got) >= min(hit, len(chunks) - 1)
     _, cpos, _, _ = chunks[hit]
     in_data = pos >= cpos + HEADER_SIZE and pos < cpos + chunks[hit][2]
     if in_data and len(got) > hit:
@@ -174,19 +184,83 @@ def test_missing_short_and_garbage_index_rebuilt(
         log.close()
 
 
-def test_sealed_segment_damage(tmp_path: Path) -> None:
-    stream_dir, _ = build(tmp_path / "multi", max_segment_chunks=4)
+def snapshot_files(stream_dir: str) -> dict[str, bytes]:
+    return {n: read_file(os.path.join(stream_dir, n)) for n in sorted(os.listdir(stream_dir))}
+
+
+def test_sealed_segment_damage_is_refused_never_cut(tmp_path: Path) -> None:
+    stream_dir, _chunks = build(tmp_path / "multi", max_segment_chunks=4)
     names = sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment"))
     assert len(names) >= 3
-    # a torn sealed segment ends the log there: later segments go, offsets stay contiguous
     second = os.path.join(stream_dir, names[1])
     os.truncate(second, os.path.getsize(second) - 3)
+    before = snapshot_files(stream_dir)
+    with pytest.raises(DamagedSegmentError) as info:
+        StreamLog.open(stream_dir)
+    assert info.value.segment_path == second
+    assert info.value.end_offset == int(names[2][:20])
+    assert snapshot_files(stream_dir) == before  # nothing cut, nothing deleted
+    # moved aside (never deleted): the stream stays refused, naming the file
+    moved = quarantine(info.value)
+    assert moved == [second + ".damaged", second[: -len(".segment")] + ".index.damaged"]
+    with pytest.raises(DamagedSegmentError, match="moved aside"):
+        StreamLog.open(stream_dir)
+    assert not os.path.exists(second) and os.path.getsize(second + ".damaged") > 0
+
+
+def test_flipped_index_bit_in_sealed_segment_never_loses_data(tmp_path: Path) -> None:
+    """One bit of one timestamp in a sealed segment's index: the index is rebuilt from
+    the segment; no segment is deleted and no offset is handed out again."""
+    stream_dir, _chunks = build(tmp_path / "idx", max_segment_chunks=4)
     log = StreamLog.open(stream_dir)
-    segs = log.list_segments()
-    assert len(segs) == 2 and segs[1].num_chunks == 3
-    assert sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment")) == names[:2]
-    assert log.recovery_notes
-    log.append([b"more"])
+    original = served(log)
+    next_offset = log.next_offset
+    log.close()
+    indexes = sorted(n for n in os.listdir(stream_dir) if n.endswith(".index"))
+    segments = sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment"))
+    for n_record in (0, 1, 3):  # first, middle and last record of the index
+        idx = os.path.join(stream_dir, indexes[1])
+        good = read_file(idx)
+        with open(idx, "r+b") as f:
+            at = 8 + 29 * n_record + 8 + 7  # low byte of the timestamp
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x40]))
+        log = StreamLog.open(stream_dir)
+        assert log.next_offset == next_offset
+        assert served(log) == original
+        assert sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment")) == segments
+        log.close()
+        assert read_file(idx) == good  # rebuilt from the segment
+
+
+def test_interior_damage_in_last_segment_is_not_cut(tmp_path: Path) -> None:
+    stream_dir, chunks = build(tmp_path / "mid")
+    victim = chunks[3]
+    with open(segment_path(stream_dir), "r+b") as f:
+        f.seek(victim[1] + victim[2] - 1 - 40)
+        f.write(b"\x00" * 8)  # inside the data: CRC mismatch, later chunks healthy
+    before = snapshot_files(stream_dir)
+    with pytest.raises(DamagedSegmentError) as info:
+        StreamLog.open(stream_dir)
+    assert info.value.first_offset <= victim[0] < (info.value.end_offset or 1 << 62)
+    assert snapshot_files(stream_dir) == before
+
+
+def test_patch_segment_repairs_from_a_healthy_copy(tmp_path: Path) -> None:
+    stream_dir, chunks = build(tmp_path / "patch", max_segment_chunks=4)
+    first_seg = os.path.join(stream_dir, "00000000000000000000.segment")
+    healthy = read_file(first_seg)
+    with open(first_seg, "r+b") as f:
+        f.seek(chunks[3][1] + 31)
+        f.write(b"\xff")  # the last chunk id of a sealed segment
+    with pytest.raises(DamagedSegmentError) as info:
+        StreamLog.open(stream_dir)
+    pos = info.value.position
+    patch_segment(first_seg, pos, healthy[pos:])
+    log = StreamLog.open(stream_dir)
+    assert [c for c, _ in served(log)][: len(chunks)] == [c[0] for c in chunks]
     log.close()
 
 

@@ -18,6 +18,7 @@ from tierlog.log.config import LogConfig
 from tierlog.log.errors import (
     InvalidAppendError,
     LogClosedError,
+    OffsetGapError,
     OffsetReuseError,
     RecordTooLargeError,
     SegmentNotSealedError,
@@ -324,8 +325,13 @@ def test_restart_at_skips_offsets_and_restores_tracking(tmp_path: Path) -> None:
     r = log.append([b"x", b"y"], producer="p", publishing_ids=[77, 78])
     assert r.first_offset == 1001 and r.dropped == (77,)
     assert [s.first_offset for s in log.list_segments()] == [0, 1000]
-    assert all_records(log) == [(0, b"a"), (1, b"b"), (1001, b"y")]
-    with log.reader(OffsetSpec.offset(500)) as reader:  # inside the gap
+    # the local log jumps over offsets only the remote tier holds: never a silent skip
+    with pytest.raises(OffsetGapError) as gap:
+        all_records(log)
+    assert (gap.value.missing_from, gap.value.missing_to) == (3, 1000)
+    with pytest.raises(OffsetGapError), log.reader(OffsetSpec.offset(500)) as reader:
+        list(reader.records())  # inside the gap
+    with log.reader(OffsetSpec.offset(1000)) as reader:
         assert [o for o, _ in reader.records()] == [1001]
     stream_dir = log.stream_dir
     log.close()

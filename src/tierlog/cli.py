@@ -78,11 +78,46 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--batch", type=int, default=1_000, help="records per append (chunk)")
     quick.set_defaults(func=cmd_quickstart)
     add_serve_command(sub)
+    add_recover_pointers_command(sub)
     add_spark_commands(sub)
     from tierlog.msgstore.cli import add_msgstore_commands
 
     add_msgstore_commands(sub)
     return parser
+
+
+def add_recover_pointers_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tierlog recover-pointers``: rebuild lost MetaStore pointers from stored roots."""
+    recover = sub.add_parser(
+        "recover-pointers",
+        help="rebuild missing or corrupt manifest pointers in the MetaStore from the root "
+        "objects in the object store (run with the server stopped)",
+    )
+    recover.add_argument("--config", help="the server's TOML config file")
+    recover.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    recover.set_defaults(func=cmd_recover_pointers)
+
+
+def cmd_recover_pointers(args: argparse.Namespace) -> int:
+    from tierlog.remote.catalog import Catalog
+    from tierlog.server.config import load_config
+    from tierlog.storage.meta_store import open_meta_store
+    from tierlog.storage.object_store import open_object_store
+    from tierlog.tiering.pointer_recovery import recover_pointers
+
+    config = load_config(args.config)
+    storage = config.storage.resolved()
+    meta = open_meta_store(storage.meta_store)
+    store = open_object_store(storage.object_store)
+    try:
+        results = recover_pointers(Catalog(meta), store, config.tier.prefix, dry_run=args.dry_run)
+    finally:
+        store.close()
+        meta.close()
+    for r in results:
+        where = f" root={r.root_uid} next_offset={r.next_offset}" if r.root_uid else ""
+        print(f"{r.incarnation}: {r.status}{where}{' ' + r.detail if r.detail else ''}")
+    return 1 if any(r.status == "failed" for r in results) else 0
 
 
 def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

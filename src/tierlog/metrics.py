@@ -230,6 +230,28 @@ class Metrics:
             ["action"],
             registry=r,
         )
+        self.unreadable_data = Counter(
+            "tierlog_subscription_unreadable_data",
+            "Subscriptions ended because the data at their position does not validate "
+            "(corrupt local chunk, corrupt or vanished remote fragment), by kind.",
+            ["kind"],
+            registry=r,
+        )
+
+        # -- local damage (found by recovery when a stream opens) -------------------
+        self.local_damage_repaired = Counter(
+            "tierlog_local_damage_repaired",
+            "Damaged local segments rewritten from the committed remote fragments.",
+            STREAM_LABELS,
+            registry=r,
+        )
+        self.local_damage_refused = Counter(
+            "tierlog_local_damage_refused",
+            "Streams refused because a local segment is damaged and no healthy copy exists "
+            "(the file is moved aside as *.damaged).",
+            STREAM_LABELS,
+            registry=r,
+        )
 
         # -- object store (recorded by the metered store wrapper) -------------------
         self.object_store_requests = Counter(

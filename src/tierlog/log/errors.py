@@ -39,12 +39,54 @@ class SegmentNotSealedError(LogError):
     """The operation needs a sealed segment but the segment is the active one."""
 
 
+class DamagedSegmentError(LogError):
+    """Recovery found damage it may not cut: a sealed segment, or chunks inside the last
+    segment followed by trustworthy ones. The stream is refused until the range is
+    repaired from a healthy copy (remote tier) or an operator deals with the file, which
+    is moved aside (never deleted). Offsets ``[first_offset, end_offset)`` of
+    ``segment_path`` are affected (``end_offset`` None: up to the segment's end)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        segment_path: str,
+        segment_first_offset: int,
+        position: int,
+        first_offset: int,
+        end_offset: int | None,
+    ) -> None:
+        super().__init__(message)
+        self.segment_path = segment_path
+        self.segment_first_offset = segment_first_offset
+        self.position = position
+        self.first_offset = first_offset
+        self.end_offset = end_offset
+
+
 class CorruptChunkError(LogError):
     """A reader met a chunk whose bytes do not validate; it is never served."""
 
 
 class ShortReadError(LogError, OSError):
     """A segment file held fewer bytes than the log's index promised (changed under us)."""
+
+
+class OffsetGapError(CorruptChunkError):
+    """The local log jumps forward: offsets ``[missing_from, missing_to)`` are not in the
+    local segment files (the log was restarted past the remote tail, or local retention
+    freed them). A local reader never skips them: the cross-tier reader serves the gap
+    from the remote tier; anyone else gets this error."""
+
+    def __init__(self, message: str, missing_from: int, missing_to: int) -> None:
+        super().__init__(message)
+        self.missing_from = missing_from
+        self.missing_to = missing_to
+
+
+class SyncFailedError(LogError):
+    """An fdatasync of the log failed: nothing after the last successful one is known to
+    be durable, so the log accepts nothing more until it is reopened (recovery)."""
 
 
 class LogClosedError(LogError):

@@ -31,7 +31,7 @@ from tierlog.formats.chunk import (
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
 from tierlog.log.commit import CommitPoint
-from tierlog.log.errors import CorruptChunkError, LogClosedError
+from tierlog.log.errors import CorruptChunkError, LogClosedError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.recovery import recover
 from tierlog.log.segment_files import (
@@ -310,9 +310,14 @@ class LogReader:
                 header = decode_header(head)
             except FormatError as exc:
                 raise self._corrupt(exc) from exc
-            if header.chunk_id != self._next and not (
-                self._pos == FILE_HEADER_SIZE and header.chunk_id > self._next
-            ):
+            if header.chunk_id != self._next:
+                if self._pos == FILE_HEADER_SIZE and header.chunk_id > self._next:
+                    raise OffsetGapError(
+                        f"{self._ref.segment_path}: the local log jumps from {self._next} to "
+                        f"{header.chunk_id}; those offsets are not held locally",
+                        self._next,
+                        header.chunk_id,
+                    )
                 raise self._corrupt(f"chunk id {header.chunk_id}, expected {self._next}")
             if header.chunk_id > commit.chunk_id:
                 return None

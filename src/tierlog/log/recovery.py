@@ -1,13 +1,23 @@
 """Crash recovery: find (and, when allowed, repair to) the good prefix of a stream log.
 
-* The last segment is scanned chunk by chunk with CRC checks: a torn or corrupt
-  tail is cut off, and its index is rebuilt to match exactly.
+The rule is that confirmed data is never cut, renumbered or deleted by recovery:
+
+* A chunk is trustworthy when its CRC is good and its header is continuous with its
+  neighbours (chunk id = previous id + previous record count, epoch and timestamp not
+  decreasing, lengths within the file); the Osiris CRC covers entry data only.
+* An index only points into its segment and never vetoes a trustworthy chunk: when it
+  disagrees with the segment, it is rebuilt from the segment.
 * Sealed segments (fsynced when they were rolled) get a structural check through
-  their index (first and last chunk consistent with the file size); when that fails
-  or the index is missing or short, the segment is scanned like the last one and its
-  index rebuilt. Damage in a segment ends the log there: later segments go too, so
-  offsets stay contiguous ("exactly the good prefix"). Bit rot inside a sealed chunk
-  is caught later by readers' CRC checks (a typed error, never served).
+  their index (records in order, first and last chunk consistent with the file size);
+  when that fails the segment is scanned chunk by chunk and its index rebuilt.
+* Only a torn tail of the *last* segment may be cut: damage there with nothing
+  trustworthy after it (a write the crash interrupted). Any other damage (in a sealed
+  segment, or followed by trustworthy chunks) raises ``DamagedSegmentError`` naming the
+  file and range and modifies nothing: the caller repairs it from a healthy copy (the
+  remote tier, ``damage.patch_segment``) or refuses the stream and moves the file aside
+  (``damage.quarantine``); a stream directory holding a moved-aside file stays refused.
+  Bit rot inside a sealed chunk whose index passes the structural check is caught later
+  by readers' CRC checks (a typed error, never served).
 * Index files without a segment are deleted; an empty last segment is deleted when
   an earlier segment exists (as Osiris does).
 * Tracking state is rebuilt from the last segment: its snapshot, deltas and the
@@ -23,13 +33,20 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 
-from tierlog.formats.chunk import decode_header
+from tierlog.formats.chunk import (
+    HEADER_SIZE,
+    ChunkHeader,
+    ChunkType,
+    decode_header,
+)
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER, IndexRecord
-from tierlog.log.errors import NotAStreamError
+from tierlog.log.damage import refuse_quarantined
+from tierlog.log.errors import DamagedSegmentError, NotAStreamError
 from tierlog.log.segment_files import (
     ChunkInfo,
     IndexView,
+    ScanResult,
     SegmentRef,
     chunk_info,
     encode_index,
@@ -39,6 +56,7 @@ from tierlog.log.segment_files import (
     read_header_at,
     scan_segment,
     segment_ref,
+    validate_chunk,
 )
 from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.logs import get_logger
@@ -91,9 +109,14 @@ class RecoveredLog:
 
 
 def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
-    """Validate a stream directory's tail; with ``repair``, cut it back to the good prefix."""
+    """Validate a stream directory; with ``repair``, cut a torn tail and rebuild indexes.
+
+    Raises ``DamagedSegmentError`` (changing nothing in the damaged segment) for damage
+    that may not be cut, and for a directory holding a moved-aside segment.
+    """
     if not os.path.isdir(stream_dir):
         raise NotAStreamError(f"{stream_dir} is not a directory")
+    refuse_quarantined(stream_dir)
     _, segments, indexes = list_files(stream_dir)
     if not segments:
         raise NotAStreamError(f"{stream_dir} holds no Osiris segment files")
@@ -110,18 +133,38 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
     for i, offset in enumerate(offsets):
         ref = segment_ref(stream_dir, offset)
         is_last = i == len(offsets) - 1
+        next_segment = None if is_last else offsets[i + 1]
         state = None if is_last else _check_sealed(ref)
         if state is not None:
             states.append(state)
             continue
-        scan = scan_segment(ref.segment_path, offset, True, _index_records(ref))
-        if not scan.header_ok and (scan.file_size >= FILE_HEADER_SIZE or not is_last):
-            if not states:
+        scan = scan_segment(ref.segment_path, offset, True)
+        if not scan.header_ok:
+            if is_last and scan.file_size < FILE_HEADER_SIZE and states:
+                # crashed while creating the segment: nothing was ever written to it
+                notes.append(f"{ref.segment_path}: torn segment header")
+                if repair:
+                    _unlink_pair(ref)
+                    changed = True
+                break
+            if not states and scan.file_size < FILE_HEADER_SIZE and is_last:
+                pass  # a stream created but never written: rewrite the header below
+            elif not states and is_last:
                 raise NotAStreamError(f"{ref.segment_path} is not an Osiris segment file")
-            notes.append(f"{ref.segment_path}: bad segment header")
-            _drop_from(offsets[i:], stream_dir, repair, notes)
-            changed = changed or repair
-            break
+            else:
+                raise _damage(ref, scan.damage or "bad segment header", 0, offset, next_segment)
+        _check_chunk_types(ref, scan.chunks, next_segment)
+        if scan.damage is None and scan.chunks:
+            _check_last_chunk(ref, scan.chunks[-1], next_segment)
+        if scan.damage:
+            expected_id = scan.chunks[-1].next_offset if scan.chunks else offset
+            trusted_after = _trusted_chunk_after(ref, scan.valid_end, expected_id)
+            if not is_last or trusted_after is not None:
+                end = next_segment if trusted_after is None else trusted_after
+                raise _damage(ref, scan.damage, scan.valid_end, _scan_next(scan, offset), end)
+            notes.append(
+                f"{ref.segment_path}: torn tail ({scan.damage}); kept {scan.valid_end} bytes"
+            )
         valid_end = scan.valid_end if scan.header_ok else FILE_HEADER_SIZE
         state = SegmentState(
             ref,
@@ -130,15 +173,11 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
             scan.chunks[0] if scan.chunks else None,
             scan.chunks[-1] if scan.chunks else None,
         )
-        if scan.damage:
-            notes.append(f"{ref.segment_path}: {scan.damage}; kept {valid_end} bytes")
         if repair:
             changed = _repair_segment(ref, scan.header_ok, valid_end, scan.chunks) or changed
         states.append(state)
-        if scan.damage and not is_last:
-            _drop_from(offsets[i + 1 :], stream_dir, repair, notes)
-            changed = changed or repair
-            break
+    if not states:
+        raise NotAStreamError(f"{stream_dir} holds no Osiris segment files")
     while len(states) > 1 and states[-1].num_chunks == 0:
         empty = states.pop()
         notes.append(f"empty last segment removed: {empty.ref.segment_path}")
@@ -151,6 +190,129 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         log.warning("recovery_note", stream_dir=stream_dir, note=note)
     tracking = recover_tracking(states[-1])
     return RecoveredLog(stream_dir, states, tracking, notes)
+
+
+def _scan_next(scan: ScanResult, segment_first_offset: int) -> int:
+    """The first offset the damage may affect. A header field outside the CRC that breaks
+    continuity (timestamp, epoch) implicates both neighbours, so the last chunk that
+    passed is included."""
+    return scan.chunks[-1].chunk_id if scan.chunks else segment_first_offset
+
+
+def _damage(
+    ref: SegmentRef, why: str, position: int, first: int, end: int | None
+) -> DamagedSegmentError:
+    where = f"[{first}, {end})" if end is not None else f"[{first}, end of segment)"
+    return DamagedSegmentError(
+        f"{ref.segment_path}: damage at byte {position} ({why}); offsets {where} are not "
+        "trustworthy and may not be cut",
+        segment_path=ref.segment_path,
+        segment_first_offset=ref.first_offset,
+        position=position,
+        first_offset=first,
+        end_offset=end,
+    )
+
+
+def _check_chunk_types(ref: SegmentRef, chunks: list[ChunkInfo], next_segment: int | None) -> None:
+    """The chunk type is outside the CRC and no neighbour corroborates it: where the index
+    names another type for the same chunk, neither copy can be trusted over the other."""
+    by_position = {r.position: r for r in _index_records(ref) or []}
+    for chunk in chunks:
+        record = by_position.get(chunk.position)
+        if (
+            record is not None
+            and record.chunk_id == chunk.chunk_id
+            and record.chunk_type != chunk.chunk_type
+        ):
+            raise _damage(
+                ref,
+                f"chunk {chunk.chunk_id} type {chunk.chunk_type} disagrees with its index "
+                f"record ({record.chunk_type})",
+                chunk.position,
+                chunk.chunk_id,
+                chunk.next_offset,
+            )
+
+
+def _check_last_chunk(ref: SegmentRef, last: ChunkInfo, next_segment: int | None) -> None:
+    """Corroborate the header fields outside the CRC (timestamp, epoch, type) of a
+    segment's last chunk. Its right neighbour is the next segment's first chunk; the last
+    chunk of the log has none, so where its index record exists and disagrees, neither
+    copy can be trusted over the other: damage, never a silent choice."""
+    if next_segment is not None:
+        neighbour = _first_header(segment_ref(os.path.dirname(ref.segment_path), next_segment))
+        if (
+            neighbour is not None
+            and last.next_offset == next_segment == neighbour.chunk_id
+            and last.epoch <= neighbour.epoch
+            and last.timestamp <= neighbour.timestamp
+        ):
+            return
+    records = _index_records(ref) or []
+    record = next((r for r in records if r.position == last.position), None)
+    if record is not None and record != last.index_record():
+        raise _damage(
+            ref,
+            f"chunk {last.chunk_id} header disagrees with its index record",
+            last.position,
+            last.chunk_id,
+            next_segment if next_segment is not None else last.next_offset,
+        )
+
+
+def _first_header(ref: SegmentRef) -> ChunkHeader | None:
+    try:
+        fd = os.open(ref.segment_path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return read_header_at(fd, FILE_HEADER_SIZE)
+    except FormatError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _trusted_chunk_after(ref: SegmentRef, damaged_at: int, expected_id: int) -> int | None:
+    """The chunk id of a trustworthy chunk at or after the damage at ``damaged_at``, if any.
+
+    The candidates are the position right after the damaged chunk (when its header
+    still gives its length) and every position the index names beyond the damage: the
+    index may help find data, never hide it. A write interrupted by a crash leaves
+    nothing trustworthy behind it; anything else is damage to confirmed data.
+    """
+    fd = os.open(ref.segment_path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        # The damaged chunk itself first: when it validates on its own, only its continuity
+        # with the chunk before failed (a header field outside the CRC), which a torn write
+        # cannot cause.
+        candidates: list[int] = [damaged_at]
+        try:
+            header = read_header_at(fd, damaged_at)
+            candidates.append(damaged_at + header.total_size)
+        except FormatError:
+            pass
+        records = _index_records(ref) or []
+        candidates.extend(r.position for r in records if r.position > damaged_at)
+        for position in sorted(set(candidates)):
+            if position + HEADER_SIZE > size:
+                continue
+            try:
+                header = read_header_at(fd, position)
+                if position + header.total_size > size:
+                    continue
+                validate_chunk(header, memoryview(pread_exact(fd, header.total_size, position)))
+            except FormatError:
+                continue
+            # the questionable range ends after the damaged chunk, or where trust resumes
+            if position == damaged_at:
+                return max(header.next_offset, expected_id + header.num_records)
+            return header.chunk_id
+        return None
+    finally:
+        os.close(fd)
 
 
 def _index_records(ref: SegmentRef) -> list[IndexRecord] | None:
@@ -169,6 +331,8 @@ def _check_sealed(ref: SegmentRef) -> SegmentState | None:
     except (OSError, FormatError):
         return None
     if index.count == 0 or len(index.buf) != FILE_HEADER_SIZE + index.count * 29:
+        return None
+    if not _records_in_order(index, size):
         return None
     first = index.record(0)
     last = index.record(index.count - 1)
@@ -197,6 +361,25 @@ def _check_sealed(ref: SegmentRef) -> SegmentState | None:
         first_info,
         last_info,
     )
+
+
+def _records_in_order(index: IndexView, size: int) -> bool:
+    """Every record of the index is ordered and inside the file (in memory, no reads):
+    chunk ids and positions strictly increasing, timestamps and epochs not decreasing,
+    known chunk types."""
+    prev: IndexRecord | None = None
+    for record in index:
+        if record.chunk_type > ChunkType.TRACKING_SNAPSHOT or record.position >= size:
+            return False
+        if prev is not None and (
+            record.chunk_id <= prev.chunk_id
+            or record.position <= prev.position
+            or record.timestamp < prev.timestamp
+            or record.epoch < prev.epoch
+        ):
+            return False
+        prev = record
+    return True
 
 
 def _repair_segment(
@@ -232,14 +415,6 @@ def _repair_segment(
         os.replace(tmp, ref.index_path)
         changed = True
     return changed
-
-
-def _drop_from(offsets: list[int], stream_dir: str, repair: bool, notes: list[str]) -> None:
-    for offset in offsets:
-        ref = segment_ref(stream_dir, offset)
-        notes.append(f"segment after damage removed: {ref.segment_path}")
-        if repair:
-            _unlink_pair(ref)
 
 
 def _unlink_pair(ref: SegmentRef) -> None:

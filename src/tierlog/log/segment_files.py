@@ -194,18 +194,17 @@ def scan_segment(
     path: str,
     first_offset: int,
     verify_crc: bool = True,
-    index: list[IndexRecord] | None = None,
 ) -> ScanResult:
     """Walk a segment's chunks from the start; stop at the first invalid one.
 
     A chunk is valid when its header decodes, it lies wholly inside the file, its
     chunk id continues the previous chunk (the first one equals the file name's
-    offset) and its epoch does not go down. With ``verify_crc`` its data CRC must
-    match, its entries must exactly fill the data and add up to its record count, and
-    its tracking content (tracking chunks, user-chunk trailers) must decode and its
-    reserved header bytes must be zero. Where ``index`` (the segment's existing index
-    records) has a record for the chunk, it must agree with the header: header fields
-    outside the CRC (type, timestamp, epoch) are cross-checked that way.
+    offset) and neither its epoch nor its timestamp goes down (header fields outside
+    the CRC are trusted only when continuous with their neighbours). With ``verify_crc``
+    its data CRC must match, its entries must exactly fill the data and add up to its
+    record count, its tracking content (tracking chunks, user-chunk trailers) must
+    decode and its reserved header bytes must be zero. The index file plays no part:
+    it only points into the segment and never vetoes a chunk that is trustworthy.
     """
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -219,6 +218,7 @@ def scan_segment(
         pos = FILE_HEADER_SIZE
         expected = first_offset
         epoch = 0
+        timestamp = -(1 << 63)
         damage: str | None = None
         buf = b""
         buf_pos = 0
@@ -241,11 +241,10 @@ def scan_segment(
             if header.epoch < epoch:
                 damage = f"chunk {header.chunk_id} epoch {header.epoch} below {epoch}"
                 break
-            info = chunk_info(header, pos)
-            n = len(chunks)
-            if index is not None and n < len(index) and index[n] != info.index_record():
-                damage = f"chunk {header.chunk_id} at {pos} disagrees with its index record"
+            if header.timestamp < timestamp:
+                damage = f"chunk {header.chunk_id} timestamp {header.timestamp} below {timestamp}"
                 break
+            info = chunk_info(header, pos)
             if buf[pos - buf_pos + 45 : pos - buf_pos + 48] != b"\x00\x00\x00":
                 damage = f"chunk {header.chunk_id} at {pos} has non-zero reserved bytes"
                 break
@@ -261,6 +260,7 @@ def scan_segment(
             chunks.append(info)
             expected = header.next_offset
             epoch = header.epoch
+            timestamp = header.timestamp
             pos = end
         return ScanResult(chunks, pos, size, True, damage)
     finally:

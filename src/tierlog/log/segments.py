@@ -20,7 +20,7 @@ from tierlog.formats.segment import (
     SEGMENT_HEADER,
     encode_index_record,
 )
-from tierlog.log.errors import SegmentNotSealedError
+from tierlog.log.errors import SegmentNotSealedError, SyncFailedError
 from tierlog.log.segment_files import (
     ASYNC_CRC_MIN_BYTES,
     ChunkInfo,
@@ -65,6 +65,7 @@ class SegmentSet:
         self.stream_dir = stream_dir
         self.segments = segments
         self.refs: tuple[SegmentRef, ...] = tuple(s.ref for s in segments)
+        self.sync_failed: OSError | None = None
         active = segments[-1]
         self.seg_fd = os.open(active.ref.segment_path, os.O_RDWR)
         self.idx_fd = os.open(active.ref.index_path, os.O_RDWR)
@@ -122,10 +123,20 @@ class SegmentSet:
         return header
 
     def sync_data(self) -> None:
-        os.fdatasync(self.seg_fd)
+        """fdatasync the active segment. After a failure the kernel may have dropped the
+        dirty pages and a later fsync can succeed without them, so the log refuses all
+        further work (``SyncFailedError``, ``sync_failed`` set) until it is closed and
+        reopened: recovery then finds what really reached the disk."""
+        try:
+            os.fdatasync(self.seg_fd)
+        except OSError as exc:
+            self.sync_failed = exc
+            raise SyncFailedError(f"{self.stream_dir}: fdatasync failed: {exc!r}") from exc
 
-    def close(self) -> None:
-        os.fsync(self.idx_fd)
+    def close(self, sync: bool = True) -> None:
+        """Close the files, fsyncing the index first unless a sync already failed."""
+        if sync:
+            os.fsync(self.idx_fd)
         os.close(self.seg_fd)
         os.close(self.idx_fd)
 
@@ -133,7 +144,7 @@ class SegmentSet:
         """Seal the active segment (fsync its data when ``data_pending`` and its index)
         and start a new empty one at ``first_offset``."""
         if data_pending:
-            os.fdatasync(self.seg_fd)
+            self.sync_data()
         os.fsync(self.idx_fd)
         ref = segment_ref(self.stream_dir, first_offset)
         create_segment_files(ref)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Literal
 
 from tierlog.formats.chunk import ChunkType, Entry, simple_entry
@@ -36,6 +37,7 @@ from tierlog.log.errors import (
     OffsetReuseError,
     StaleEpochError,
     StreamExistsError,
+    SyncFailedError,
 )
 from tierlog.log.names import stream_dir_name
 from tierlog.log.offset_spec import OffsetSpec
@@ -139,17 +141,31 @@ class StreamLog:
         return cls.open(stream_dir, config)
 
     @classmethod
-    def open(cls, stream_dir: str, config: LogConfig | None = None) -> StreamLog:
-        """Open an existing stream directory for writing, running crash recovery first."""
+    def open(
+        cls, stream_dir: str, config: LogConfig | None = None, *, adopt_disk_epoch: bool = False
+    ) -> StreamLog:
+        """Open an existing stream directory for writing, running crash recovery first.
+
+        With ``adopt_disk_epoch`` the writer's epoch is max(configured, largest on disk):
+        a single-node server whose log was restarted past the remote tail (with a raised
+        epoch) must reopen it; without it a lower configured epoch is a deposed writer.
+        """
         config = config or LogConfig()
-        return cls(stream_dir, config, recover(stream_dir, repair=True))
+        recovered = recover(stream_dir, repair=True)
+        if adopt_disk_epoch and recovered.max_epoch > config.epoch:
+            config = replace(config, epoch=recovered.max_epoch)
+        return cls(stream_dir, config, recovered)
 
     def close(self) -> None:
-        """Fsync (committing everything written) and close the files."""
+        """Fsync (committing everything written) and close the files. After a failed
+        fdatasync nothing more is synced: recovery at the next open finds what reached
+        the disk."""
         if self._closed:
             return
-        self.sync()
-        self._segments.close()
+        synced = self._segments.sync_failed is None
+        if synced:
+            self.sync()
+        self._segments.close(sync=synced)
         self._closed = True
         self._commits.close()
 
@@ -320,6 +336,12 @@ class StreamLog:
     def check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"{self._dir} is closed")
+        failed = self._segments.sync_failed
+        if failed is not None:
+            raise SyncFailedError(
+                f"{self._dir}: an earlier fdatasync failed ({failed!r}); reopen the "
+                "log (recovery) before writing more"
+            )
 
     def producer_last(self, producer_id: bytes) -> int:
         known = self._tracking.sequences.get(producer_id)
@@ -466,7 +488,9 @@ class StreamLog:
 
     # ----------------------------------------------------------------- restart / retention
 
-    def restart_at(self, next_offset: int, epoch: int, tracking_snapshot: bytes) -> None:
+    def restart_at(
+        self, next_offset: int, epoch: int, tracking_snapshot: bytes, last_timestamp: int = 0
+    ) -> None:
         """Continue in a new segment at ``next_offset`` with a higher ``epoch``.
 
         Used when the remote tier is ahead of the local log: offsets below
@@ -493,6 +517,8 @@ class StreamLog:
         self._next_offset = next_offset
         self._epoch = epoch
         self._max_epoch = epoch
+        # timestamps never go back across the restart: the remote tail may be newer
+        self._last_timestamp = max(self._last_timestamp, last_timestamp)
         self._tracking = tracking
         self._write_snapshot_chunk()
         fsync_dir(self._dir)

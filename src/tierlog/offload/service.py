@@ -36,8 +36,10 @@ from typing import Protocol
 
 from tierlog import __version__
 from tierlog.errors import TierlogError
+from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.segment_files import SegmentRef
 from tierlog.log.segments import SegmentInfo
+from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.offload.errors import OffloadError
@@ -58,6 +60,8 @@ class OffloadRunningError(OffloadError):
 
 class ManifestCommits(Protocol):
     """What this service needs of the manifest committer (``tiering.committer``)."""
+
+    epoch: int
 
     @property
     def tree(self) -> ManifestTree: ...
@@ -154,7 +158,10 @@ class SegmentOffloadService:
     def start(self) -> RecoveryReport:
         """Load the manifest, fence older writers with an empty commit (epoch), settle the
         attempts a crash left behind, then run the trigger loop on a thread."""
-        self.committer.load()
+        tree = self.committer.load()
+        self.log.set_stream_first_offset(tree.first_offset)
+        if tree.next_offset > self.log.next_offset:
+            self._restart_local(tree)
         self.committer.commit([])
         report = self.offloader.recover(self.is_committed)
         if report.cleaned or report.kept or report.stray_uploads_aborted:
@@ -170,6 +177,35 @@ class SegmentOffloadService:
         )
         self._thread.start()
         return report
+
+    def _restart_local(self, tree: ManifestTree) -> None:
+        """The remote tier is ahead of the local log (its directory was lost or replaced):
+        continue the local log past it, so no offset is handed out twice, with a higher
+        epoch and the tracking state replayed from the last offloaded segment."""
+        epoch = max(self.committer.epoch, self.log.max_epoch + 1)
+        tracking = TrackingState()
+        entry = tree.locate_offset(tree.next_offset - 1, self.offloader.store.get).entry
+        if entry.is_segment:
+            handle = self.offloader.read_offloaded(entry.first_offset, entry.uuid)
+            with handle.reader(OffsetSpec.first(), user_only=False) as reader:
+                for chunk in reader.chunks():
+                    raw = chunk.raw
+                    assert raw is not None
+
+                    def read(position: int, length: int, raw: memoryview = raw) -> memoryview:
+                        return raw[position : position + length]
+
+                    replay_chunk(tracking, chunk.header, 0, read)
+        log.warning(
+            "local_log_restarted_past_remote",
+            stream_dir=self.stream_dir,
+            remote_next_offset=tree.next_offset,
+            local_next_offset=self.log.next_offset,
+            epoch=epoch,
+        )
+        self.log.restart_at(
+            tree.next_offset, epoch, tracking.to_bytes(), tree.header().max_timestamp
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stopping = True

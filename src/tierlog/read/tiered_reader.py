@@ -15,6 +15,7 @@ local log wrote; remote chunks are CRC-checked before they are served.
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 import threading
 import time
@@ -24,16 +25,16 @@ from typing import Literal
 import numpy as np
 
 from tierlog.errors import ConfigError, TierlogError
-from tierlog.formats.chunk import ChunkHeader, ChunkType, decode_header
+from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader, ChunkType, decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
-from tierlog.log.errors import CorruptChunkError
+from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead, LogReader, LogSource
-from tierlog.log.segment_files import IndexView
+from tierlog.log.segment_files import IndexView, SegmentRef, pread_exact
 from tierlog.read.errors import (
     FragmentExpiredError,
     NotHeldLocallyError,
@@ -394,7 +395,22 @@ class TieredReader:
             self._check_available()
             if self._local_cursor is not None:
                 if self._still_local():
-                    chunk = self._local_cursor.read_chunk()
+                    try:
+                        chunk = self._local_cursor.read_chunk()
+                    except OffsetGapError as gap:
+                        # the local log jumps: the view below sends the gap to the remote
+                        # tier, or raises when no tier holds it (never a skip)
+                        self._drop_cursors()
+                        self._check_gap_held(gap)
+                        continue
+                    except CorruptChunkError:
+                        # a local chunk does not validate: its healthy copy in the remote
+                        # tier serves that one chunk; without one the error stands
+                        self._drop_cursors()
+                        if not self._remote_holds(self._next):
+                            raise
+                        self._open_remote(self._next + 1)
+                        continue
                     if chunk is None:
                         return None
                     assert chunk.raw is not None
@@ -468,6 +484,31 @@ class TieredReader:
             return self._next >= self._manifest.tree().next_offset
         return True
 
+    def _remote_holds(self, offset: int) -> bool:
+        if self._strategy is ReadStrategy.DISABLE or self._manifest is None:
+            return False
+        tree = self._manifest.refresh()
+        return tree.first_offset <= offset < tree.next_offset
+
+    def _check_gap_held(self, gap: OffsetGapError) -> None:
+        if self._strategy is ReadStrategy.DISABLE or self._manifest is None:
+            raise OffsetUnavailableError(
+                f"offsets [{gap.missing_from}, {gap.missing_to}) are not held locally and "
+                f"remote reads are off: {gap}"
+            ) from gap
+        tree = self._manifest.refresh()
+        if not tree.first_offset <= self._next < tree.next_offset:
+            if self._next < tree.first_offset:
+                raise OffsetOvertakenError(self._next, tree.first_offset) from gap
+            raise OffsetUnavailableError(
+                f"offsets [{gap.missing_from}, {gap.missing_to}) are in neither tier "
+                f"(remote [{tree.first_offset}, {tree.next_offset})): {gap}"
+            ) from gap
+
+    def _local_gap_at(self, n: int) -> int | None:
+        assert self._local is not None
+        return local_gap_resumes(self._local, n)
+
     def _check_available(self) -> None:
         first = self._first_available()
         if self._next < first:
@@ -488,6 +529,9 @@ class TieredReader:
         if self._local is not None:
             local_first = self._local.segment_refs()[0].first_offset
             local_next = self._local.commit_point().next_offset
+            resumes = self._local_gap_at(self._next)
+            if resumes is not None:
+                local_first = resumes  # below it only the remote tier holds data
             if self._strategy is ReadStrategy.NOT_IN_MEM:
                 hot_from = hot_tail_start(self._local, self._hot_bytes)
         remote_first = remote_next = 0
@@ -565,6 +609,8 @@ class TieredReader:
         if not refs[0].first_offset <= n < commit.next_offset:
             return None
         ref = [r for r in refs if r.first_offset <= n][-1]
+        if self._local_gap_at(n) is not None:
+            return None  # between local segments: only the remote tier holds it
         try:
             index = IndexView.load(ref.index_path)
         except FileNotFoundError:
@@ -656,6 +702,37 @@ class TieredReader:
         if i is None:
             return loc.next_offset if loc.next_offset < tree.next_offset else None
         return int(index.records["chunk_id"][i])
+
+
+def local_gap_resumes(local: LogSource, n: int) -> int | None:
+    """Where local data resumes when offset ``n`` falls in a gap between local segments
+    (the log was restarted past the remote tail): local segments are a set of ranges,
+    and the offsets between them are served by the remote tier or not at all."""
+    refs = local.segment_refs()
+    i = bisect.bisect_right([r.first_offset for r in refs], n) - 1
+    if i < 0 or i + 1 >= len(refs):
+        return None
+    end = _segment_end(refs[i])
+    if end is None or n < end:
+        return None
+    return refs[i + 1].first_offset
+
+
+def _segment_end(ref: SegmentRef) -> int | None:
+    """The offset after a sealed segment's last chunk (None when it cannot be read)."""
+    try:
+        index = IndexView.load(ref.index_path)
+        if index.count == 0:
+            return ref.first_offset
+        last = index.record(index.count - 1)
+        fd = os.open(ref.segment_path, os.O_RDONLY)
+        try:
+            header = decode_header(pread_exact(fd, HEADER_SIZE, last.position))
+        finally:
+            os.close(fd)
+    except (OSError, FormatError):
+        return None
+    return header.next_offset
 
 
 def _records(

@@ -33,6 +33,11 @@ from tierlog.storage.meta_store import CleanupItem, MetaStore
 CLEANUP_QUEUE = "stream-cleanup"
 
 
+class CorruptPointerError(TierlogError):
+    """A stream's manifest pointer in the MetaStore does not decode; rebuild it from the
+    root objects in the store (``tierlog recover-pointers``)."""
+
+
 class StreamExistsError(TierlogError):
     """A stream of that name already exists in the vhost."""
 
@@ -67,8 +72,16 @@ class ManifestPointer:
 
     @staticmethod
     def decode(value: bytes, version: int) -> ManifestPointer:
-        data = json.loads(value)
-        return ManifestPointer(root_uid=data["root"], epoch=int(data["epoch"]), version=version)
+        try:
+            data = json.loads(value)
+            root = data["root"]
+            if root is not None:
+                bytes.fromhex(root)
+            return ManifestPointer(root_uid=root, epoch=int(data["epoch"]), version=version)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptPointerError(
+                f"manifest pointer (version {version}) does not decode: {exc}"
+            ) from exc
 
 
 def catalog_key(vhost: str, name: str) -> str:

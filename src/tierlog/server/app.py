@@ -36,6 +36,7 @@ from tierlog.server.broker import (
 )
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
+from tierlog.server.data_dir_lock import DataDirLock
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
@@ -80,6 +81,7 @@ class Server:
         self.stream_port = 0
         self.admin_port = 0
         self._stopped = asyncio.Event()
+        self._lock = DataDirLock(self.storage.data_dir)
 
     async def start(self) -> None:
         """Open the stores, the streams and the listeners. A failure leaves nothing open
@@ -99,6 +101,7 @@ class Server:
                 f"cannot create the data directory {storage.data_dir} (storage.data_dir): "
                 f"{exc.strerror or exc}"
             ) from exc
+        self._lock.acquire()  # one server per data directory, for the process lifetime
         self.meta = await _open_store(
             "MetaStore", "storage.meta_store", storage.meta_store, open_meta_store
         )
@@ -248,6 +251,7 @@ class Server:
             self.object_store.close()
         if self.meta is not None:
             self.meta.close()
+        self._lock.release()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

@@ -30,7 +30,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
-from tierlog.log.errors import InvalidAppendError, LogError, RecordTooLargeError
+from tierlog.log.config import LogConfig
+from tierlog.log.errors import (
+    DamagedSegmentError,
+    InvalidAppendError,
+    LogError,
+    RecordTooLargeError,
+    SyncFailedError,
+)
+from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
@@ -88,6 +96,10 @@ class StreamLifecycle(Protocol):
 
     async def closing(self, handle: StreamHandle, *, flush: bool) -> None: ...
 
+    def repair_damaged(self, record: StreamRecord, error: DamagedSegmentError) -> bool:
+        """Rewrite a damaged local range from a healthy copy; True if anything was."""
+        ...
+
 
 class StreamListener(Protocol):
     """A connection that uses a stream and must hear when it goes away."""
@@ -125,6 +137,7 @@ class _GroupResult:
     chunks: int = 0
     duplicates: int = 0
     error: str = ""
+    sync_failed: bool = False
 
 
 @dataclass(eq=False)
@@ -141,6 +154,10 @@ class StreamHandle:
     writing: bool = False
     closed: bool = False
     tier_lag: int = 0
+    _reopen_task: asyncio.Task[None] | None = None
+    unavailable: str | None = None
+    """Why appends are refused for now (retriable STREAM_NOT_AVAILABLE): the remote tier
+    was not resolved yet, so any offset handed out could be one it already holds."""
     listeners: set[StreamListener] = field(default_factory=set)
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -190,6 +207,9 @@ class StreamHandle:
         if self.closed:
             done(ResponseCode.STREAM_DOES_NOT_EXIST)
             return
+        if self.unavailable is not None:
+            done(ResponseCode.STREAM_NOT_AVAILABLE)
+            return
         size = len(batch.entry_data())
         self.pending.append(_PublishOp(batch, reference, done, size))
         self.pending_bytes += size
@@ -197,6 +217,9 @@ class StreamHandle:
 
     def submit_store_offset(self, reference: str, offset: int) -> None:
         if self.closed:
+            return
+        if self.unavailable is not None:
+            log.warning("store_offset_refused", stream=self.name, reason=self.unavailable)
             return
         self.pending.append(_StoreOffsetOp(reference, offset))
         self._kick()
@@ -243,8 +266,14 @@ class StreamHandle:
         except (OSError, LogError) as exc:
             log.error("write_failed", stream=self.name, error=repr(exc))
             result.error = repr(exc)
+            code = ResponseCode.INTERNAL_ERROR
+            if isinstance(exc, SyncFailedError | OSError):
+                # an I/O error (failed fsync, disk full mid-write or mid-roll) leaves the
+                # files in an unknown state: reopen (recovery) before accepting more
+                result.sync_failed = True
+                code = ResponseCode.STREAM_NOT_AVAILABLE
             for k in range(len(ops)):
-                result.codes[k] = ResponseCode.INTERNAL_ERROR
+                result.codes[k] = code
         return result
 
     def _append_run(self, ops: Sequence[_Op], lo: int, hi: int, result: _GroupResult) -> None:
@@ -295,6 +324,9 @@ class StreamHandle:
             if isinstance(op, _PublishOp):
                 op.done(code)
         self.notifier.notify()
+        if result.sync_failed and self.unavailable is None and not self.closed:
+            self.unavailable = f"fdatasync failed, reopening: {result.error}"
+            self._reopen_task = asyncio.create_task(self.broker.reopen_after_sync_failure(self))
         if self.pending and not self.closed:
             self._kick()
         else:
@@ -388,6 +420,7 @@ class Broker:
         self.connections: set[Any] = set()
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -403,6 +436,7 @@ class Broker:
         self._lag_task = asyncio.create_task(self._poll_lag())
 
     async def close(self) -> None:
+        self._closing = True
         if self._lag_task is not None:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -425,7 +459,7 @@ class Broker:
 
         def open_log() -> StreamLog:
             if os.path.isdir(path):
-                return StreamLog.open(path, config)
+                return self._open_existing(record, path, config)
             return StreamLog.create(
                 self.streams_dir, record.vhost, record.name, config, created_ns=record.created_ns
             )
@@ -436,6 +470,8 @@ class Broker:
             executor.shutdown(wait=False)
             raise
         handle = StreamHandle(record, stream_log, self, executor)
+        if self.lifecycle is not None:
+            handle.unavailable = "opening"  # until the lifecycle (tiering) has resolved
         self._streams[(record.vhost, record.name)] = handle
         if self.lifecycle is not None:
             await self.lifecycle.opened(handle)
@@ -447,6 +483,62 @@ class Broker:
             next_offset=stream_log.next_offset,
         )
         return handle
+
+    def _open_existing(self, record: StreamRecord, path: str, config: LogConfig) -> StreamLog:
+        """Open with recovery; damage recovery may not cut is repaired from the remote tier
+        when it holds the range durably, else the file is moved aside and the stream
+        refused (DamagedSegmentError naming file and range)."""
+
+        def repair(exc: DamagedSegmentError) -> bool:
+            if self.lifecycle is None:
+                return False
+            try:
+                return self.lifecycle.repair_damaged(record, exc)
+            except (TierlogError, OSError) as repair_exc:
+                log.error(
+                    "segment_repair_failed",
+                    stream=record.name,
+                    file=exc.segment_path,
+                    error=repr(repair_exc),
+                )
+                return False
+
+        report = DamageReport()
+        try:
+            return open_repairing(path, config, repair, report)
+        finally:
+            if report.repaired:
+                self.metrics.local_damage_repaired.labels(record.vhost, record.name).inc(
+                    len(report.repaired)
+                )
+            if report.refused is not None:
+                self.metrics.local_damage_refused.labels(record.vhost, record.name).inc()
+
+    async def reopen_after_sync_failure(self, handle: StreamHandle) -> None:
+        """Close a stream whose fdatasync failed (its users are told) and open it again:
+        recovery finds what really reached the disk before anything more is accepted."""
+        async with self._lock:
+            key = (handle.vhost, handle.name)
+            if self._streams.get(key) is not handle:
+                return
+            del self._streams[key]
+            if self.lifecycle is not None:
+                await self.lifecycle.closing(handle, flush=False)
+            try:
+                await handle.close(notify=True)
+            except (LogError, OSError) as exc:
+                log.error("stream_close_failed", stream=handle.name, error=repr(exc))
+            delay = 0.2
+            while not self._closing:
+                try:
+                    await self._open(handle.record)
+                except (TierlogError, OSError) as exc:  # e.g. the disk is still full
+                    log.error("stream_reopen_failed", stream=handle.name, error=repr(exc))
+                    await asyncio.sleep(delay)
+                    delay = min(5.0, delay * 2)
+                    continue
+                log.warning("stream_reopened_after_io_error", stream=handle.name)
+                return
 
     # ----------------------------------------------------------------- streams
 

@@ -39,6 +39,17 @@ class SourceClosedError(TierlogError):
     """The stream behind a cursor was closed or deleted."""
 
 
+class UnreadableDataError(TierlogError):
+    """The data at the cursor's position does not validate (a CRC mismatch in a local chunk
+    or a remote fragment) or vanished; it is never served and never skipped: the
+    subscription ends and the consumer is told. ``kind`` names the tier ("local",
+    "remote")."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 @dataclass(frozen=True, slots=True)
 class DeliverableChunk:
     """One user chunk ready for a Deliver frame.

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 from typing import Protocol
 
+from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
@@ -26,6 +27,7 @@ from tierlog.server.chunk_source import (
     DeliverableChunk,
     OvertakenError,
     SourceClosedError,
+    UnreadableDataError,
 )
 
 log = get_logger("tierlog.server.subscriptions")
@@ -121,6 +123,28 @@ class Subscription:
                 metrics.delivered_chunks.inc()
                 metrics.delivered_messages.inc(chunk.num_records)
                 metrics.delivered_bytes.inc(chunk.wire_size)
+        except UnreadableDataError as exc:
+            metrics.unreadable_data.labels(kind=exc.kind).inc()
+            log.error(
+                "subscription_data_unreadable",
+                stream=self.stream_name,
+                subscription=self.id,
+                position=self.cursor.next_offset,
+                kind=exc.kind,
+                error=str(exc),
+            )
+            self._sink.subscription_failed(self, str(exc))
+        except CorruptChunkError as exc:
+            metrics.unreadable_data.labels(kind="local").inc()
+            log.error(
+                "subscription_data_unreadable",
+                stream=self.stream_name,
+                subscription=self.id,
+                position=self.cursor.next_offset,
+                kind="local",
+                error=str(exc),
+            )
+            self._sink.subscription_failed(self, str(exc))
         except SourceClosedError:
             return
         except asyncio.CancelledError:

@@ -13,12 +13,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
 from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
-from tierlog.read.tiered_reader import TieredChunk, TieredReader, default_prefetcher
+from tierlog.read.tiered_reader import (
+    TieredChunk,
+    TieredReader,
+    default_prefetcher,
+    local_gap_resumes,
+)
 from tierlog.remote.committed import CommittedManifest
 from tierlog.server.chunk_source import (
     CommitNotifier,
@@ -27,6 +33,7 @@ from tierlog.server.chunk_source import (
     LocalChunkSource,
     OvertakenError,
     SourceClosedError,
+    UnreadableDataError,
 )
 from tierlog.tiering.tierer import StreamTierer
 
@@ -99,9 +106,11 @@ class TieredChunkCursor:
             first = self._source.first_offset()
             if self.next_offset < first:
                 raise OvertakenError(self.next_offset, first) from exc
-            raise SourceClosedError(f"remote data vanished: {exc}") from exc
+            raise UnreadableDataError(f"remote data vanished: {exc}", "remote") from exc
+        except CorruptChunkError as exc:
+            raise UnreadableDataError(str(exc), "local") from exc
         except ReadError as exc:
-            raise SourceClosedError(str(exc)) from exc
+            raise UnreadableDataError(str(exc), "remote") from exc
 
     def _go_local_if_held(self) -> None:
         """Hand over to the local cursor when the reader's position is held locally."""
@@ -113,6 +122,8 @@ class TieredChunkCursor:
         position = reader.next_offset
         if position < self._source._log.segment_refs()[0].first_offset:
             return
+        if local_gap_resumes(self._source._log, position) is not None:
+            return  # between local segments: the remote tier serves it
         try:
             local = self._source._local.attach(
                 OffsetSpec.offset(position), want_file=self._want_file
@@ -133,8 +144,10 @@ class TieredChunkCursor:
         if self._local is not None:
             try:
                 return await self._local.read()
-            except (OvertakenError, FileNotFoundError):
-                # Local retention freed the segment: continue from the remote tier.
+            except (OvertakenError, FileNotFoundError, CorruptChunkError):
+                # Local retention freed the segment, the local log jumps past offsets only
+                # the remote tier holds (OffsetGapError), or a local chunk does not
+                # validate: the cross-tier reader serves it from the remote tier or raises.
                 position = self._local.next_offset
                 self._local.close()
                 self._local = None

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.errors import TierlogError
+from tierlog.log.errors import DamagedSegmentError
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.offload.offloader import ObjectStoreOffloader
@@ -37,6 +38,7 @@ from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.retention import RetentionPolicy, remote_trim_offset
+from tierlog.tiering.segment_repair import repair_from_remote
 from tierlog.tiering.tierer import StreamTierer
 
 if TYPE_CHECKING:
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
 log = get_logger("tierlog.server.tiering")
 
 HUGE_LAG = 1 << 62
+RESOLUTION_RETRY_MIN = 0.5
+RESOLUTION_RETRY_MAX = 5.0
+"""Backoff bounds (seconds) of the background retry of a stream's failed resolution."""
 
 
 class TieringService:
@@ -66,7 +71,7 @@ class TieringService:
         self.offloads: dict[str, SegmentOffloadService] = {}  # segment-mode streams
         self._handles: dict[str, StreamHandle] = {}
         self._not_started: dict[str, StreamHandle] = {}
-        self._retry_at = 0.0
+        self._retry_at: dict[str, tuple[float, float]] = {}  # incarnation: (due, delay)
         self._tasks: list[asyncio.Task[None]] = []
         # one budget for every stream's fragments in flight (an upload backlog across
         # many streams would otherwise hold streams x max_uploads fragments in memory)
@@ -91,6 +96,7 @@ class TieringService:
         resolution may restart the local log past the remote tail)."""
         self._handles[handle.record.incarnation] = handle
         if not self.tier.enabled:
+            handle.unavailable = None
             return
         settings = handle.record.settings
         if settings.tier_mode == "segments":
@@ -123,13 +129,18 @@ class TieringService:
             result = await loop.run_in_executor(handle.executor, tierer.start)
         except (TierlogError, OSError) as exc:
             # Retried by the housekeeping loop: an object store outage at start must not
-            # leave the stream untiered for good (appends go on; local data is kept).
+            # leave the stream untiered for good (local data is kept).
+            # Until resolution succeeds the stream refuses appends (retriable
+            # STREAM_NOT_AVAILABLE): an offset handed out now could be one the remote
+            # tier already holds. Local data stays readable.
             log.error(
                 "tiering_not_started", vhost=handle.vhost, stream=handle.name, error=repr(exc)
             )
             tierer.stop(flush=False, timeout=1.0)
+            handle.unavailable = f"remote tier not resolved: {exc!r}"
             self._not_started[handle.record.incarnation] = handle
             return
+        handle.unavailable = None
         self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer
         handle.use_source(
@@ -191,8 +202,12 @@ class TieringService:
                 "offload_not_started", vhost=handle.vhost, stream=handle.name, error=repr(exc)
             )
             service.stop(timeout=1.0)
+            # as for fragments: no append until the remote tier is known (the local log may
+            # have to restart past it)
+            handle.unavailable = f"remote tier not resolved: {exc!r}"
             self._not_started[incarnation] = handle
             return
+        handle.unavailable = None
         self._not_started.pop(incarnation, None)
         self.offloads[incarnation] = service
         handle.use_source(
@@ -217,6 +232,13 @@ class TieringService:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, lambda: tierer.stop(flush=flush, timeout=30.0))
 
+    def repair_damaged(self, record: StreamRecord, error: DamagedSegmentError) -> bool:
+        """Rewrite a damaged local range from the committed remote tier (writer thread of
+        the stream being opened); False when the remote tier does not hold it."""
+        if not self.tier.enabled:
+            return False
+        return repair_from_remote(self.catalog, self.store, self.tier.prefix, error) > 0
+
     def tierer_of(self, record: StreamRecord) -> StreamTierer | None:
         return self.tierers.get(record.incarnation)
 
@@ -224,7 +246,9 @@ class TieringService:
     def lag(self, record: StreamRecord) -> int:
         """Un-tiered committed bytes as the broker's throttle sees them: the tierer's
         back-pressure rule decides (and raises its alarm); "infinite" when it is over
-        its limits for want of disk, so the broker throttles whatever the lag."""
+        its limits for want of disk, so the broker throttles whatever the lag. The
+        free-disk floor applies also while tiering is not running (resolution pending):
+        it protects the disk either way."""
         service = self.offload_of(record)
         if service is not None:
             # segment mode: the sealed bytes its thresholds want offloaded; under the disk
@@ -234,6 +258,11 @@ class TieringService:
             return service.lag_bytes
         tierer = self.tierer_of(record)
         if tierer is None:
+            handle = self._handles.get(record.incarnation)
+            if handle is not None and not handle.closed:
+                floor = self.tier.min_free_disk_bytes
+                if free_disk_below(handle.log.stream_dir, floor) is not None:
+                    return HUGE_LAG
             return 0
         rule = tierer.backpressure
         rule.max_lag_bytes = record.settings.max_lag_bytes  # settings may have changed
@@ -295,10 +324,17 @@ class TieringService:
         while True:
             await asyncio.sleep(interval)
             await loop.run_in_executor(None, self.run_cleanups)
-            for pending in list(self._not_started.values()):
-                if not pending.closed and time.monotonic() >= self._retry_at:
-                    self._retry_at = time.monotonic() + 5.0
+            for incarnation, pending in list(self._not_started.items()):
+                due, delay = self._retry_at.get(incarnation, (0.0, RESOLUTION_RETRY_MIN))
+                if not pending.closed and time.monotonic() >= due:
+                    # per stream, with backoff: one stream's outage does not delay others
+                    self._retry_at[incarnation] = (
+                        time.monotonic() + delay,
+                        min(RESOLUTION_RETRY_MAX, delay * 2),
+                    )
                     await self.opened(pending)
+                    if incarnation not in self._not_started:
+                        self._retry_at.pop(incarnation, None)
             for incarnation, service in list(self.offloads.items()):
                 handle = self._handles.get(incarnation)
                 if handle is None or handle.closed:

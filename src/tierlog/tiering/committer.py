@@ -166,7 +166,21 @@ class ManifestCommitter:
             raise CommitRetryError(f"pointer unreadable after {exc}") from exc
         if pointer is not None and pointer.root_uid == uid.hex():
             return pointer.version  # the conditional put took effect after all
-        self._discard(written)  # never published: nobody can hold these objects
+        if pointer is not None and pointer.version == self.pointer.version:
+            # Unchanged: the ambiguous put may still apply later (etcd), so its root must
+            # not go. Retry the identical put: it applies now, or the pointer moves on.
+            version = self._retry_identical_put(uid)
+            if version is not None:
+                return version
+            pointer = self.catalog.read_pointer(self.incarnation)
+            if pointer is not None and pointer.root_uid == uid.hex():
+                return pointer.version
+            if pointer is not None and pointer.version == self.pointer.version:
+                self.conflicts += 1
+                raise CommitRetryError(f"commit outcome still unknown: {exc}") from exc
+        # The pointer is at a higher version naming another root (or gone): our put can
+        # never apply any more, so nobody can hold these objects.
+        self._discard(written)
         self.conflicts += 1
         if pointer is None:
             raise StreamDeletedError(f"stream {self.incarnation} was deleted") from exc
@@ -182,6 +196,18 @@ class ManifestCommitter:
                 "under a writer of the same epoch"
             ) from exc
         raise CommitRetryError(f"commit lost a race, reloaded the manifest: {exc}") from exc
+
+    def _retry_identical_put(self, uid: bytes, attempts: int = 3) -> int | None:
+        for _ in range(attempts):
+            try:
+                return self.catalog.put_pointer(
+                    self.incarnation, uid.hex(), self.epoch, self.pointer.version
+                )
+            except TransientError:
+                continue
+            except StorageError:
+                return None  # moved on (conflict, fenced or deleted): the pointer decides
+        return None
 
     def _discard(self, keys: list[str]) -> None:
         try:

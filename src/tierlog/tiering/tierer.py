@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from tierlog.formats.chunk import decode_header
+from tierlog.formats.crc import crc32
 from tierlog.formats.fragment import (
     HEADER_SIZE,
     ChunkInfo,
@@ -116,6 +117,11 @@ def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFrag
         return remote.read_fragment(first_offset)
     except CorruptFragmentError as exc:
         raise FragmentConflictError(f"fragment {first_offset} is corrupt: {exc}") from exc
+
+
+class LocalChunkCorruptError(FragmentConflictError):
+    """A chunk cut into a fragment fails its CRC check: the fragment is not uploaded and
+    tiering of the stream halts (alarm) instead of making bit rot the remote copy."""
 
 
 class StreamTierer:
@@ -289,9 +295,13 @@ class StreamTierer:
         local = LocalLog(self.log.first_offset, self.log.next_offset, self.log.max_epoch)
         decision = resolve(committed, chain, local, self.epoch, tail)
         if decision.restart_epoch is not None:
+            # timestamps stay monotonic across the restart: the remote tail may be newer
+            remote_max_ts = max(
+                [tree.header().max_timestamp] + [f.entry().max_timestamp for f in chain.fragments]
+            )
             self._uncommitted = chain.fragments  # the tracking replay reads the chain's tail
             try:
-                self._restart_local(decision.next_offset, decision.restart_epoch)
+                self._restart_local(decision.next_offset, decision.restart_epoch, remote_max_ts)
             finally:
                 self._uncommitted = ()
         adopted = list(decision.adopted)
@@ -364,7 +374,7 @@ class StreamTierer:
             return None
         return (fragment.trailer.segment_first_offset, fragment.trailer.seq_no)
 
-    def _restart_local(self, next_offset: int, epoch: int) -> None:
+    def _restart_local(self, next_offset: int, epoch: int, remote_max_timestamp: int = 0) -> None:
         """The remote tier is ahead: continue the local log past it, with the tracking
         state replayed from the remote tail's segment."""
         tracking = self._remote_tracking(next_offset)
@@ -375,7 +385,7 @@ class StreamTierer:
             local_next_offset=self.log.next_offset,
             epoch=epoch,
         )
-        self.log.restart_at(next_offset, epoch, tracking.to_bytes())
+        self.log.restart_at(next_offset, epoch, tracking.to_bytes(), remote_max_timestamp)
 
     def _remote_tracking(self, next_offset: int) -> TrackingState:
         tracking = TrackingState()
@@ -632,6 +642,15 @@ class StreamTierer:
             header = decode_header(buf)
             if header.chunk_id != c.chunk_id or header.data_crc != c.data_crc:
                 raise OSError(f"chunk {c.chunk_id} changed on disk under the tierer")
+            start = header.data_start
+            actual = crc32(buf[start : start + header.data_length])
+            if actual != header.data_crc:
+                # local bit rot must never become the only remote copy
+                raise LocalChunkCorruptError(
+                    f"{self.log.stream_dir} segment {plan.segment}: chunk {c.chunk_id} at "
+                    f"{c.position}: data CRC {actual:#010x} != "
+                    f"header {header.data_crc:#010x}; not uploaded, tiering of the stream stops"
+                )
             buffers.append(buf)
             infos.append(
                 ChunkInfo(
