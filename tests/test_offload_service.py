@@ -445,3 +445,46 @@ def test_stream_retention_applies_to_segments_never_offloaded(
     assert (tree.first_offset, tree.next_offset) == (first, sealed[0].next_offset)
     got = read_all(s.reader(OffsetSpec.first()))
     assert got[0][0] >= first and got == local_records(s.log, OffsetSpec.first())
+
+
+def test_lost_local_log_restarts_past_the_offloaded_segments(
+    make_stream: Callable[..., Stream],
+) -> None:
+    """The local directory is lost after offloading: the next start continues the log past
+    the remote tier (no offset handed out twice, higher epoch, consumer offsets replayed from
+    the last offloaded segment) and reads go on across the gap-free stream."""
+    import shutil
+
+    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    s.append(random.Random(11), 300)
+    before = local_records(s.log, OffsetSpec.first())
+    sealed = [x for x in s.log.list_segments() if x.sealed]
+    s.service.request_offload(sealed[-1].next_offset)
+    s.service.run_once()
+    tree = s.service.committed_tree()
+    stored = s.log.query_offset("consumer")
+    assert stored is not None and stored < tree.next_offset
+    remote = [r for r in before if r[0] < tree.next_offset]
+    path, epoch = s.log.stream_dir, s.log.max_epoch
+    s.log.close()
+    shutil.rmtree(path)
+    s.log = StreamLog.create(
+        os.path.join(s.root, "data"),
+        "/",
+        "s",
+        LogConfig(max_segment_bytes=200_000, fsync="never"),
+        created_ns=s.catalog.require("/", "s").created_ns,
+    )
+    assert s.log.stream_dir == path and s.log.next_offset == 0
+    s.service = s.new_service()
+    s.service.start()
+    s.service.stop()
+    # the new segment starts right at the remote tail (with a tracking snapshot chunk)
+    assert s.log.segment_refs()[-1].first_offset == tree.next_offset
+    assert s.log.max_epoch > epoch
+    assert s.log.query_offset("consumer") == stored
+    s.log.append([b"after"])
+    s.log.sync()
+    got = read_all(s.reader(OffsetSpec.first()))
+    assert got[: len(remote)] == remote and got[-1][1] == b"after"
+    assert got[-1][0] >= tree.next_offset
