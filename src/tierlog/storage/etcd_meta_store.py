@@ -404,6 +404,35 @@ class EtcdMetaStore(MetaStore):
         """Revoke the etcd lease (deleting the holder key); a no-op if already lost."""
         self._revoke(lease.token)
 
+    def read_lease(self, name: str) -> Lease | None:
+        """Holder and epoch read in one transaction (so they belong together); the
+        expiry comes from the etcd lease's remaining TTL."""
+        holder_key = self._lease_root + validate_meta_key(name).encode()
+        epoch_key = self._epoch_root + name.encode()
+        tx = self._client.transactions
+        _, responses = self._run(
+            self._client.transaction(
+                compare=[], success=[tx.get(holder_key), tx.get(epoch_key)], failure=[]
+            ),
+            f"read lease {name!r}",
+        )
+        if not responses[0] or not responses[1]:
+            return None
+        holder = responses[0][0][1]
+        epoch = int(bytes(responses[1][0][1].value))
+        info = self._run(
+            self._client.get_lease_info(int(holder.lease), keys=False), f"read lease {name!r}"
+        )
+        if info is None or int(info.TTL) < 0:  # -1: expired; 0: under a second left
+            return None
+        return Lease(
+            name,
+            bytes(holder.value).decode(),
+            epoch,
+            time.time() + int(info.TTL),
+            int(holder.lease),
+        )
+
     def _revoke(self, lease_id: int) -> None:
         try:
             self._run(self._client.revoke_lease(lease_id), "revoke lease")

@@ -174,6 +174,14 @@ class MetaStore(ABC):
     @abstractmethod
     def release_lease(self, lease: Lease) -> None: ...
 
+    def read_lease(self, name: str) -> Lease | None:
+        """The current holder of lease ``name`` if it is live, else None: lets other
+        nodes judge liveness (e.g. of a leader's node lease) without taking the lease.
+        An expired lease never comes back with the same epoch."""
+        from tierlog.storage.errors import UnsupportedBackendError
+
+        raise UnsupportedBackendError(f"{type(self).__name__} cannot read leases")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
 

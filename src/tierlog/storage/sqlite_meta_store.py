@@ -340,6 +340,16 @@ class SqliteMetaStore(MetaStore):
                 (lease.name, lease.holder, lease.epoch),
             )
 
+    def read_lease(self, name: str) -> Lease | None:
+        validate_meta_key(name)
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT holder, epoch, expires_at FROM lease WHERE name = ?", (name,)
+            ).fetchone()
+        if row is None or not row[0] or row[2] <= time.time():
+            return None
+        return Lease(name, row[0], row[1], row[2])
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:

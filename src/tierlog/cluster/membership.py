@@ -1,0 +1,341 @@
+"""Cluster coordination in the MetaStore: node registration, stream members, leaders.
+
+Keys (all JSON):
+
+* ``cluster/nodes/{node}``: the node's advertised addresses and the epoch of its node
+  lease ``cluster/node-lease/{node}``. One lease per node, renewed by one keepalive,
+  however many streams the node leads.
+* ``cluster/streams/{incarnation}``: the stream's member list (voters, learners), its
+  leader (node name + that node's lease epoch at acquisition) and its epoch. The
+  MetaStore's own epoch field of the key holds the stream epoch too, so an update by a
+  deposed leader fails the store's epoch check as well as the version check.
+
+A stream's leader is *attached* to its node lease: the leader is live exactly while the
+node lease named in the record is held with the recorded lease epoch. A lease that
+expired never comes back with the same epoch, so once a leader's lease is gone every
+node sees the leadership as free, for every stream that node led, at once.
+
+Acquiring leadership is one conditional put on the stream key: it re-checks (against
+the version read) that the node is a voter and that the recorded leader's lease is
+gone, and bumps the epoch to ``max(record epoch, manifest pointer epoch, epochs the
+caller saw on disk or in refusals) + 1``. Member changes are conditional puts by the
+leader of the current epoch, one change at a time (``members.Membership``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from tierlog.cluster.errors import (
+    ClusterError,
+    LeaderAliveError,
+    NotAMemberError,
+    StaleEpochError,
+    StreamUnavailableError,
+)
+from tierlog.cluster.members import Membership
+from tierlog.cluster.state import next_leader_epoch
+from tierlog.remote.catalog import ManifestPointer, pointer_key
+from tierlog.storage.errors import (
+    AlreadyExistsError,
+    EpochFencedError,
+    KeyDeletedError,
+    VersionConflictError,
+)
+from tierlog.storage.meta_store import Lease, MetaStore, Versioned, validate_meta_key
+
+NODES_PREFIX = "cluster/nodes/"
+STREAMS_PREFIX = "cluster/streams/"
+NODE_LEASE_PREFIX = "cluster/node-lease/"
+
+
+def node_key(node: str) -> str:
+    return NODES_PREFIX + quote(node, safe="")
+
+
+def node_lease_name(node: str) -> str:
+    return NODE_LEASE_PREFIX + quote(node, safe="")
+
+
+def stream_key(incarnation: str) -> str:
+    return STREAMS_PREFIX + quote(incarnation, safe="")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What a node advertises: where clients, admins and peers reach it."""
+
+    name: str
+    stream_address: str
+    admin_address: str
+    replication_address: str
+    lease_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        validate_meta_key(self.name)
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "name": self.name,
+                "stream": self.stream_address,
+                "admin": self.admin_address,
+                "replication": self.replication_address,
+                "lease_epoch": self.lease_epoch,
+            }
+        ).encode()
+
+    @staticmethod
+    def decode(value: bytes) -> NodeInfo:
+        data = _json(value, "node record")
+        return NodeInfo(
+            name=str(data["name"]),
+            stream_address=str(data["stream"]),
+            admin_address=str(data["admin"]),
+            replication_address=str(data["replication"]),
+            lease_epoch=int(data["lease_epoch"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMembers:
+    """A stream's cluster record as stored (``version`` is the MetaStore version)."""
+
+    incarnation: str
+    membership: Membership
+    epoch: int
+    leader: str | None
+    leader_lease_epoch: int
+    version: int
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "voters": list(self.membership.voters),
+                "learners": list(self.membership.learners),
+                "epoch": self.epoch,
+                "leader": self.leader,
+                "leader_lease_epoch": self.leader_lease_epoch,
+            }
+        ).encode()
+
+    @staticmethod
+    def decode(incarnation: str, stored: Versioned) -> StreamMembers:
+        data = _json(stored.value, f"cluster record of {incarnation!r}")
+        leader = data.get("leader")
+        return StreamMembers(
+            incarnation=incarnation,
+            membership=Membership(tuple(data["voters"]), tuple(data["learners"])),
+            epoch=int(data["epoch"]),
+            leader=None if leader is None else str(leader),
+            leader_lease_epoch=int(data["leader_lease_epoch"]),
+            version=stored.version,
+        )
+
+
+def _json(value: bytes, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value)
+    except ValueError as exc:
+        raise ClusterError(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ClusterError(f"{what} is not a JSON object")
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """A successful acquisition: lead ``incarnation`` in ``epoch`` with these members."""
+
+    incarnation: str
+    node: str
+    epoch: int
+    membership: Membership
+    version: int
+
+
+class ClusterDirectory:
+    """The cluster's coordination state in one MetaStore (SQLite or etcd)."""
+
+    def __init__(self, meta: MetaStore) -> None:
+        self.meta = meta
+
+    # --- nodes ----------------------------------------------------------------------
+    def register_node(self, info: NodeInfo, ttl: float) -> tuple[NodeInfo, Lease]:
+        """Take the node's lease (``LeaseHeldError`` while another process holds it)
+        and publish its addresses with the lease epoch."""
+        lease = self.meta.acquire_lease(node_lease_name(info.name), info.name, ttl)
+        published = NodeInfo(
+            info.name,
+            info.stream_address,
+            info.admin_address,
+            info.replication_address,
+            lease.epoch,
+        )
+        key = node_key(info.name)
+        while True:
+            current = self.meta.get(key)
+            try:
+                if current is None:
+                    self.meta.create(key, published.encode(), epoch=lease.epoch)
+                else:
+                    self.meta.put_if(key, published.encode(), current.version, lease.epoch)
+                return published, lease
+            except (AlreadyExistsError, VersionConflictError, KeyDeletedError):
+                continue  # a concurrent registration or cleanup: re-read and retry
+
+    def renew_node(self, lease: Lease, ttl: float) -> Lease:
+        """One keepalive for every stream the node leads (``LeaseLostError`` if lost)."""
+        return self.meta.renew_lease(lease, ttl)
+
+    def release_node(self, lease: Lease) -> None:
+        self.meta.release_lease(lease)
+
+    def node(self, name: str) -> NodeInfo | None:
+        stored = self.meta.get(node_key(name))
+        return None if stored is None else NodeInfo.decode(stored.value)
+
+    def node_alive(self, name: str, lease_epoch: int | None = None) -> bool:
+        """Whether ``name``'s node lease is held (with ``lease_epoch``, if given)."""
+        lease = self.meta.read_lease(node_lease_name(name))
+        return lease is not None and (lease_epoch is None or lease.epoch == lease_epoch)
+
+    def live_nodes(self) -> list[NodeInfo]:
+        """Registered nodes whose current lease is the one they registered with."""
+        out = []
+        for stored in self.meta.list(NODES_PREFIX):
+            info = NodeInfo.decode(stored.value)
+            if self.node_alive(info.name, info.lease_epoch):
+                out.append(info)
+        return out
+
+    # --- streams --------------------------------------------------------------------
+    def create_stream(self, incarnation: str, voters: Iterable[str]) -> StreamMembers:
+        """Record a new stream's members (chosen at creation); no leader yet."""
+        membership = Membership(tuple(voters))
+        record = StreamMembers(incarnation, membership, 0, None, 0, 0)
+        stored = self.meta.create(stream_key(incarnation), record.encode(), epoch=0)
+        return StreamMembers.decode(incarnation, stored)
+
+    def stream(self, incarnation: str) -> StreamMembers | None:
+        stored = self.meta.get(stream_key(incarnation))
+        return None if stored is None else StreamMembers.decode(incarnation, stored)
+
+    def require_stream(self, incarnation: str) -> StreamMembers:
+        record = self.stream(incarnation)
+        if record is None:
+            raise ClusterError(f"stream {incarnation!r} has no cluster record")
+        return record
+
+    def delete_stream(self, incarnation: str) -> None:
+        self.meta.delete(stream_key(incarnation))
+
+    def leader_alive(self, record: StreamMembers) -> bool:
+        return record.leader is not None and self.node_alive(
+            record.leader, record.leader_lease_epoch
+        )
+
+    def leader_of(self, incarnation: str) -> NodeInfo:
+        """The live leader's addresses; ``StreamUnavailableError`` if there is none."""
+        record = self.require_stream(incarnation)
+        if record.leader is None or not self.leader_alive(record):
+            raise StreamUnavailableError(
+                f"stream {incarnation!r} has no live leader (epoch {record.epoch})"
+            )
+        info = self.node(record.leader)
+        if info is None:
+            raise StreamUnavailableError(f"leader {record.leader!r} is not registered")
+        return info
+
+    def acquire_leadership(
+        self, incarnation: str, node: str, node_lease: Lease, seen_epochs: Iterable[int] = ()
+    ) -> Leadership:
+        """The acquisition transaction: one conditional put on the stream record that
+        re-checks membership and the old leader's liveness against the version read,
+        and takes ``next_leader_epoch``. ``seen_epochs``: the highest epoch on this
+        node's disk plus any epoch members reported when refusing an earlier attempt.
+
+        Raises ``NotAMemberError``, ``LeaderAliveError``, ``VersionConflictError`` (a
+        concurrent change: re-read and retry), ``KeyDeletedError`` (stream deleted)."""
+        stored = self.meta.get(stream_key(incarnation))
+        if stored is None:
+            raise KeyDeletedError(f"stream {incarnation!r} has no cluster record")
+        record = StreamMembers.decode(incarnation, stored)
+        if not record.membership.is_voter(node):
+            raise NotAMemberError(f"{node!r} is not a voter of {incarnation!r}")
+        if record.leader not in (None, node) and self.leader_alive(record):
+            raise LeaderAliveError(
+                f"{record.leader!r} leads {incarnation!r} in epoch {record.epoch}"
+            )
+        pointer = self.meta.get(pointer_key(incarnation))
+        pointer_epoch = 0 if pointer is None else ManifestPointer.decode(pointer.value, 0).epoch
+        epoch = next_leader_epoch(max(record.epoch, stored.epoch), pointer_epoch, seen_epochs)
+        new = StreamMembers(incarnation, record.membership, epoch, node, node_lease.epoch, 0)
+        written = self.meta.put_if(stream_key(incarnation), new.encode(), stored.version, epoch)
+        return Leadership(incarnation, node, epoch, record.membership, written.version)
+
+    def _leader_update(self, leadership: Leadership, membership: Membership) -> Leadership:
+        stored = self.meta.get(stream_key(leadership.incarnation))
+        if stored is None:
+            raise KeyDeletedError(f"stream {leadership.incarnation!r} has no cluster record")
+        record = StreamMembers.decode(leadership.incarnation, stored)
+        if record.epoch != leadership.epoch or record.leader != leadership.node:
+            raise StaleEpochError(leadership.epoch, record.epoch)
+        new = StreamMembers(
+            leadership.incarnation,
+            membership,
+            record.epoch,
+            record.leader,
+            record.leader_lease_epoch,
+            0,
+        )
+        try:
+            written = self.meta.put_if(
+                stream_key(leadership.incarnation), new.encode(), stored.version, record.epoch
+            )
+        except EpochFencedError as exc:
+            raise StaleEpochError(leadership.epoch, record.epoch + 1) from exc
+        return Leadership(
+            leadership.incarnation, leadership.node, record.epoch, membership, written.version
+        )
+
+    def add_learner(self, leadership: Leadership, node: str) -> Leadership:
+        """Start a member change: ``node`` joins as a learner (one change at a time)."""
+        current = self.require_stream(leadership.incarnation).membership
+        return self._leader_update(leadership, current.add_learner(node))
+
+    def promote_learner(
+        self, leadership: Leadership, node: str, learner_written: int, commit_offset: int
+    ) -> Leadership:
+        current = self.require_stream(leadership.incarnation).membership
+        return self._leader_update(
+            leadership, current.promote(node, learner_written, commit_offset)
+        )
+
+    def remove_member(self, leadership: Leadership, node: str) -> Leadership:
+        current = self.require_stream(leadership.incarnation).membership
+        return self._leader_update(leadership, current.remove(node))
+
+    def resign(self, leadership: Leadership) -> None:
+        """Give the stream up (step-down, retirement): clear the leader, keep the epoch,
+        so the next leader can take over without waiting for our node lease to expire.
+        A no-op if a newer epoch already leads."""
+        while True:
+            stored = self.meta.get(stream_key(leadership.incarnation))
+            if stored is None:
+                return
+            record = StreamMembers.decode(leadership.incarnation, stored)
+            if record.epoch != leadership.epoch or record.leader != leadership.node:
+                return
+            new = StreamMembers(leadership.incarnation, record.membership, record.epoch, None, 0, 0)
+            try:
+                self.meta.put_if(
+                    stream_key(leadership.incarnation), new.encode(), stored.version, record.epoch
+                )
+                return
+            except VersionConflictError:
+                continue

@@ -1,0 +1,413 @@
+"""The node-to-node replication protocol: frames on one connection per pair of nodes,
+multiplexed by stream.
+
+Every frame (all integers big-endian)::
+
+    length u32          bytes after this field
+    kind u8             FrameKind
+    flags u8            0 (reserved)
+    stream length u16   bytes of the stream id (0 for connection-level frames)
+    epoch u64           the sender's epoch for that stream (0 for connection-level)
+    stream id           UTF-8 (the stream incarnation)
+    body                kind-specific, below
+
+Bodies:
+
+* ``HELLO``: protocol version u16, node name (u16 length + UTF-8). First frame on
+  each side; peers are authenticated by mutual TLS, the name must match the peer.
+* ``ADOPT`` (leader → member): empty; "persist this epoch and report your tail".
+* ``ADOPTED`` (member → leader): accepted u8, highest seen epoch u64, tail epoch u64,
+  tail chunk id i64 (-1: empty log).
+* ``FETCH`` (member → leader): from chunk id u64 (the member's next offset), tail epoch
+  u64, tail chunk id i64, max bytes u32. The leader answers ``CHUNKS`` if the tail is on
+  its log, else ``HISTORY``.
+* ``HISTORY`` (leader → member): commit chunk id i64, range count u32, then per epoch
+  range: epoch u64, first chunk id u64, last chunk id u64. The member cuts its
+  divergent suffix (``cluster.log_history.common_prefix_end``) and fetches again.
+* ``CHUNKS`` (leader → member): first chunk id u64, next offset u64, commit chunk id i64,
+  chunk count u32, data length u32, then ``data length`` bytes of Osiris chunks exactly
+  as they are in the leader's segment file (the member appends them verbatim). The
+  header is encoded apart (``encode_chunks_header``) so the data can follow by
+  ``sendfile`` without passing through Python.
+* ``WRITTEN`` (member → leader): written (fsynced) chunk id i64.
+* ``COMMIT`` (leader → member): commit chunk id i64 (also a heartbeat).
+* ``REFUSED``: code u16 (RefusalCode), highest seen epoch u64, message (u16 length +
+  UTF-8).
+
+Decoders reject anything malformed with a typed ``FormatError``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+from tierlog.formats.errors import (
+    BadMagicError,
+    FormatError,
+    InvalidSizeError,
+    TruncatedError,
+    UnsupportedError,
+)
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 64 << 20  # a fetch answer is capped well below this by max bytes
+MAX_STREAM_ID_BYTES = 1024
+MAX_EPOCH = (1 << 64) - 1
+NO_CHUNK = -1
+
+_LENGTH = struct.Struct(">I")
+_HEADER = struct.Struct(">BBHQ")  # kind, flags, stream length, epoch (after the length)
+FRAME_HEADER_SIZE = _LENGTH.size + _HEADER.size  # 16
+_ADOPTED = struct.Struct(">BQQq")
+_FETCH = struct.Struct(">QQqI")
+_HISTORY = struct.Struct(">qI")
+_RANGE = struct.Struct(">QQQ")
+_CHUNKS = struct.Struct(">QQqII")
+_CHUNK_ID = struct.Struct(">q")
+_REFUSED = struct.Struct(">HQ")
+_U16 = struct.Struct(">H")
+
+
+class FrameKind(IntEnum):
+    HELLO = 1
+    ADOPT = 2
+    ADOPTED = 3
+    FETCH = 4
+    HISTORY = 5
+    CHUNKS = 6
+    WRITTEN = 7
+    COMMIT = 8
+    REFUSED = 9
+
+
+class RefusalCode(IntEnum):
+    STALE_EPOCH = 1  # the sender's epoch is below the receiver's highest seen epoch
+    NOT_LEADER = 2  # a fetch reached a node that does not lead the stream
+    UNKNOWN_STREAM = 3
+    OUT_OF_RANGE = 4  # the fetch position is not on the leader's local log
+    NOT_A_MEMBER = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    node: str
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    stream: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    stream: str
+    epoch: int
+    accepted: bool
+    highest_epoch: int
+    tail_epoch: int
+    tail_chunk_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    stream: str
+    epoch: int
+    from_chunk_id: int
+    tail_epoch: int
+    tail_chunk_id: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    stream: str
+    epoch: int
+    commit_chunk_id: int
+    ranges: tuple[tuple[int, int, int], ...]  # (epoch, first chunk id, last chunk id)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    stream: str
+    epoch: int
+    first_chunk_id: int
+    next_offset: int
+    commit_chunk_id: int
+    chunk_count: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    stream: str
+    epoch: int
+    chunk_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    stream: str
+    epoch: int
+    chunk_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    stream: str
+    epoch: int
+    code: RefusalCode
+    highest_epoch: int
+    message: str
+
+
+Frame = Hello | Adopt | Adopted | Fetch | History | Chunks | Written | Commit | Refused
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def _u64(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EPOCH:
+        raise InvalidSizeError(f"{what} {value!r} is not a u64")
+    return value
+
+
+def _chunk_id(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < 1 << 63:
+        raise InvalidSizeError(f"{what} {value!r} is not a chunk id (or -1)")
+    return value
+
+
+def _text(value: str, what: str) -> bytes:
+    raw = value.encode()
+    if len(raw) > 0xFFFF:
+        raise InvalidSizeError(f"{what} of {len(raw)} bytes is too long")
+    return _U16.pack(len(raw)) + raw
+
+
+def _frame(kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0) -> bytes:
+    """Header (with room for ``extra`` bytes sent after it) + body."""
+    sid = stream.encode()
+    if len(sid) > MAX_STREAM_ID_BYTES:
+        raise InvalidSizeError(f"stream id of {len(sid)} bytes > {MAX_STREAM_ID_BYTES}")
+    length = _HEADER.size + len(sid) + len(body) + extra
+    if length > MAX_FRAME_BYTES:
+        raise InvalidSizeError(f"frame of {length} bytes > {MAX_FRAME_BYTES}")
+    return _LENGTH.pack(length) + _HEADER.pack(kind, 0, len(sid), _u64(epoch, "epoch")) + sid + body
+
+
+def encode_chunks_header(
+    stream: str,
+    epoch: int,
+    first_chunk_id: int,
+    next_offset: int,
+    commit_chunk_id: int,
+    chunk_count: int,
+    data_length: int,
+) -> bytes:
+    """Everything of a ``CHUNKS`` frame but its data, which follows it on the wire."""
+    if chunk_count < 0 or data_length < 0 or (chunk_count == 0) != (data_length == 0):
+        raise InvalidSizeError(f"{chunk_count} chunks in {data_length} bytes")
+    if not 0 <= first_chunk_id <= next_offset:
+        raise InvalidSizeError(f"chunk range {first_chunk_id}..{next_offset} is inverted")
+    body = _CHUNKS.pack(
+        _u64(first_chunk_id, "first chunk id"),
+        _u64(next_offset, "next offset"),
+        _chunk_id(commit_chunk_id, "commit chunk id"),
+        chunk_count,
+        data_length,
+    )
+    return _frame(FrameKind.CHUNKS, stream, epoch, body, extra=data_length)
+
+
+def encode(frame: Frame) -> bytes:
+    """The bytes of one frame."""
+    if isinstance(frame, Hello):
+        body = _U16.pack(frame.version) + _text(frame.node, "node name")
+        return _frame(FrameKind.HELLO, "", 0, body)
+    if isinstance(frame, Adopt):
+        return _frame(FrameKind.ADOPT, frame.stream, frame.epoch, b"")
+    if isinstance(frame, Adopted):
+        body = _ADOPTED.pack(
+            int(frame.accepted),
+            _u64(frame.highest_epoch, "highest epoch"),
+            _u64(frame.tail_epoch, "tail epoch"),
+            _chunk_id(frame.tail_chunk_id, "tail chunk id"),
+        )
+        return _frame(FrameKind.ADOPTED, frame.stream, frame.epoch, body)
+    if isinstance(frame, Fetch):
+        if not 0 <= frame.max_bytes <= MAX_FRAME_BYTES:
+            raise InvalidSizeError(f"fetch max bytes {frame.max_bytes} out of range")
+        body = _FETCH.pack(
+            _u64(frame.from_chunk_id, "from chunk id"),
+            _u64(frame.tail_epoch, "tail epoch"),
+            _chunk_id(frame.tail_chunk_id, "tail chunk id"),
+            frame.max_bytes,
+        )
+        return _frame(FrameKind.FETCH, frame.stream, frame.epoch, body)
+    if isinstance(frame, History):
+        parts = [_HISTORY.pack(_chunk_id(frame.commit_chunk_id, "commit"), len(frame.ranges))]
+        previous = -1
+        for epoch, first, last in frame.ranges:
+            if not previous < first <= last:
+                raise InvalidSizeError(f"epoch range {epoch}: {first}..{last} out of order")
+            parts.append(_RANGE.pack(_u64(epoch, "epoch"), first, last))
+            previous = last
+        return _frame(FrameKind.HISTORY, frame.stream, frame.epoch, b"".join(parts))
+    if isinstance(frame, Chunks):
+        header = encode_chunks_header(
+            frame.stream,
+            frame.epoch,
+            frame.first_chunk_id,
+            frame.next_offset,
+            frame.commit_chunk_id,
+            frame.chunk_count,
+            len(frame.data),
+        )
+        return header + frame.data
+    if isinstance(frame, Written):
+        body = _CHUNK_ID.pack(_chunk_id(frame.chunk_id, "written chunk id"))
+        return _frame(FrameKind.WRITTEN, frame.stream, frame.epoch, body)
+    if isinstance(frame, Commit):
+        body = _CHUNK_ID.pack(_chunk_id(frame.chunk_id, "commit chunk id"))
+        return _frame(FrameKind.COMMIT, frame.stream, frame.epoch, body)
+    if isinstance(frame, Refused):
+        body = _REFUSED.pack(int(frame.code), _u64(frame.highest_epoch, "highest epoch"))
+        return _frame(
+            FrameKind.REFUSED, frame.stream, frame.epoch, body + _text(frame.message, "message")
+        )
+    raise TypeError(f"not a replication frame: {frame!r}")
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+
+def frame_size(buf: bytes | memoryview) -> int | None:
+    """Total bytes of the frame starting at ``buf[0]`` (None until 4 bytes are there);
+    lets a reader know how much to wait for. Rejects impossible lengths at once."""
+    if len(buf) < _LENGTH.size:
+        return None
+    (length,) = _LENGTH.unpack_from(buf)
+    if length < _HEADER.size or length > MAX_FRAME_BYTES:
+        raise InvalidSizeError(f"frame length {length} out of range")
+    return _LENGTH.size + length
+
+
+class _Reader:
+    def __init__(self, buf: memoryview, start: int, end: int) -> None:
+        self.buf, self.pos, self.end = buf, start, end
+
+    def take(self, size: int, what: str) -> memoryview:
+        if self.pos + size > self.end:
+            raise TruncatedError(f"frame ends inside its {what}")
+        view = self.buf[self.pos : self.pos + size]
+        self.pos += size
+        return view
+
+    def unpack(self, fmt: struct.Struct, what: str) -> tuple[int, ...]:
+        return fmt.unpack(self.take(fmt.size, what))
+
+    def text(self, what: str) -> str:
+        (size,) = self.unpack(_U16, what)
+        try:
+            return bytes(self.take(size, what)).decode()
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"{what} is not UTF-8") from exc
+
+    def done(self, kind: FrameKind) -> None:
+        if self.pos != self.end:
+            raise InvalidSizeError(f"{self.end - self.pos} trailing bytes in a {kind.name} frame")
+
+
+def _check_chunk_id(value: int, what: str) -> int:
+    if value < NO_CHUNK:
+        raise InvalidSizeError(f"{what} {value} is negative")
+    return value
+
+
+def decode(data: bytes | memoryview) -> Frame:
+    """Decode exactly one whole frame."""
+    buf = memoryview(data)
+    size = frame_size(buf)
+    if size is None or len(buf) < size:
+        raise TruncatedError(f"frame of {size} bytes, only {len(buf)} given")
+    if len(buf) > size:
+        raise InvalidSizeError(f"{len(buf) - size} bytes after the frame")
+    reader = _Reader(buf, _LENGTH.size, size)
+    raw_kind, flags, sid_size, epoch = reader.unpack(_HEADER, "header")
+    try:
+        kind = FrameKind(raw_kind)
+    except ValueError as exc:
+        raise UnsupportedError(f"unknown replication frame kind {raw_kind}") from exc
+    if flags != 0:
+        raise UnsupportedError(f"replication frame flags {flags:#x} are reserved")
+    if sid_size > MAX_STREAM_ID_BYTES:
+        raise InvalidSizeError(f"stream id of {sid_size} bytes > {MAX_STREAM_ID_BYTES}")
+    try:
+        stream = bytes(reader.take(sid_size, "stream id")).decode()
+    except UnicodeDecodeError as exc:
+        raise FormatError("stream id is not UTF-8") from exc
+    frame = _decode_body(kind, stream, epoch, reader)
+    reader.done(kind)
+    return frame
+
+
+def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> Frame:
+    if kind is FrameKind.HELLO:
+        if stream or epoch:
+            raise FormatError("HELLO carries no stream or epoch")
+        (version,) = reader.unpack(_U16, "version")
+        if version != PROTOCOL_VERSION:
+            raise BadMagicError(f"replication protocol version {version}, expected 1")
+        return Hello(reader.text("node name"), version)
+    if not stream:
+        raise FormatError(f"{kind.name} frame without a stream id")
+    if kind is FrameKind.ADOPT:
+        return Adopt(stream, epoch)
+    if kind is FrameKind.ADOPTED:
+        accepted, highest, tail_epoch, tail_id = reader.unpack(_ADOPTED, "ADOPTED body")
+        if accepted not in (0, 1):
+            raise FormatError(f"ADOPTED accepted flag {accepted}")
+        tail_id = _check_chunk_id(tail_id, "tail chunk id")
+        return Adopted(stream, epoch, bool(accepted), highest, tail_epoch, tail_id)
+    if kind is FrameKind.FETCH:
+        start, tail_epoch, tail_id, max_bytes = reader.unpack(_FETCH, "FETCH body")
+        tail_id = _check_chunk_id(tail_id, "tail chunk id")
+        return Fetch(stream, epoch, start, tail_epoch, tail_id, max_bytes)
+    if kind is FrameKind.HISTORY:
+        commit, count = reader.unpack(_HISTORY, "HISTORY body")
+        if count * _RANGE.size > reader.end - reader.pos:
+            raise TruncatedError(f"HISTORY claims {count} ranges")
+        ranges = []
+        previous = -1
+        for _ in range(count):
+            range_epoch, first, last = reader.unpack(_RANGE, "epoch range")
+            if not previous < first <= last:
+                raise FormatError(f"epoch range {range_epoch}: {first}..{last} out of order")
+            ranges.append((range_epoch, first, last))
+            previous = last
+        return History(stream, epoch, _check_chunk_id(commit, "commit"), tuple(ranges))
+    if kind is FrameKind.CHUNKS:
+        first, next_offset, commit, count, data_size = reader.unpack(_CHUNKS, "CHUNKS body")
+        if first > next_offset or (count == 0) != (data_size == 0):
+            raise FormatError(f"CHUNKS {first}..{next_offset}: {count} chunks, {data_size} B")
+        data = bytes(reader.take(data_size, "chunk data"))
+        return Chunks(
+            stream, epoch, first, next_offset, _check_chunk_id(commit, "commit"), count, data
+        )
+    if kind is FrameKind.WRITTEN:
+        (written,) = reader.unpack(_CHUNK_ID, "WRITTEN body")
+        return Written(stream, epoch, _check_chunk_id(written, "written chunk id"))
+    if kind is FrameKind.COMMIT:
+        (commit,) = reader.unpack(_CHUNK_ID, "COMMIT body")
+        return Commit(stream, epoch, _check_chunk_id(commit, "commit chunk id"))
+    code, highest = reader.unpack(_REFUSED, "REFUSED body")
+    try:
+        refusal = RefusalCode(code)
+    except ValueError as exc:
+        raise UnsupportedError(f"unknown refusal code {code}") from exc
+    return Refused(stream, epoch, refusal, highest, reader.text("message"))

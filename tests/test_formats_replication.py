@@ -1,0 +1,205 @@
+"""The replication wire format: golden bytes, round trips, and typed rejection of
+malformed frames."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tierlog.formats import replication as rp
+from tierlog.formats.errors import (
+    BadMagicError,
+    FormatError,
+    InvalidSizeError,
+    TruncatedError,
+    UnsupportedError,
+)
+
+GOLDEN = [
+    (
+        rp.Written("s", 7, 5),
+        "00000015070000010000000000000007730000000000000005",
+    ),
+    (
+        rp.Hello("n1"),
+        "00000012010000000000000000000000000100026e31",
+    ),
+    (
+        rp.Chunks("s", 2, 10, 12, 9, 1, b"\x50\x00"),
+        "0000002f"
+        "06"
+        "00"
+        "0001"
+        "0000000000000002"
+        "73"
+        "000000000000000a"
+        "000000000000000c"
+        "0000000000000009"
+        "00000001"
+        "00000002"
+        "5000",
+    ),
+    (
+        rp.Adopted("s", 3, True, 3, 2, -1),
+        "00000026030000010000000000000003730100000000000000030000000000000002ffffffffffffffff",
+    ),
+    (
+        rp.History("s", 4, 6, ((1, 0, 3), (3, 4, 9))),
+        "00000049"
+        "05"
+        "00"
+        "0001"
+        "0000000000000004"
+        "73"
+        "0000000000000006"
+        "00000002"
+        "0000000000000001"
+        "0000000000000000"
+        "0000000000000003"
+        "0000000000000003"
+        "0000000000000004"
+        "0000000000000009",
+    ),
+]
+
+
+@pytest.mark.parametrize(("frame", "hexed"), GOLDEN)
+def test_golden_bytes(frame: rp.Frame, hexed: str) -> None:
+    assert rp.encode(frame).hex() == hexed
+    assert rp.decode(bytes.fromhex(hexed)) == frame
+    assert rp.frame_size(bytes.fromhex(hexed)) == len(hexed) // 2
+
+
+def test_chunks_header_lets_data_follow_separately() -> None:
+    data = b"\x50" + bytes(60)
+    header = rp.encode_chunks_header("stream-a", 5, 100, 104, 99, 2, len(data))
+    whole = rp.encode(rp.Chunks("stream-a", 5, 100, 104, 99, 2, data))
+    assert header + data == whole
+    assert rp.frame_size(header) == len(whole)
+
+
+streams = st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 1024)
+u64 = st.integers(0, (1 << 64) - 1)
+chunk_ids = st.integers(-1, (1 << 63) - 1)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[tuple[int, int, int], ...]:
+    bounds = sorted(draw(st.sets(st.integers(0, 1 << 40), max_size=8)))
+    ranges = []
+    for first, last in zip(bounds[::2], bounds[1::2], strict=False):
+        ranges.append((draw(u64), first, last))
+    return tuple(ranges)
+
+
+@st.composite
+def chunk_frames(draw: st.DrawFn) -> rp.Chunks:
+    first = draw(st.integers(0, 1 << 50))
+    data = draw(st.binary(max_size=300))
+    count = draw(st.integers(1, 50)) if data else 0
+    return rp.Chunks(
+        draw(streams),
+        draw(u64),
+        first,
+        first + draw(st.integers(0, 1000)),
+        draw(chunk_ids),
+        count,
+        data,
+    )
+
+
+frames = st.one_of(
+    st.builds(rp.Hello, st.text(max_size=30)),
+    st.builds(rp.Adopt, streams, u64),
+    st.builds(rp.Adopted, streams, u64, st.booleans(), u64, u64, chunk_ids),
+    st.builds(rp.Fetch, streams, u64, u64, u64, chunk_ids, st.integers(0, rp.MAX_FRAME_BYTES)),
+    st.builds(rp.History, streams, u64, chunk_ids, histories()),
+    chunk_frames(),
+    st.builds(rp.Written, streams, u64, chunk_ids),
+    st.builds(rp.Commit, streams, u64, chunk_ids),
+    st.builds(rp.Refused, streams, u64, st.sampled_from(rp.RefusalCode), u64, st.text(max_size=50)),
+)
+
+
+@given(frames)
+def test_round_trip(frame: rp.Frame) -> None:
+    data = rp.encode(frame)
+    assert rp.frame_size(data) == len(data)
+    assert rp.decode(data) == frame
+
+
+@given(frames, st.data())
+def test_every_truncation_is_a_typed_error(frame: rp.Frame, data: st.DataObject) -> None:
+    raw = rp.encode(frame)
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    with pytest.raises(FormatError):
+        rp.decode(raw[:cut])
+
+
+@given(frames, st.binary(min_size=1, max_size=8))
+def test_trailing_bytes_rejected(frame: rp.Frame, extra: bytes) -> None:
+    with pytest.raises(InvalidSizeError):
+        rp.decode(rp.encode(frame) + extra)
+
+
+@given(st.binary(max_size=200))
+def test_garbage_never_escapes_as_an_untyped_error(raw: bytes) -> None:
+    with contextlib.suppress(FormatError):
+        rp.decode(raw)
+
+
+def patch(raw: bytes, offset: int, value: bytes) -> bytes:
+    return raw[:offset] + value + raw[offset + len(value) :]
+
+
+def test_malformed_frames_rejected() -> None:
+    written = rp.encode(rp.Written("s", 7, 5))
+    with pytest.raises(UnsupportedError):
+        rp.decode(patch(written, 4, b"\x63"))  # unknown kind
+    with pytest.raises(UnsupportedError):
+        rp.decode(patch(written, 5, b"\x01"))  # reserved flags
+    with pytest.raises(FormatError):
+        rp.decode(patch(written, 16, b"\xff"))  # stream id not UTF-8
+    with pytest.raises(InvalidSizeError):
+        rp.decode(patch(written, 17, b"\xff" * 7 + b"\xfe"))  # chunk id below -1
+    with pytest.raises(InvalidSizeError):
+        rp.frame_size(b"\x00\x00\x00\x02")  # shorter than a header
+    with pytest.raises(InvalidSizeError):
+        rp.frame_size((rp.MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+    assert rp.frame_size(b"\x00\x00") is None
+    hello = rp.encode(rp.Hello("n1"))
+    with pytest.raises(BadMagicError):
+        rp.decode(patch(hello, 16, b"\x00\x02"))  # protocol version 2
+    with pytest.raises(FormatError):
+        rp.decode(rp._frame(rp.FrameKind.WRITTEN, "", 1, bytes(8)))  # no stream id
+    history = rp.encode(rp.History("s", 4, 6, ((1, 0, 3), (3, 4, 9))))
+    with pytest.raises(FormatError):
+        rp.decode(patch(history, 61, (2).to_bytes(8, "big")))  # ranges overlap
+    with pytest.raises(TruncatedError):
+        rp.decode(patch(history, 25, (1000).to_bytes(4, "big")))  # range count too big
+    chunks = rp.encode(rp.Chunks("s", 2, 10, 12, 9, 1, b"\x50\x00"))
+    with pytest.raises(FormatError):
+        rp.decode(patch(chunks, 41, (0).to_bytes(4, "big")))  # data without chunks
+    refused = rp.encode(rp.Refused("s", 1, rp.RefusalCode.STALE_EPOCH, 4, "old"))
+    with pytest.raises(UnsupportedError):
+        rp.decode(patch(refused, 17, b"\x00\x63"))  # unknown refusal code
+
+
+def test_encoder_rejects_bad_values() -> None:
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.Written("s", -1, 5))
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.Written("s", 1, -2))
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.Adopt("x" * 2000, 1))
+    with pytest.raises(InvalidSizeError):
+        rp.encode_chunks_header("s", 1, 10, 9, 0, 1, 10)  # inverted range
+    with pytest.raises(InvalidSizeError):
+        rp.encode_chunks_header("s", 1, 10, 12, 0, 0, 10)  # data without chunks
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.History("s", 1, 0, ((1, 5, 3),)))
+    with pytest.raises(InvalidSizeError):
+        rp.encode_chunks_header("s", 1, 0, 1, 0, 1, rp.MAX_FRAME_BYTES)
