@@ -1,177 +1,361 @@
-"""Benchmark: catching up on a stream from the local tier and from the remote tier, same run.
+"""Benchmark: catching up through the server, from the remote and the local tier, against
+raw GETs of the same objects, plus memory and hot-publisher latency under 100 cold readers.
 
-Builds a local log (``--mib`` of 1 KiB records in batches of 1,000, ``fsync="never"`` and one
-``sync()``, 128 MiB segments; not timed), tiers all of it to a SeaweedFS it starts itself
-(production ``TieringConfig()``: 64 MiB fragments; M = ``--m``, default 1024), then reads the
-whole stream twice with the same ``TieredReader.records()`` loop:
+One run, one SeaweedFS (started here) and one ``tierlog serve`` (uvloop, S3 object store,
+tiering on, default prefetch: 4 MiB requests, AIMD window, 256 MiB hard budget):
 
-1. local: strategy ``NOT_IN_DISK`` with every segment still on disk (0 GETs);
-2. remote: every deletable local segment freed, strategy ``FORCE`` so the tiered chunks of
-   the active segment come from the remote tier too (asserted: 0 chunks read locally), with
-   the default prefetch (4 MiB requests, AIMD window up to 64 MiB, 256 MiB budget).
+1. ``cold``: ``--mib`` of 1 KiB messages (frames of 1,000) into a stream with 64 MiB
+   fragments, a 2 s fragment age and read strategy ``FORCE`` (every tiered chunk is read
+   from the remote tier); waits until all of it is tiered. ``local``: the same data in
+   a stream with strategy ``DISABLE`` (local only).
+2. ``seek_gets``: GET requests (the server's object-store counter, every kind) between
+   subscribing a fresh connection at an old offset of ``cold`` and its first chunk,
+   before anything else read the stream (branch and fragment-index caches cold).
+3. Remote read: a lean consumer (``benches/lean_client.py``: our codec, per-chunk work
+   only) reads ``cold`` from ``first``; then raw ranged GETs of the same fragment objects
+   with the server's request size and concurrency (``S3ObjectStore.get_view``, 8 at a
+   time, 4 MiB). Local read: the lean consumer reads ``local`` (page cache warm).
+4. 100 cold consumers (``--readers``) each read ``--reader-mib`` from ``first`` of
+   ``cold`` at once, while a publisher sends 10 x 100 B frames every 5 ms to a third
+   stream and times each confirm; the same publisher ran alone before (idle). The
+   server's RSS (/proc/<pid>/status) is sampled every 50 ms; the baseline is taken
+   right before the readers start, ``after`` 10 s after they all closed.
 
-Throughput counts record bytes handed to the loop. ``seek_gets``: with the root cached (the
-live tierer's) and cold branch and index caches, the most GETs (any kind) any of 20 random
-old offsets took from attaching to having its first record, data GET included.
+Last line: ``remote_raw_ratio=<lean cold read ÷ raw GETs, MB/s> remote_local_ratio=<cold
+read ÷ local read> seek_gets=<n> cold100_rss_mib=<peak RSS above baseline>
+cold100_after_mib=<RSS above baseline 10 s after close> hot_p99_ratio=<publisher
+confirm p99 with the readers ÷ idle>``.
 
-Last line: ``remote_local_ratio=<remote MB/s ÷ local MB/s> seek_gets=<n>``.
-
-    .venv/bin/python benches/catchup.py [--mib 1024] [--m 1024] [--dir /tmp]
+    .venv/bin/python benches/catchup.py [--mib 512] [--readers 100] [--reader-mib 32]
+        [--quick]   # 128 MiB, 100 readers of 8 MiB, 3 s after-close wait
+        [--profile remote.txt]   # py-spy (collapsed stacks) of the server's remote read
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import random
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benches"))
 
-from tests.plugins.seaweed import SeaweedServer, start_seaweed
+from lean_client import LeanConnection, LeanConsumer, LeanPublisher  # noqa: E402
+from tests.plugins.seaweed import SeaweedServer, start_seaweed  # noqa: E402
 
-from tierlog.log.config import LogConfig
-from tierlog.log.offset_spec import OffsetSpec
-from tierlog.log.writer import StreamLog
-from tierlog.read.manifest_source import ManifestSource
-from tierlog.read.prefetch import Prefetcher
-from tierlog.read.strategies import ReadStrategy
-from tierlog.read.tiered_reader import TieredReader
-from tierlog.remote.catalog import Catalog
-from tierlog.storage.faults import FaultyObjectStore
-from tierlog.storage.s3_config import S3Config
-from tierlog.storage.s3_object_store import S3ObjectStore
-from tierlog.storage.sqlite_meta_store import SqliteMetaStore
-from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.state import TieringConfig
-from tierlog.tiering.tierer import StreamTierer
+from tierlog.storage.s3_config import S3Config  # noqa: E402
+from tierlog.storage.s3_object_store import S3ObjectStore  # noqa: E402
 
-MiB = 1024 * 1024
+MiB = 1 << 20
 RECORD = 1024
-BATCH = 1000
+FRAME = 1000
+REQUEST = 4 * MiB
+CONCURRENCY = 8
 
 
-def read_all(reader: TieredReader) -> tuple[int, int, float]:
-    """(records, record bytes, seconds) of one full catch-up read."""
-    count = size = 0
-    started = time.perf_counter()
-    with reader:
-        for _offset, record in reader.records():
-            count += 1
-            size += len(record)
-    return count, size, time.perf_counter() - started
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, admin: int) -> None:
+        self.proc, self.port, self.admin = proc, port, admin
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def metric_sum(self, name: str, pattern: str = "") -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(name) and re.search(pattern, line):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mib", type=int, default=1024, help="stream size in MiB")
-    parser.add_argument("--m", type=int, default=1024, help="manifest branching factor")
-    parser.add_argument("--dir", default=None, help="where the local log goes")
-    args = parser.parse_args()
-    workdir = tempfile.mkdtemp(prefix="tierlog-bench-catchup-", dir=args.dir)
-    server: SeaweedServer = start_seaweed(os.path.join(workdir, "seaweed"))
+@contextmanager
+def tierlog_server(workdir: str, seaweed: SeaweedServer, prefix: str) -> Iterator[Server]:
+    base = Path(workdir)
+    ready = base / "ready.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    env.update(
+        TIERLOG_SERVER_PORT="0",
+        TIERLOG_SERVER_ADMIN_PORT="0",
+        TIERLOG_SERVER_READY_FILE=str(ready),
+        TIERLOG_STORAGE_DATA_DIR=str(base / "data"),
+        TIERLOG_SERVER_LOG_LEVEL="WARNING",
+        TIERLOG_STORAGE_OBJECT_STORE=(
+            f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}&region={seaweed.region}"
+        ),
+        AWS_ACCESS_KEY_ID=seaweed.access_key,
+        AWS_SECRET_ACCESS_KEY=seaweed.secret_key,
+        PYTHONPATH=str(ROOT / "src"),
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "tierlog", "serve"], env=env)
     try:
-        run(server, workdir, args.mib, args.m)
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("tierlog serve did not start")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        yield Server(proc, int(info["stream_port"]), int(info["admin_port"]))
     finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def run(server: SeaweedServer, workdir: str, mib: int, m: int) -> None:
-    s3 = S3ObjectStore(
-        S3Config(
-            bucket=server.bucket,
-            prefix="bench/catchup",
-            endpoint=server.endpoint,
-            region=server.region,
-            access_key_id=server.access_key,
-            secret_access_key=server.secret_key,
-        )
-    )
-    store = FaultyObjectStore(s3)  # only counts requests here
-    meta = SqliteMetaStore(os.path.join(workdir, "meta.db"))
-    catalog = Catalog(meta)
-    record = catalog.create("/", "catchup")
-    log = StreamLog.create(
-        os.path.join(workdir, "data"),
-        "/",
-        "catchup",
-        LogConfig(max_segment_bytes=128 * MiB, fsync="never"),
-        created_ns=record.created_ns,
-    )
-    payload = os.urandom(RECORD * BATCH)
-    batches = mib * MiB // (RECORD * BATCH)
+def load(server: Server, stream: str, arguments: dict[str, str], mib: int) -> int:
+    """Create ``stream`` and publish ``mib`` MiB of 1 KiB messages; returns messages."""
+    setup = LeanConnection("127.0.0.1", server.port)
+    setup.create(stream, arguments)
+    setup.close()
+    publisher = LeanPublisher("127.0.0.1", server.port, stream)
+    payload = os.urandom(RECORD)
+    frames = mib * MiB // (RECORD * FRAME)
+    seconds = publisher.publish([payload] * FRAME, frames, window=16)
+    publisher.close()
+    print(f"  loaded {stream}: {frames * FRAME:,} messages in {seconds:.1f} s", flush=True)
+    return frames * FRAME
+
+
+def wait_tiered(server: Server, stream: str, messages: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        tiered = server.metric_sum("tierlog_remote_next_offset", f'stream="{stream}"')
+        if tiered >= messages:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{stream}: only {tiered:.0f} of {messages} tiered")
+        time.sleep(0.5)
+
+
+def gets(server: Server) -> float:
+    return server.metric_sum("tierlog_object_store_requests_total", r'op="get')
+
+
+def lean_read(server: Server, stream: str, messages: int) -> tuple[float, int]:
+    """(seconds, chunk bytes) for one lean consumer reading ``stream`` from first."""
+    consumer = LeanConsumer("127.0.0.1", server.port, stream, credit=16)
     started = time.perf_counter()
-    for b in range(batches):
-        at = (b * 7919) % (len(payload) - RECORD)
-        chunk = payload[at:] + payload[:at]
-        log.append([chunk[i * RECORD : (i + 1) * RECORD] for i in range(BATCH)])
-    log.sync()
-    print(f"wrote {batches * BATCH:,} records in {time.perf_counter() - started:.1f} s")
-    tierer = StreamTierer(
-        log, store, catalog, DeletionQueue(meta, grace_seconds=0.0), config=TieringConfig(), m=m
-    )
+    records, size = consumer.read_until(messages)
+    seconds = time.perf_counter() - started
+    consumer.close()
+    assert records >= messages, (records, messages)
+    return seconds, size
+
+
+def raw_gets(store: S3ObjectStore, objects: list[tuple[str, int]]) -> tuple[float, int]:
+    """(seconds, bytes) of ranged GETs of every object, REQUEST each, CONCURRENCY at a time."""
+    ranges = [
+        (key, start, min(size, start + REQUEST))
+        for key, size in objects
+        for start in range(0, size, REQUEST)
+    ]
     started = time.perf_counter()
-    tierer.start()
-    assert tierer.flush(timeout=3600), "tiering did not finish"
-    tree = tierer.committer.tree
+    total = 0
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        for view in pool.map(lambda r: store.get_view(*r), ranges):
+            total += len(view)
+            del view
+    return time.perf_counter() - started, total
+
+
+def hot_publisher(
+    server: Server, stream: str, seconds: float, stop: threading.Event
+) -> list[float]:
+    """Frames of 10 x 100 B every 5 ms, each timed to its last confirm."""
+    publisher = LeanPublisher("127.0.0.1", server.port, stream, publisher_id=2)
+    frame = [b"h" * 100] * 10
+    latencies: list[float] = []
+    due = time.perf_counter()
+    end = due + seconds
+    while time.perf_counter() < end and not stop.is_set():
+        latencies.append(publisher.publish_one(frame))
+        due += 0.005
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    publisher.close()
+    return latencies
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
+
+
+def cold_readers(server: Server, args: argparse.Namespace) -> tuple[float, float, list[float]]:
+    """(peak RSS above baseline, RSS above baseline after close, hot confirm latencies)."""
+    per_reader = args.reader_mib * MiB // RECORD
+    baseline = server.rss_mib()
+    peak = baseline
+    done = threading.Event()
+    errors: list[BaseException] = []
+    consumers: list[LeanConsumer] = []
+
+    def read(_: int) -> None:
+        try:
+            consumer = LeanConsumer("127.0.0.1", server.port, "cold", credit=4)
+            consumers.append(consumer)
+            consumer.read_until(per_reader)
+            consumer.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    latencies: list[float] = []
+
+    def publish() -> None:
+        latencies.extend(hot_publisher(server, "hot", 3600, done))
+
+    hot = threading.Thread(target=publish)
+    hot.start()
+    started = time.perf_counter()
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(args.readers)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        peak = max(peak, server.rss_mib())
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    done.set()
+    hot.join()
+    assert not errors, errors[:3]
     print(
-        f"tiered {tree.header().total_fragments} fragments in "
-        f"{time.perf_counter() - started:.1f} s, manifest height {tree.height}"
+        f"  {args.readers} readers x {args.reader_mib} MiB in {elapsed:.1f} s "
+        f"({args.readers * args.reader_mib * MiB / elapsed / 1e6:.0f} MB/s); "
+        f"buffers at the end: prefetch "
+        f"{server.metric_sum('tierlog_prefetch_memory_bytes') / MiB:.0f} MiB",
+        flush=True,
     )
-    manifest = ManifestSource(tierer)
-    prefetcher = Prefetcher()
+    time.sleep(args.after)
+    after = server.rss_mib()
+    print(
+        f"  RSS baseline {baseline:.0f} MiB, peak {peak:.0f}, {args.after:.0f} s after {after:.0f}"
+    )
+    return peak - baseline, after - baseline, latencies
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--readers", type=int, default=100)
+    parser.add_argument("--reader-mib", type=int, default=32)
+    parser.add_argument("--after", type=float, default=10.0)
+    parser.add_argument("--hot-seconds", type=float, default=15.0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", help="py-spy collapsed stacks of the server's remote read")
+    args = parser.parse_args()
+    if args.quick:
+        args.mib, args.reader_mib, args.after, args.hot_seconds = 128, 8, 3.0, 5.0
+    workdir = tempfile.mkdtemp(prefix="tierlog-bench-catchup-")
+    seaweed = start_seaweed(os.path.join(workdir, "seaweed"))
+    prefix = f"catchup-{os.getpid()}"
+    store = S3ObjectStore(
+        S3Config(
+            bucket=seaweed.bucket,
+            prefix=prefix,
+            endpoint=seaweed.endpoint,
+            region=seaweed.region,
+            access_key_id=seaweed.access_key,
+            secret_access_key=seaweed.secret_key,
+        )
+    )
     try:
-        store.reset_log()
-        local = TieredReader(log, manifest, OffsetSpec.first(), prefetcher=prefetcher)
-        n_local, bytes_local, t_local = read_all(local)
-        assert local.remote_chunks == 0 and store.count("get") == 0
-        local_mbs = bytes_local / t_local / 1e6
-        print(
-            f"local : {n_local:,} records, {bytes_local / MiB:.0f} MiB in {t_local:.2f} s "
-            f"= {local_mbs:.0f} MB/s"
-        )
-
-        freed = tierer.deletable_segments()
-        for first in freed:
-            log.delete_segment(first)
-        print(f"freed {len(freed)} of {len(freed) + len(log.list_segments())} local segments")
-        store.reset_log()
-        remote = TieredReader(
-            log, manifest, OffsetSpec.first(), strategy=ReadStrategy.FORCE, prefetcher=prefetcher
-        )
-        n_remote, bytes_remote, t_remote = read_all(remote)
-        assert (n_remote, bytes_remote) == (n_local, bytes_local), "remote read differs"
-        assert remote.local_chunks == 0, "a tiered chunk was read locally"
-        remote_mbs = bytes_remote / t_remote / 1e6
-        print(
-            f"remote: {n_remote:,} records in {t_remote:.2f} s = {remote_mbs:.0f} MB/s, "
-            f"{store.count('get')} GETs, budget peak {prefetcher.budget.peak / MiB:.0f} MiB"
-        )
-
-        rng = random.Random(1)
-        worst = 0
-        for _ in range(20):
-            target = rng.randrange(0, tree.next_offset)
-            cold = ManifestSource(tierer)  # root cached, branch and index caches empty
-            store.reset_log()
-            with TieredReader(None, cold, OffsetSpec.offset(target), prefetcher=prefetcher) as r:
-                first = next(r.records())
-                assert first[0] == target
-                worst = max(worst, store.count("get") + store.count("get_suffix"))
-        print(f"seek: worst of 20 random old offsets took {worst} GETs (height {tree.height})")
-        print(f"remote_local_ratio={remote_mbs / local_mbs:.3f} seek_gets={worst}")
+        with tierlog_server(workdir, seaweed, prefix) as server:
+            run(server, store, args)
     finally:
-        prefetcher.close()
-        tierer.stop(flush=False)
-        log.close()
-        meta.close()
-        s3.close()
+        store.close()
+        seaweed.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def run(server: Server, store: S3ObjectStore, args: argparse.Namespace) -> None:
+    with open("/proc/loadavg") as f:
+        print(f"load average at the start: {' '.join(f.read().split()[:3])}")
+    cold_args = {
+        "x-tierlog-max-fragment-age": "2s",
+        "x-tierlog-read-strategy": "FORCE",
+        "stream-max-segment-size-bytes": str(64 * MiB),
+    }
+    messages = load(server, "cold", cold_args, args.mib)
+    wait_tiered(server, "cold", messages)
+    objects = [(o.key, o.size) for o in store.list("") if o.size >= MiB]
+    print(f"  tiered: {len(objects)} fragment objects, {sum(s for _, s in objects) / MiB:.0f} MiB")
+
+    before = gets(server)
+    seeker = LeanConsumer("127.0.0.1", server.port, "cold", offset=messages // 3, credit=1)
+    t0 = time.perf_counter()
+    seeker.read_until(messages // 3 + 1)
+    seek_ms = 1000 * (time.perf_counter() - t0)
+    seek_gets = int(gets(server) - before)
+    seeker.close()
+    print(f"  seek to offset {messages // 3}: {seek_gets} GETs, first chunk in {seek_ms:.0f} ms")
+
+    spy = None
+    if args.profile:  # py-spy on the server during the remote read only
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                *("record", "-p", str(server.proc.pid), "-o", args.profile, "-r", "100"),
+                *("--nonblocking", "-f", "raw"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)
+    cold_s, cold_bytes = lean_read(server, "cold", messages)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+    cold_mbs = cold_bytes / cold_s / 1e6
+    raw_s, raw_bytes = raw_gets(store, objects)
+    raw_mbs = raw_bytes / raw_s / 1e6
+    print(f"  remote read (lean client): {cold_bytes / MiB:.0f} MiB at {cold_mbs:.0f} MB/s")
+    print(f"  raw GETs ({CONCURRENCY} x {REQUEST // MiB} MiB): {raw_mbs:.0f} MB/s")
+
+    load(server, "local", {"x-tierlog-read-strategy": "DISABLE"}, args.mib)
+    local_s, local_bytes = lean_read(server, "local", messages)
+    local_mbs = local_bytes / local_s / 1e6
+    print(f"  local read (lean client): {local_mbs:.0f} MB/s")
+
+    setup = LeanConnection("127.0.0.1", server.port)
+    setup.create("hot", {})
+    setup.close()
+    idle = hot_publisher(server, "hot", args.hot_seconds, threading.Event())
+    print(f"  hot publisher idle: p99 {1000 * p99(idle):.2f} ms over {len(idle)} frames")
+    rss_peak, rss_after, busy = cold_readers(server, args)
+    print(f"  hot publisher with readers: p99 {1000 * p99(busy):.2f} ms over {len(busy)} frames")
+    with open("/proc/loadavg") as f:
+        print(f"load average at the end: {' '.join(f.read().split()[:3])}")
+    print(
+        f"remote_raw_ratio={cold_mbs / raw_mbs:.2f} remote_local_ratio={cold_mbs / local_mbs:.2f} "
+        f"seek_gets={seek_gets} cold100_rss_mib={rss_peak:.0f} "
+        f"cold100_after_mib={rss_after:.0f} hot_p99_ratio={p99(busy) / p99(idle):.2f}"
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,11 +7,25 @@ commit) and against a private RabbitMQ node with the stream plugin
 (scripts/rabbitmq_node.py; Debian ``rabbitmq-server``, installed when missing). The two
 servers run one after the other, never together, so they do not share the 2 cores.
 
-Last line: ``publish_ratio=<tierlog ÷ RabbitMQ msg/s> consume_ratio=<…>`` (or
-``rabbitmq=absent reason=… tierlog_publish=… tierlog_consume=…`` when RabbitMQ could not
-be started).
+Then, at a fixed offered rate (``--rate`` 20,000 msg/s of 100 B as ``send_batch`` of 20
+every 1 ms on an absolute clock, ``--rate-seconds`` 60, the code of
+benches/steady_publish.py): tierlog with ``log.sync = "os"``, tierlog with the default
+(fdatasync before confirm), RabbitMQ; each reports the server's CPU per message (user +
+system of the server process, /proc, over the windows after the first) and the confirm
+p99 (send to the confirm of the frame's last message, windows after the first). The
+fdatasync p99 of this disk is measured in the same run (2,000 appends of 2 KiB, each
+fdatasynced, in the data directory's file system). Last, benches/steady_publish.py's
+120 s at 5,000 msg/s in 10-message frames (tiering on).
+
+Last line: ``publish_ratio=<tierlog ÷ RabbitMQ msg/s> consume_ratio=<…>
+publish_cpu_ratio=<RabbitMQ CPU per message ÷ tierlog's (default mode)>
+confirm_p99_ratio=<tierlog (os mode) p99 ÷ RabbitMQ p99> confirm_p99_excess_ms=<tierlog
+(default) p99 - RabbitMQ p99 - fdatasync p99> steady_cpu_growth=<last 10 s window ÷
+second>`` (or ``rabbitmq=absent reason=… …`` when RabbitMQ could not be started).
 
     .venv/bin/python benches/protocol.py [--messages 500000] [--size 100] [--batch 1000]
+        [--rate 20000] [--rate-seconds 60] [--steady-seconds 120]
+        [--quick]   # 100,000 messages, 15 s rate phases, 40 s steady phase
 """
 
 from __future__ import annotations
@@ -33,17 +47,22 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benches"))
 
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer  # noqa: E402
 from rstream.consumer import Consumer, MessageContext  # noqa: E402
 from rstream.producer import ConfirmationStatus  # noqa: E402
+from steady_publish import percentile  # noqa: E402
+from steady_publish import publish as publish_on_clock  # noqa: E402
+from steady_publish import run as steady_run  # noqa: E402
 
 STREAM = "bench"
 
 
 @contextlib.contextmanager
-def tierlog_server() -> Iterator[tuple[str, int]]:
-    """A tierlog server in a subprocess on a free port, data in a temp dir."""
+def tierlog_server(sync: str = "fsync") -> Iterator[tuple[str, int, int]]:
+    """A tierlog server in a subprocess on a free port, data in a temp dir; yields
+    (host, stream port, pid)."""
     base = Path(tempfile.mkdtemp(prefix="tierlog-bench-"))
     ready = base / "ready.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
@@ -53,6 +72,7 @@ def tierlog_server() -> Iterator[tuple[str, int]]:
         TIERLOG_SERVER_READY_FILE=str(ready),
         TIERLOG_STORAGE_DATA_DIR=str(base / "data"),
         TIERLOG_SERVER_LOG_LEVEL="WARNING",
+        TIERLOG_LOG_SYNC=sync,
     )
     proc = subprocess.Popen([sys.executable, "-m", "tierlog", "serve"], env=env)
     try:
@@ -62,7 +82,7 @@ def tierlog_server() -> Iterator[tuple[str, int]]:
                 raise RuntimeError("tierlog serve did not start")
             time.sleep(0.05)
         info = json.loads(ready.read_text())
-        yield "127.0.0.1", int(info["stream_port"])
+        yield "127.0.0.1", int(info["stream_port"]), proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -128,20 +148,99 @@ def run(host: str, port: int, args: argparse.Namespace, label: str) -> tuple[flo
     return pub, con
 
 
+def at_rate(port: int, pid: int, args: argparse.Namespace, label: str) -> tuple[float, float]:
+    """(server CPU µs per message, confirm p99 ms) at ``args.rate`` for ``args.rate_seconds``."""
+    rate_args = argparse.Namespace(
+        rate=args.rate, frame=20, size=args.size, seconds=args.rate_seconds
+    )
+    latencies: list[float] = []
+    print(f"{label}: {args.rate:,} msg/s in 20-message frames", flush=True)
+    windows = asyncio.run(publish_on_clock(port, pid, rate_args, latencies))[1:]
+    cpu = sum(w["cpu_pct"] for w in windows) / len(windows) / 100
+    rate = sum(w["msg_s"] for w in windows) / len(windows)
+    us = 1e6 * cpu / rate
+    p99 = 1000 * percentile(latencies, 0.99)
+    print(
+        f"{label}: {rate:,.0f} msg/s offered kept, server CPU {100 * cpu:.1f} % = "
+        f"{us:.2f} µs/msg, confirm p50 {1000 * percentile(latencies, 0.5):.2f} ms "
+        f"p99 {p99:.2f} ms",
+        flush=True,
+    )
+    return us, p99
+
+
+def fdatasync_p99_ms(directory: str, samples: int = 2000) -> float:
+    """p99 of append-2-KiB-then-fdatasync on ``directory``'s file system."""
+    path = os.path.join(directory, "fdatasync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block = os.urandom(2048)
+    times = []
+    try:
+        for _ in range(samples):
+            os.write(fd, block)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return 1000 * percentile(times, 0.99)
+
+
+def beam_pid(data_dir: Path) -> int:
+    """The Erlang VM process of a private RabbitMQ node (its ``-home`` is the node's
+    temp dir, two levels above its data dir); the server's CPU is counted there."""
+    home = str(data_dir.parent.parent).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if cmdline.split(b"\0", 1)[0].endswith(b"beam.smp") and home in cmdline:
+            return int(entry)
+    raise RuntimeError(f"no beam.smp process with home {home!r}")
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=500_000)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--rate", type=int, default=20_000)
+    parser.add_argument("--rate-seconds", type=float, default=60.0)
+    parser.add_argument("--steady-seconds", type=float, default=120.0)
+    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.rate_seconds, args.steady_seconds = 100_000, 15.0, 40.0
+    print(f"load average at the start: {load_average()}", flush=True)
 
-    with tierlog_server() as (host, port):
+    with tierlog_server() as (host, port, _pid):
         t_pub, t_con = run(host, port, args, "tierlog")
+    with tierlog_server("os") as (_host, port, pid):
+        os_us, os_p99 = at_rate(port, pid, args, "tierlog sync=os")
+    with tierlog_server() as (_host, port, pid):
+        fs_us, fs_p99 = at_rate(port, pid, args, "tierlog sync=fsync")
+    probe_dir = tempfile.mkdtemp(prefix="tierlog-bench-")  # where the servers keep data
+    try:
+        sync_p99 = fdatasync_p99_ms(probe_dir)
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+    print(f"fdatasync p99 {sync_p99:.2f} ms", flush=True)
     try:
         from rabbitmq_node import rabbitmq_node
 
         with rabbitmq_node() as node:
             r_pub, r_con = run(node.host, node.stream_port, args, "rabbitmq")
+            r_us, r_p99 = at_rate(node.stream_port, beam_pid(node.data_dir), args, "rabbitmq")
     except Exception as exc:  # installing or starting RabbitMQ failed
         reason = str(exc).replace("\n", " ")[:200]
         print(
@@ -149,7 +248,20 @@ def main() -> int:
             f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f}"
         )
         return 0
-    print(f"publish_ratio={t_pub / r_pub:.2f} consume_ratio={t_con / r_con:.2f}")
+    steady_args = argparse.Namespace(
+        seconds=args.steady_seconds, rate=5_000, frame=10, size=100, profile=None
+    )
+    windows = steady_run(steady_args, True, [])
+    cpus = [w["cpu_pct"] for w in windows]
+    print(f"steady 5,000 msg/s: server CPU % per 10 s window {[round(c, 1) for c in cpus]}")
+    print(f"tierlog sync=os CPU {os_us:.2f} µs/msg (RabbitMQ ÷ os: {r_us / os_us:.2f})")
+    print(f"load average at the end: {load_average()}")
+    print(
+        f"publish_ratio={t_pub / r_pub:.2f} consume_ratio={t_con / r_con:.2f} "
+        f"publish_cpu_ratio={r_us / fs_us:.2f} confirm_p99_ratio={os_p99 / r_p99:.2f} "
+        f"confirm_p99_excess_ms={fs_p99 - r_p99 - sync_p99:.2f} "
+        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f}"
+    )
     return 0
 
 

@@ -112,7 +112,12 @@ def test_budget_bounds_read_ahead_across_many_readers(store: FaultyObjectStore) 
     readers = 12
     limit = 8 * REQ
     config = PrefetchConfig(
-        request_bytes=REQ, max_window_bytes=8 * REQ, ttl_seconds=60, memory_bytes=limit, threads=6
+        request_bytes=REQ,
+        min_request_bytes=64,
+        max_window_bytes=8 * REQ,
+        ttl_seconds=60,
+        memory_bytes=limit,
+        threads=6,
     )
     prefetcher = Prefetcher(config)
     blobs = {f"obj{i}": os.urandom(30 * REQ + i) for i in range(readers)}
@@ -217,3 +222,124 @@ def test_config_is_validated() -> None:
         PrefetchConfig(request_bytes=10, max_window_bytes=5)
     with pytest.raises(ConfigError):
         PrefetchConfig(ttl_seconds=0)
+
+
+def _read_all_concurrently(
+    store: FaultyObjectStore, config: PrefetchConfig, readers: int
+) -> tuple[Prefetcher, dict[str, bytes], dict[str, bytes]]:
+    prefetcher = Prefetcher(config)
+    blobs = {f"cap{i}": os.urandom(20 * REQ + i) for i in range(readers)}
+    for key, blob in blobs.items():
+        store.put(key, blob)
+    store.set_latency(0.002)
+    results: dict[str, bytes] = {}
+    errors: list[BaseException] = []
+
+    def consume(key: str) -> None:
+        try:
+            stream = prefetcher.open(store, [(key, 0, len(blobs[key]))])
+            buf = bytearray()
+            while stream.position < len(blobs[key]):
+                buf += stream.read(min(700, len(blobs[key]) - stream.position))
+            stream.close()
+            results[key] = bytes(buf)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(k,)) for k in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    prefetcher.close()
+    assert not errors
+    return prefetcher, results, blobs
+
+
+def test_budget_is_a_hard_cap_including_blocks_in_flight(store: FaultyObjectStore) -> None:
+    """Needed blocks wait for room (others' unread read-ahead is given up first):
+    everything the readers ever held at once, in flight or not, stays under the limit."""
+    limit = 16 * REQ
+    config = PrefetchConfig(
+        request_bytes=REQ,
+        max_window_bytes=8 * REQ,
+        ttl_seconds=60,
+        memory_bytes=limit,
+        threads=6,
+        force_wait_seconds=10.0,
+    )
+    prefetcher, results, blobs = _read_all_concurrently(store, config, readers=12)
+    assert results == blobs
+    budget = prefetcher.budget
+    assert budget.overruns == 0
+    assert budget.peak <= limit + REQ  # the old rule allowed limit + 2 requests per reader
+    assert budget.waits > 0  # and needed blocks did wait for room
+    assert budget.used == 0
+
+
+def test_more_readers_than_blocks_progress_through_one_overdraft(
+    store: FaultyObjectStore,
+) -> None:
+    """More readers than the budget holds blocks: each holds the block it is in and
+    needs the next; one at a time overdraws by one block, nobody waits out the
+    timeout, and every reader reads its data exactly."""
+    config = PrefetchConfig(
+        request_bytes=REQ,
+        max_window_bytes=2 * REQ,
+        ttl_seconds=60,
+        memory_bytes=2 * REQ,
+        threads=4,
+        force_wait_seconds=30.0,
+    )
+    started = time.monotonic()
+    prefetcher, results, blobs = _read_all_concurrently(store, config, readers=6)
+    assert time.monotonic() - started < 20  # no read waited out its timeout
+    assert results == blobs
+    budget = prefetcher.budget
+    assert budget.overruns == 0
+    assert budget.overdrafts > 0
+    assert budget.peak <= 3 * REQ
+    assert budget.used == 0
+
+
+def test_node_wide_read_rate_limit_paces_every_get(store: FaultyObjectStore) -> None:
+    """Two readers share ``max_bytes_per_second``: after the one-second burst, their
+    GETs together go no faster than the rate."""
+    rate = 16 * REQ
+    config = PrefetchConfig(
+        request_bytes=REQ,
+        max_window_bytes=4 * REQ,
+        memory_bytes=64 * REQ,
+        max_bytes_per_second=rate,
+    )
+    prefetcher = Prefetcher(config)
+    blobs = {f"rate{i}": os.urandom(24 * REQ) for i in range(2)}
+    for key, blob in blobs.items():
+        store.put(key, blob)
+    started = time.monotonic()
+    results: dict[str, bytes] = {}
+
+    def consume(key: str) -> None:
+        stream = prefetcher.open(store, [(key, 0, len(blobs[key]))])
+        buf = bytearray()
+        while stream.position < len(blobs[key]):
+            buf += stream.read(min(REQ, len(blobs[key]) - stream.position))
+        stream.close()
+        results[key] = bytes(buf)
+
+    threads = [threading.Thread(target=consume, args=(k,)) for k in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    prefetcher.close()
+    assert results == blobs
+    # 48 requests of REQ at 16 REQ/s, the first 16 free: at least 2 s
+    assert elapsed >= 1.9, elapsed
+    assert prefetcher.rate_limit.waited_seconds > 0
+
+
+def test_read_rate_limit_is_validated() -> None:
+    with pytest.raises(ConfigError):
+        PrefetchConfig(max_bytes_per_second=-1)

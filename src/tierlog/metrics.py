@@ -353,6 +353,12 @@ class Metrics:
             "Bytes held by remote-read prefetch buffers (all readers, one budget).",
             "gauge",
         )
+        self.consumer_buffer_bytes = self._scrape(
+            "tierlog_consumer_buffer_bytes",
+            "Bytes queued for consumers' sockets on all connections (each connection is "
+            "capped at its write high-water mark plus one chunk).",
+            "gauge",
+        )
         r.register(_ScrapedCollector(self._scraped))
 
     def _scrape(

@@ -6,6 +6,11 @@ policy batches: every chunk (``chunk``), at most every ``fsync_interval_ms``
 (``interval``), or only when asked / on roll and close (``never``). Readers in any
 thread read ``committed`` and may block in ``wait_for_commit``; commit listeners are
 called in the writer thread whenever the commit point advances.
+
+With ``LogConfig.sync == "os"`` the commit point does not wait for the disk: a
+``sync()`` commits what was written (the writes are in the OS page cache, visible to
+every reader of the files) and skips the fdatasync; ``durable`` then trails
+``committed`` until a roll or close fsyncs the segment.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ class CommitBatcher:
         self._sync_data = sync_data
         self.written = point
         self.committed = point
+        self.durable = point
+        """The last chunk known to be on disk (fdatasynced); equals ``committed`` in
+        ``fsync`` mode."""
+        self._fsync_on_commit = config.sync == "fsync"
         self.closed = False
         self._cond = threading.Condition()
         self._listeners: list[CommitListener] = []
@@ -41,16 +50,38 @@ class CommitBatcher:
         """Chunks are written but not yet committed."""
         return self.written != self.committed
 
+    @property
+    def not_durable(self) -> bool:
+        """Chunks are written but not yet fdatasynced (committed or not)."""
+        return self.written != self.durable
+
     def wrote(self, point: CommitPoint) -> None:
         self.written = point
 
     def sync(self) -> CommitPoint:
-        """Fsync now and commit everything written."""
+        """Commit everything written: after an fsync (``fsync`` mode) or at once
+        (``os`` mode, the writes already reached the OS)."""
         if self.written != self.committed:
-            self._sync_data()
+            if self._fsync_on_commit:
+                self._sync_data()
+                self.durable = self.written
             self.publish(self.written)
         self._last_sync = time.monotonic()
         return self.committed
+
+    def set_sync_mode(self, mode: str) -> None:
+        """Switch between ``fsync`` and ``os`` for the following commits."""
+        if mode not in ("fsync", "os"):
+            raise ValueError(f"sync mode must be 'fsync' or 'os', not {mode!r}")
+        self._fsync_on_commit = mode == "fsync"
+
+    def sync_to_disk(self) -> CommitPoint:
+        """Fdatasync whatever is not yet on disk and commit everything written, in
+        either mode (close, and an owner that wants durability now)."""
+        if self.durable != self.written:
+            self._sync_data()
+            self.durable = self.written
+        return self.sync()
 
     def maybe_sync(self, now: float | None = None) -> bool:
         """Drive the ``interval`` cadence; True when it synced."""
@@ -71,6 +102,7 @@ class CommitBatcher:
 
     def synced_by_roll(self) -> None:
         """A roll fsynced the sealed segment: commit what was written."""
+        self.durable = self.written
         if self.written != self.committed:
             self.publish(self.written)
             self._last_sync = time.monotonic()

@@ -10,6 +10,8 @@ from tierlog.formats.chunk import MAX_SIMPLE_ENTRY_BYTES, SUB_BATCH_HEADER_SIZE
 from tierlog.formats.segment import MAX_FILE_POSITION
 
 FsyncPolicy = Literal["chunk", "interval", "never"]
+SyncMode = Literal["fsync", "os"]
+SYNC_MODES: tuple[SyncMode, ...] = ("fsync", "os")
 
 DEFAULT_MAX_SEGMENT_BYTES = 500_000_000
 DEFAULT_MAX_SEGMENT_CHUNKS = 256_000
@@ -22,7 +24,12 @@ class LogConfig:
     ``fsync``: ``"chunk"`` fsyncs after every chunk, ``"interval"`` at most every
     ``fsync_interval_ms`` (driven by appends and by the owner calling ``maybe_sync``),
     ``"never"`` leaves it to the OS (chunks become committed only on ``sync()``, segment
-    rolls and close). In every mode the committed offset is the last fsynced chunk.
+    rolls and close). With ``sync="fsync"`` (the default) the committed offset is the
+    last fsynced chunk. ``sync="os"`` commits a chunk once its write has reached the
+    operating system (the page cache): ``sync()`` commits without fdatasync, the way
+    RabbitMQ streams and Kafka confirm by default; segment rolls and close still
+    fsync, and a power loss can lose the committed chunks the OS had not yet written
+    back (see docs/reliability.md).
     ``max_producers``: producer sequences kept in tracking snapshots (Osiris keeps 255).
     ``epoch``: the writer's epoch; opening fails if the disk holds a higher one.
     """
@@ -33,6 +40,7 @@ class LogConfig:
     max_record_bytes: int = 8 * 1024 * 1024
     fsync: FsyncPolicy = "chunk"
     fsync_interval_ms: int = 200
+    sync: SyncMode = "fsync"
     max_producers: int = 1_000_000
     epoch: int = 1
 
@@ -54,6 +62,8 @@ class LogConfig:
             raise ConfigError("max_record_bytes + 11 must not exceed max_chunk_bytes")
         if self.fsync not in ("chunk", "interval", "never"):
             raise ConfigError(f"fsync must be 'chunk', 'interval' or 'never', not {self.fsync!r}")
+        if self.sync not in SYNC_MODES:
+            raise ConfigError(f"sync must be 'fsync' or 'os', not {self.sync!r}")
         if isinstance(self.fsync_interval_ms, bool) or not isinstance(self.fsync_interval_ms, int):
             raise ConfigError("fsync_interval_ms must be an int")
         if self.fsync_interval_ms < 1:

@@ -164,7 +164,7 @@ class StreamLog:
             return
         synced = self._segments.sync_failed is None
         if synced:
-            self.sync()
+            self._commits.sync_to_disk()  # in either sync mode
         self._segments.close(sync=synced)
         self._closed = True
         self._commits.close()
@@ -412,6 +412,22 @@ class StreamLog:
         self.check_open()
         return self._commits.sync()
 
+    def sync_to_disk(self) -> CommitPoint:
+        """Fdatasync the active segment (in either sync mode) and commit everything
+        written."""
+        self.check_open()
+        return self._commits.sync_to_disk()
+
+    def set_sync_mode(self, mode: str) -> None:
+        """Confirm after fdatasync (``fsync``) or once written to the OS (``os``) from
+        the next commit on (the stream's settings changed)."""
+        self._commits.set_sync_mode(mode)
+
+    def durable_point(self) -> CommitPoint:
+        """The last chunk known to be fdatasynced (trails the commit point only in
+        ``os`` sync mode)."""
+        return self._commits.durable
+
     def maybe_sync(self, now: float | None = None) -> bool:
         """Drive the ``interval`` cadence: fsync if the interval has passed and data waits.
 
@@ -483,7 +499,7 @@ class StreamLog:
 
     def _roll(self, first_offset: int) -> None:
         """Seal the active segment (fsync, commit) and start a new one at ``first_offset``."""
-        self._segments.roll(first_offset, self._commits.pending)
+        self._segments.roll(first_offset, self._commits.not_durable)
         self._commits.synced_by_roll()
 
     # ----------------------------------------------------------------- restart / retention
@@ -522,7 +538,7 @@ class StreamLog:
         self._tracking = tracking
         self._write_snapshot_chunk()
         fsync_dir(self._dir)
-        self.sync()
+        self.sync_to_disk()
 
     def list_segments(self) -> list[SegmentInfo]:
         """All local segments, oldest first; the last one is active (not sealed)."""

@@ -11,6 +11,7 @@ MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
 DEFAULT_OFFLOAD_DELETION_LAG_SECONDS = 4 * 3600.0
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
+SYNC_MODES = ("fsync", "os")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +20,9 @@ class StreamSettings:
 
     ``max_bytes`` / ``max_age_seconds`` are the whole stream's retention (both tiers);
     ``local_max_bytes`` / ``local_max_age_seconds`` only bound the local tier, which
-    may never free data that is not yet durable remotely.
+    may never free data that is not yet durable remotely. ``sync`` is the stream's
+    confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
+    follows the server.
 
     ``tier_mode`` is fixed at creation. In ``segments`` mode sealed segments are offloaded
     whole once the local bytes not offloaded exceed ``offload_threshold_bytes`` or once a
@@ -46,6 +49,7 @@ class StreamSettings:
     offload_threshold_age_seconds: float | None = None
     offload_deletion_lag_seconds: float = DEFAULT_OFFLOAD_DELETION_LAG_SECONDS
     offload_block_size: int = 64 * MIB
+    sync: str | None = None
 
     def __post_init__(self) -> None:
         self._check_offload()
@@ -67,6 +71,8 @@ class StreamSettings:
             raise ConfigError(
                 f"read_strategy must be one of {READ_STRATEGIES}, got {self.read_strategy!r}"
             )
+        if self.sync is not None and self.sync not in SYNC_MODES:
+            raise ConfigError(f"sync must be one of {SYNC_MODES} or unset, got {self.sync!r}")
         if self.max_segment_bytes < 4096 or self.max_segment_chunks < 1:
             raise ConfigError("max_segment_bytes must be >= 4096 and max_segment_chunks >= 1")
         if self.manifest_fanout < 2:

@@ -24,9 +24,11 @@ import tierlog
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
+from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.remote.catalog import Catalog
 from tierlog.server.admin import build_admin_app
 from tierlog.server.admin_security import AdminGuard
+from tierlog.server.allocator import tune_allocator
 from tierlog.server.broker import (
     Broker,
     LagProvider,
@@ -111,6 +113,7 @@ class Server:
             self.object_store = await _open_store(
                 "object store", "storage.object_store", storage.object_store, open_object_store
             )
+            default_prefetcher().rate_limit.set_rate(self.config.tier.read_bytes_per_second)
             self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)
             await self.tiering.start()
             if lag_provider is no_lag:
@@ -127,6 +130,7 @@ class Server:
         )
         await self.broker.start()
         self._register_stream_metrics(self.broker)
+        self.metrics.consumer_buffer_bytes.read = _consumer_buffers(self.broker)
         loop = asyncio.get_running_loop()
         broker, config, metrics = self.broker, self.config, self.metrics
         s = config.server
@@ -302,9 +306,23 @@ async def _serve(config: ServerConfig) -> None:
     await server.stop()
 
 
+def _consumer_buffers(broker: Broker) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+    """Bytes queued for consumers' sockets, all connections (each capped by the
+    transport's write high-water mark plus one chunk)."""
+
+    def read() -> list[tuple[tuple[str, ...], float]]:
+        total = 0
+        for conn in list(broker.connections):
+            total += conn.unsent_bytes()
+        return [((), float(total))]
+
+    return read
+
+
 def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit code."""
     setup_logging(config.server.log_format, config.server.log_level)
+    tune_allocator()
     if config.server.use_uvloop:
         try:
             import uvloop

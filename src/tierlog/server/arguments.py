@@ -70,6 +70,7 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-offload-threshold-age": ("offload_threshold_age_seconds", parse_duration),
     "x-tierlog-offload-deletion-lag": ("offload_deletion_lag_seconds", _lag),
     "x-tierlog-offload-block-size": ("offload_block_size", _int),
+    "x-tierlog-sync": ("sync", str),
 }
 """Argument name → (StreamSettings field, parser)."""
 

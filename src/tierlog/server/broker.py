@@ -451,7 +451,10 @@ class Broker:
     async def _open(self, record: StreamRecord) -> StreamHandle:
         settings = record.settings
         config = self.config.log.log_config(
-            settings.max_segment_bytes, settings.max_segment_chunks, self.config.server.frame_max
+            settings.max_segment_bytes,
+            settings.max_segment_chunks,
+            self.config.server.frame_max,
+            settings.sync,
         )
         path = os.path.join(self.streams_dir, record.incarnation)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"writer-{record.name}")
@@ -592,6 +595,8 @@ class Broker:
             raise ConfigError(str(exc)) from exc
         record = self.catalog.update_settings(vhost, name, **changes)
         handle.record = record
+        if "sync" in changes:  # the writer thread reads it at its next commit
+            handle.log.set_sync_mode(record.settings.sync or self.config.log.sync)
         handle.update_throttle()
         return record
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from tierlog.errors import ConfigError
 from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
-from tierlog.log.config import LogConfig
+from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 
@@ -78,7 +78,13 @@ class StorageSection:
 
 @dataclass(frozen=True, slots=True)
 class LogSection:
-    """Local log limits and group commit (every group is fsynced before it is confirmed).
+    """Local log limits, group commit and the sync mode.
+
+    ``sync``: when a group of Publish frames is confirmed. ``"fsync"`` (default): after
+    an fdatasync of the stream's segment. ``"os"``: once the writes have reached the
+    operating system, without waiting for the disk, as RabbitMQ streams and Kafka do
+    by default (a power loss can lose confirmed messages not yet tiered; see
+    docs/reliability.md). A stream's ``x-tierlog-sync`` argument overrides it.
 
     ``max_chunk_bytes`` 0 means: as large as fits one Deliver frame of the server's
     ``frame_max`` (clients negotiate at most that), so a group commit of many Publish
@@ -88,11 +94,17 @@ class LogSection:
     max_chunk_bytes: int = 0
     group_commit_max_frames: int = 256
     epoch: int = 1
+    sync: str = "fsync"
 
     def log_config(
-        self, max_segment_bytes: int, max_segment_chunks: int, frame_max: int
+        self,
+        max_segment_bytes: int,
+        max_segment_chunks: int,
+        frame_max: int,
+        sync: str | None = None,
     ) -> LogConfig:
-        """The LogConfig of a stream: fsync is driven by the broker (one per group)."""
+        """The LogConfig of a stream: fsync is driven by the broker (one per group);
+        ``sync`` is the stream's own sync mode (None: the server's)."""
         chunk = self.max_chunk_bytes or frame_max - DELIVER_OVERHEAD
         return LogConfig(
             max_segment_bytes=max_segment_bytes,
@@ -100,8 +112,17 @@ class LogSection:
             max_chunk_bytes=chunk,
             max_record_bytes=chunk - SUB_BATCH_HEADER_SIZE,
             fsync="never",
+            sync=_sync_mode(sync or self.sync),
             epoch=self.epoch,
         )
+
+
+def _sync_mode(value: str) -> SyncMode:
+    if value == "fsync":
+        return "fsync"
+    if value == "os":
+        return "os"
+    raise ConfigError(f"log.sync must be 'fsync' or 'os', got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +239,7 @@ class TierSection:
     epoch: int = 1  # this node's writer epoch (until leases exist)
     max_uploads: int = 4
     upload_bytes_per_second: int = 0  # 0: unlimited
+    read_bytes_per_second: int = 0  # all remote (cold) reads of the node; 0: unlimited
     delete_grace_seconds: float = 600.0
     retention_interval_seconds: float = 10.0
     local_retention_interval_seconds: float = 5.0
@@ -259,6 +281,8 @@ class ServerConfig:
         self.tls.validate()
         self.limits.validate()
         t = self.tier
+        if t.read_bytes_per_second < 0:
+            raise ConfigError("tier.read_bytes_per_second must be >= 0 (0: unlimited)")
         if t.epoch < 1 or t.max_uploads < 1 or t.upload_bytes_per_second < 0:
             raise ConfigError("tier.epoch and tier.max_uploads must be >= 1, rates >= 0")
         for name in (

@@ -93,7 +93,10 @@ from tierlog.server.subscriptions import (
 
 log = get_logger("tierlog.server.connection")
 
-WRITE_BUFFER_HIGH = 4 * 1024 * 1024
+WRITE_BUFFER_HIGH = 1024 * 1024
+"""A connection's output buffer above which Deliver waits (the per-consumer buffer cap,
+plus the one chunk being written): the kernel's socket buffer keeps the link busy
+meanwhile, and a remote chunk's pieces pin their fragment block until written."""
 NO_LEADER = 0xFFFF
 SERVER_PROPERTIES = {"product": "tierlog", "platform": "Python", "copyright": "tierlog authors"}
 _HANDSHAKE_COMMANDS = (
@@ -770,6 +773,11 @@ class Connection(asyncio.Protocol):
 
     # ----------------------------------------------------------------- DeliverySink
 
+    def unsent_bytes(self) -> int:
+        """Bytes written to the transport and not yet accepted by the socket."""
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
     async def deliver(self, subscription_id: int, chunk: DeliverableChunk) -> None:
         transport = self.transport
         if transport is None or self.state == "closed":
@@ -780,7 +788,9 @@ class Connection(asyncio.Protocol):
                 raise asyncio.CancelledError
         prefix = deliver_prefix(subscription_id, chunk.wire_size)
         if chunk.parts is not None:
-            transport.write(b"".join((prefix, *chunk.parts)))
+            # Scatter-gather: the pieces (views into a fragment buffer for remote
+            # chunks) go to the socket as they are, never joined into a copy.
+            transport.writelines((prefix, *chunk.parts))
             return
         assert chunk.file is not None
         transport.write(prefix)

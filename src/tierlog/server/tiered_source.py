@@ -9,6 +9,7 @@ on the object store, so they run on a thread pool; chunks held locally are read 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,6 +39,11 @@ from tierlog.server.chunk_source import (
 from tierlog.tiering.tierer import StreamTierer
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
+
+READ_AHEAD_BYTES = 1 << 20
+"""Remote chunks one thread hop reads for a cursor (after the first): a hop costs tens
+of microseconds of the event loop and the GIL, a chunk can be a few hundred bytes."""
+READ_AHEAD_CHUNKS = 256
 
 
 class TieredChunkSource:
@@ -89,12 +95,37 @@ class TieredChunkCursor:
         self._reader: TieredReader | None = None
         self._local: LocalChunkCursor | None = None
         self._next = -1
+        self._ready: deque[TieredChunk] = deque()
 
     @property
     def next_offset(self) -> int:
         if self._local is not None:
             return self._local.next_offset
+        if self._ready:
+            return self._ready[0].header.chunk_id
         return self._reader.next_offset if self._reader is not None else self._next
+
+    def _read_run(self) -> TieredChunk | None:
+        """Reader thread: the next chunk, and while they come from the remote tier,
+        more of them (up to ``READ_AHEAD_BYTES``) into ``_ready``, so one thread hop
+        serves many small chunks. The prefetcher keeps the GETs ahead of this, so a
+        read here rarely waits for the store."""
+        reader = self._reader
+        assert reader is not None
+        first = reader.read_chunk()
+        if first is None or first.tier != "remote":
+            return first
+        taken = first.header.data_length
+        ready = self._ready
+        while taken < READ_AHEAD_BYTES and len(ready) < READ_AHEAD_CHUNKS:
+            chunk = reader.read_chunk()
+            if chunk is None:
+                break
+            ready.append(chunk)
+            if chunk.tier != "remote":
+                break
+            taken += chunk.header.data_length
+        return first
 
     async def _call(self, fn: Callable[[], TieredChunk | None]) -> TieredChunk | None:
         loop = asyncio.get_running_loop()
@@ -164,12 +195,13 @@ class TieredChunkCursor:
             self._go_local_if_held()
             if self._local is not None:
                 return await self.read()
-        reader = self._reader
-        assert reader is not None
-        chunk = await self._call(reader.read_chunk)
+        if self._ready:
+            chunk: TieredChunk | None = self._ready.popleft()
+        else:
+            chunk = await self._call(self._read_run)
         if chunk is None:
             return None
-        if chunk.tier == "local":
+        if chunk.tier == "local" and not self._ready:
             self._go_local_if_held()
         header = chunk.header
         raw = chunk.raw
@@ -193,6 +225,7 @@ class TieredChunkCursor:
         await self._source._notifier.wait(timeout)
 
     def close(self) -> None:
+        self._ready.clear()  # drop the views into fetched blocks at once
         if self._reader is not None:
             self._reader.close()
         if self._local is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -49,15 +49,24 @@ from pyspark.sql.types import (
 )
 
 from tierlog.remote.manifest_walk import Bounds
+from tierlog.spark import connections
 from tierlog.spark.arrow_batch import record_batch_schema
-from tierlog.spark.options import SourceOptions, StreamName, parse_options
+from tierlog.spark.options import (
+    SourceOptions,
+    StreamName,
+    matching_streams,
+    parse_options,
+    with_streams,
+)
 from tierlog.spark.planning import (
     ReadTask,
     options_bounds,
     plan_read,
     read_tasks,
+    stream_bounds,
 )
 from tierlog.spark.reading import ReadSettings, read_task
+from tierlog.spark.tail import ServerAddress, TailTask, committed_chunk_id, read_tail
 from tierlog.spark.writer import TierlogWriteMixin
 
 SOURCE_NAME = "tierlog"
@@ -110,11 +119,31 @@ def read_settings(options: SourceOptions) -> ReadSettings:
     )
 
 
+class TailPartition(InputPartition):
+    """The un-tiered tail of one stream, read through the server."""
+
+    def __init__(self, task: TailTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+def server_address(options: SourceOptions) -> ServerAddress:
+    assert options.server is not None
+    host, port = options.server
+    return ServerAddress(host, port, options.user, options.password)
+
+
 def read_partition(partition: InputPartition, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     """What every reader's ``read`` does (an empty plan gives Spark a value-less partition)."""
+    schema = arrow_schema(options.include_amqp)
+    if isinstance(partition, TailPartition):
+        batches = read_tail(
+            partition.task, server_address(options), options.include_amqp, options.verify_crc
+        )
+        return (b.cast(schema) for b in batches)
     if not isinstance(partition, TaskPartition):
         return iter(())
-    return read_task(partition.task, read_settings(options), arrow_schema(options.include_amqp))
+    return read_task(partition.task, read_settings(options), schema)
 
 
 class TierlogBatchReader(DataSourceReader):
@@ -126,9 +155,25 @@ class TierlogBatchReader(DataSourceReader):
         self.streams: tuple[StreamName, ...] = options.streams
 
     def partitions(self) -> list[InputPartition]:
-        plans = plan_read(self.options, self.bounds, self.streams)
-        tasks = read_tasks(plans, self.bounds, self.options.target_partition_bytes)
-        return [TaskPartition(t) for t in tasks]
+        out: list[InputPartition] = []
+        for stream in self.streams:
+            bounds = self.bounds.intersect(stream_bounds(self.options, stream.display))
+            plans = plan_read(self.options, bounds, [stream])
+            tasks = read_tasks(plans, bounds, self.options.target_partition_bytes)
+            out += [TaskPartition(t) for t in tasks]
+            if self.options.server is not None:
+                out += self._tail(stream, plans[0].next_offset, bounds)
+        return out
+
+    def _tail(self, stream: StreamName, start: int, bounds: Bounds) -> list[InputPartition]:
+        """The tail partition ``[manifest next, end of the server's committed chunk]``."""
+        last = committed_chunk_id(server_address(self.options), stream.vhost, stream.name)
+        if last is None or last < start or bounds.is_empty:
+            return []
+        if bounds.max_offset is not None and bounds.max_offset < start:
+            return []
+        task = TailTask(stream.display, stream.vhost, stream.name, start, last, bounds)
+        return [TailPartition(task)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.options)
@@ -240,20 +285,31 @@ class TierlogDataSource(TierlogWriteMixin, DataSource):
             self._parsed = parse_options(self.options)
         return self._parsed
 
+    def resolved(self, mode: Literal["batch", "stream"]) -> SourceOptions:
+        """The options checked for this kind of read, a ``subscribePattern`` resolved
+        against the catalog (the streams that exist when the query starts)."""
+        options = self.parsed
+        options.check_mode(mode)
+        if options.stream_pattern is None:
+            return options
+        records = connections.catalog(options.meta_store).list()
+        displays = [StreamName(r.vhost, r.name).display for r in records]
+        return with_streams(options, matching_streams(options.stream_pattern, displays))
+
     def schema(self) -> StructType:
         return spark_schema(self.parsed.include_amqp)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TierlogBatchReader(self.parsed)
+        return TierlogBatchReader(self.resolved("batch"))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from tierlog.spark.streaming import TierlogStreamReader
 
-        return TierlogStreamReader(self.parsed)
+        return TierlogStreamReader(self.resolved("stream"))
 
 
 class TierlogPushdownDataSource(TierlogDataSource):
     """The same source, with filter pushdown (needs the session flag on)."""
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TierlogPushdownBatchReader(self.parsed)
+        return TierlogPushdownBatchReader(self.resolved("batch"))

@@ -20,7 +20,7 @@ import numpy as np
 
 from tierlog.errors import TierlogError
 from tierlog.formats.protocol import commands as c
-from tierlog.formats.protocol.constants import Command, ResponseCode
+from tierlog.formats.protocol.constants import Command, OffsetType, ResponseCode
 from tierlog.formats.protocol.frames import FrameSplitter
 from tierlog.formats.protocol.publish import (
     PUBLISH_FRAME_HEADER_SIZE,
@@ -227,6 +227,32 @@ class StreamClient:
         if state.errors:
             raise PublishFailedError(state.errors)
         return state.confirmed
+
+    # ------------------------------------------------------------------ consuming
+
+    def stream_stats(self, stream: str) -> dict[str, int]:
+        """The server's ``first_chunk_id`` / ``committed_chunk_id`` of ``stream``."""
+        response = self._request(c.StreamStatsRequest(self._next_corr(), stream), "stream stats")
+        assert isinstance(response, c.StreamStatsResponse)
+        return dict(response.stats)
+
+    def subscribe(self, subscription_id: int, stream: str, offset: int, credit: int) -> None:
+        """Subscribe from ``offset`` (the chunk holding it is delivered first)."""
+        spec = c.OffsetSpec(OffsetType.OFFSET, offset)
+        request = c.SubscribeRequest(self._next_corr(), subscription_id, stream, spec, credit)
+        self._request(request, f"subscribe to {stream!r} at {offset}")
+
+    def credit(self, subscription_id: int, credit: int) -> None:
+        self._send(c.CreditRequest(subscription_id, credit).encode())
+
+    def next_chunk(self, subscription_id: int) -> memoryview:
+        """The next delivered chunk (48-byte header + data section, as sent)."""
+        while True:
+            frame = self._expect(c.Deliver)
+            assert isinstance(frame, c.Deliver)
+            if frame.subscription_id == subscription_id:
+                chunk = frame.chunk
+                return chunk if isinstance(chunk, memoryview) else memoryview(chunk)
 
     # ------------------------------------------------------------------ frames
 

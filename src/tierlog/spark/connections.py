@@ -2,8 +2,9 @@
 
 Spark reuses Python workers across tasks; opening an S3 client (and its connection pool) or
 an SQLite connection per task would cost more than reading a small fragment. Read-only
-users skip the S3 create-only probe (it writes). Stores are never pickled: readers carry
-URIs and look the stores up here on whichever process they run.
+users skip the S3 create-only probe (it writes), and a path-based store that does not
+exist is refused rather than created empty (``tierlog.spark.stores``). Stores are never
+pickled: readers carry URIs and look the stores up here on whichever process they run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 from urllib.parse import urlsplit
 
 from tierlog.remote.catalog import Catalog
+from tierlog.spark.stores import require_existing
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 
@@ -26,6 +28,7 @@ def object_store(uri: str, settings: tuple[tuple[str, str], ...] = ()) -> Object
     with _lock:
         store = _objects.get(key)
         if store is None:
+            require_existing(uri, "objectStore")
             options: dict[str, object] = dict(settings)
             if urlsplit(uri).scheme == "s3":
                 options["probe"] = False
@@ -38,6 +41,7 @@ def meta_store(uri: str) -> MetaStore:
     with _lock:
         store = _metas.get(uri)
         if store is None:
+            require_existing(uri, "metaStore")
             store = open_meta_store(uri)
             _metas[uri] = store
         return store

@@ -24,7 +24,7 @@ from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.remote.manifest_walk import Bounds, Loader, ManifestWalker
 from tierlog.spark import connections
 from tierlog.spark.errors import StreamUnavailableError
-from tierlog.spark.options import SourceOptions, StreamName
+from tierlog.spark.options import EARLIEST, LATEST, SourceOptions, StreamName
 from tierlog.storage.object_store import ObjectStore
 
 
@@ -135,10 +135,21 @@ def coalesce(
 
 
 def options_bounds(options: SourceOptions) -> Bounds:
-    """The offset and timestamp ranges the options ask for."""
+    """The offset and timestamp ranges the options ask for (every stream)."""
+    start_ts = options.start_timestamp
+    if options.starting_timestamp is not None:  # timestamps never go backwards in a stream
+        start_ts = options.starting_timestamp
     return offset_bounds(options.start_offset, options.end_offset).intersect(
-        timestamp_bounds(options.start_timestamp, options.end_timestamp)
+        timestamp_bounds(start_ts, options.end_timestamp)
     )
+
+
+def stream_bounds(options: SourceOptions, stream: str) -> Bounds:
+    """A batch read's offsets of one stream from ``startingOffsets`` / ``endingOffsets``
+    JSON (``EARLIEST`` / ``LATEST`` leave that side open)."""
+    start = options.starting_offsets.offsets.get(stream, EARLIEST)
+    end = options.ending_offsets.get(stream, LATEST)
+    return offset_bounds(None if start < 0 else start, None if end < 0 else end)
 
 
 def plan_read(

@@ -13,13 +13,19 @@ fragments round-robin between streams, at least one fragment per micro-batch so 
 always advances). ``Trigger.AvailableNow`` is supported: the heads at its start are the
 target, later data waits for the next run.
 
+``minOffsetsPerTrigger`` (Kafka's name): a micro-batch waits until that many new offsets
+are there, or ``maxTriggerDelay`` has passed since the last one (``AvailableNow`` ignores it:
+it would wait forever at the end).
+
 Retention may remove a position before a micro-batch reads it: with ``onExpired=fail``
-planning raises ``OffsetExpiredError``; with ``skip`` the batch starts at the first offset
-still held.
+(``failOnDataLoss=true``) planning raises ``OffsetExpiredError``; with ``skip`` the batch
+starts at the first offset still held and a ``spark_stream_data_lost`` warning says how
+many offsets were skipped.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -32,19 +38,23 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tierlog.logs import get_logger
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark import connections
+from tierlog.spark.arrow_batch import fragment_to_record_batch
 from tierlog.spark.batch import TaskPartition, read_partition
 from tierlog.spark.errors import OffsetExpiredError, StreamUnavailableError
-from tierlog.spark.options import SourceOptions, StreamName
+from tierlog.spark.options import EARLIEST, LATEST, SourceOptions, StreamName
 from tierlog.spark.planning import (
     coalesce,
     load_tree,
     plan_stream,
     resolve_stream,
 )
+
+log = get_logger(__name__)
 
 Offsets = dict[str, int]
 
@@ -55,6 +65,7 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: Offsets | None = None
         self._incarnations: dict[str, str] = {}
         self._trees: dict[str, tuple[str | None, ManifestTree]] = {}
+        self._last_trigger = time.monotonic()
 
     # -- the manifests ----------------------------------------------------------------------
     def _tree(self, stream: StreamName) -> ManifestTree:
@@ -85,12 +96,28 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _initial(self, stream: StreamName) -> int:
         start = self.options.starting_offsets
-        if start.mode == "offsets" and stream.display in start.offsets:
-            return start.offsets[stream.display]
         tree = self._tree(stream)
-        if start.mode == "latest":
+        if self.options.starting_timestamp is not None:
+            return self._offset_at(stream, tree, self.options.starting_timestamp)
+        given = start.offsets.get(stream.display, EARLIEST)
+        if start.mode == "latest" or given == LATEST:
             return tree.next_offset
+        if start.mode == "offsets" and given >= 0:
+            return given
         return tree.first_offset
+
+    def _offset_at(self, stream: StreamName, tree: ManifestTree, timestamp: int) -> int:
+        """The first offset whose chunk timestamp is >= ``timestamp`` (the head if none)."""
+        opts = self.options
+        store = connections.object_store(opts.object_store, opts.store_settings)
+        plan = plan_stream(stream.display, tree, store.get, Bounds(min_ts=timestamp))
+        for fragment in plan.fragments:
+            batch = fragment_to_record_batch(
+                store.get_view(fragment.key), stream.display, min_ts=timestamp
+            )
+            if batch.num_rows:
+                return int(batch.column("offset")[0].as_py())
+        return tree.next_offset
 
     def _positions(self, start: dict[str, int]) -> Offsets:
         """``start`` for every stream read now (streams added to the options start fresh)."""
@@ -120,11 +147,24 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         positions = self._positions(start)
         heads = self._heads()
+        if self._waits_for_more(positions, heads):
+            return positions
+        self._last_trigger = time.monotonic()
         if isinstance(limit, ReadMaxRows):
             return limit_rows(positions, heads, limit.max_rows)
         if isinstance(limit, ReadMaxBytes):
             return self._limit_bytes(positions, heads, limit.max_bytes)
         return {s: max(positions[s], heads[s]) for s in positions}
+
+    def _waits_for_more(self, positions: Offsets, heads: Offsets) -> bool:
+        """``minOffsetsPerTrigger``: too few new offsets, and ``maxTriggerDelay`` not over."""
+        minimum = self.options.min_offsets_per_trigger
+        if minimum is None or self._target is not None:
+            return False
+        available = sum(max(0, heads[s] - positions[s]) for s in positions)
+        if available == 0 or available >= minimum:
+            return False
+        return time.monotonic() - self._last_trigger < self.options.max_trigger_delay
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         positions = self._positions(start)
@@ -138,6 +178,14 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if lo < tree.first_offset:
                 if self.options.on_expired != "skip":
                     raise OffsetExpiredError(name, lo, tree.first_offset)
+                log.warning(
+                    "spark_stream_data_lost",
+                    stream=name,
+                    from_offset=lo,
+                    to_offset=min(hi, tree.first_offset),
+                    offsets=min(hi, tree.first_offset) - lo,
+                    reason="removed by retention before it was read (failOnDataLoss=false)",
+                )
                 lo = tree.first_offset
                 if hi <= lo:
                     continue

@@ -184,8 +184,19 @@ class TierlogWriter(DataSourceArrowWriter):
         ctx = TaskContext.get()
         partition_id = ctx.partitionId() if ctx is not None else 0
         attempt = ctx.attemptNumber() if ctx is not None else 0
+        producer = self.options.producer(partition_id)
+        rows, skipped, published, confirmed = self.publish(iterator, producer, 0)
+        return TierlogCommitMessage(
+            partition_id, attempt, producer, rows, skipped, published, confirmed
+        )
+
+    def publish(
+        self, iterator: Iterator[pa.RecordBatch], producer: str, base_id: int
+    ) -> tuple[int, int, int, int]:
+        """Publish the rows through ``producer`` with publishing ids ``base_id + 1, ...``
+        in row order, skipping the rows whose id the server already holds for it.
+        Returns (rows, skipped, published, confirmed)."""
         o = self.options
-        producer = o.producer(partition_id)
         rows = skipped = published = 0
         with StreamClient.connect(
             o.host,
@@ -197,7 +208,7 @@ class TierlogWriter(DataSourceArrowWriter):
             max_in_flight=o.max_in_flight,
         ) as client:
             client.declare_publisher(PUBLISHER_ID, o.stream, producer)
-            sequence = client.query_publisher_sequence(o.stream, producer)
+            sequence = client.query_publisher_sequence(o.stream, producer) - base_id
             for batch in iterator:
                 n = batch.num_rows
                 first = rows  # row index of the batch's first row
@@ -209,13 +220,11 @@ class TierlogWriter(DataSourceArrowWriter):
                 part = batch.slice(skip) if skip else batch
                 offsets, data = self._message_buffers(part)
                 ids = np.arange(first + skip + 1, first + n + 1, dtype=np.uint64)
-                client.publish(PUBLISHER_ID, ids, offsets, data)
+                client.publish(PUBLISHER_ID, ids + np.uint64(base_id), offsets, data)
                 published += n - skip
             confirmed = client.wait_for_confirms(PUBLISHER_ID)
             client.delete_publisher(PUBLISHER_ID)
-        return TierlogCommitMessage(
-            partition_id, attempt, producer, rows, skipped, published, confirmed
-        )
+        return rows, skipped, published, confirmed
 
     def _message_buffers(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, data) of the messages of ``batch``, without per-row Python objects
@@ -324,6 +333,11 @@ class TierlogWriteMixin:
 
     def writer(self, schema: StructType, overwrite: bool) -> TierlogWriter:
         return TierlogWriter(WriterOptions.from_options(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from tierlog.spark.stream_writer import TierlogStreamWriter
+
+        return TierlogStreamWriter(self.options, schema, overwrite)
 
 
 class TierlogWriteSource(TierlogWriteMixin, DataSource):

@@ -39,10 +39,25 @@ def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _run(args: argparse.Namespace, name: str, job: Any) -> int:
-    from tierlog.spark.jobs.common import spark_session, tier_from_args
+    """Check the stores and the master before the session starts, then run ``job``."""
+    import sys
+
+    from tierlog.spark.jobs.common import (
+        check_cluster,
+        check_tier,
+        parse_conf,
+        resolve_master,
+        spark_session,
+        tier_from_args,
+    )
 
     tier = tier_from_args(args)
-    spark = spark_session(f"tierlog-{name}", args.master)
+    conf = parse_conf(args.conf)
+    check_tier(tier, getattr(args, "stream", None), getattr(args, "vhost", "/"))
+    master = resolve_master(args.master, conf)
+    check_cluster(master, tier, args.shared_paths)
+    print(f"[tierlog {name}] spark master {master}", file=sys.stderr, flush=True)
+    spark = spark_session(f"tierlog-{name}", master, conf)
     try:
         return int(job(spark, tier))
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tierlog.errors import TierlogError
+from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.errors import FormatError
 from tierlog.formats.manifest import KIND_ROOT, decode_node
 from tierlog.remote import keys
@@ -25,7 +25,8 @@ from tierlog.remote.catalog import Catalog, ManifestPointer, StreamRecord
 from tierlog.remote.committed import read_committed_root
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.manifest_walk import ManifestWalker
-from tierlog.storage.errors import TransientError
+from tierlog.spark.stores import StoreMissingError, check_master, require_existing
+from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 
@@ -63,9 +64,13 @@ class RemoteTier:
         return RemoteTier(object_store, meta_store, prefix, options)
 
     def open_store(self) -> ObjectStore:
+        """The object store (a missing ``file://`` directory is an error, never created)."""
+        require_existing(self.object_store, "--object-store")
         return open_object_store(self.object_store, **self.store_options)
 
     def open_meta(self) -> MetaStore:
+        """The MetaStore (a missing ``sqlite://`` file is an error, never created)."""
+        require_existing(self.meta_store, "--meta-store")
         return open_meta_store(self.meta_store)
 
     @property
@@ -76,12 +81,29 @@ class RemoteTier:
 
 
 def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config`` / ``--object-store`` / ``--meta-store`` / ``--prefix`` / ``--master``."""
+    """Where the remote tier is, and how to run Spark (``--master``, ``--conf k=v``)."""
     parser.add_argument("--config", help="server TOML config: take the stores from [storage]")
     parser.add_argument("--object-store", help="object store URI (file:///... or s3://...)")
     parser.add_argument("--meta-store", help="MetaStore URI (sqlite:///... or etcd://...)")
     parser.add_argument("--prefix", default="", help="key prefix of the streams in the store")
-    parser.add_argument("--master", default="local[*]", help="Spark master (local[*])")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master (default: what spark-submit / spark-defaults.conf set, else local[*])",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting (repeatable), as spark-submit's --conf",
+    )
+    parser.add_argument(
+        "--shared-paths",
+        action="store_true",
+        help="file:// / sqlite:// paths are mounted at the same place on every Spark node "
+        "(otherwise they are refused with a non-local master)",
+    )
 
 
 def tier_from_args(args: argparse.Namespace) -> RemoteTier:
@@ -95,25 +117,101 @@ def tier_from_args(args: argparse.Namespace) -> RemoteTier:
     return RemoteTier.create(object_store, meta_store, args.prefix)
 
 
-def spark_session(app_name: str, master: str) -> Any:
-    """A SparkSession for a job run from the command line, with the console progress bar.
+DEFAULT_MASTER = "local[*]"
 
-    Python workers run this interpreter (so they import the same tierlog) unless
-    ``PYSPARK_PYTHON`` says otherwise.
+
+def parse_conf(pairs: list[str] | None) -> dict[str, str]:
+    """``--conf KEY=VALUE`` arguments as a dict (later ones win, as with spark-submit)."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--conf {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def configured_settings() -> dict[str, str]:
+    """What spark-submit / ``pyspark`` / ``spark-defaults.conf`` configured.
+
+    Starting the gateway (or joining spark-submit's) loads those into the JVM's system
+    properties, which a fresh ``SparkConf`` reads.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
+def resolve_master(master: str | None, conf: dict[str, str]) -> str:
+    """The master a job runs on: ``--master``, else ``spark.master`` from ``--conf``, else
+    what spark-submit or ``spark-defaults.conf`` set (spark-submit's own default is
+    ``local[*]``)."""
+    if master is not None:
+        return master
+    if "spark.master" in conf:
+        return conf["spark.master"]
+    return configured_settings().get("spark.master", DEFAULT_MASTER)
+
+
+def spark_session(app_name: str, master: str, conf: dict[str, str] | None = None) -> Any:
+    """A SparkSession on ``master`` (see ``resolve_master``) with ``conf`` on top of what
+    spark-submit configured, and the console progress bar. Python workers run this
+    interpreter (so they import the same tierlog) unless ``PYSPARK_PYTHON`` or a
+    configured ``spark.pyspark.python`` say otherwise.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.ui.showConsoleProgress", "true")
-        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-        .getOrCreate()
-    )
+    configured = configured_settings()
+    settings = dict(conf or {})
+    settings["spark.master"] = master
+    if "spark.pyspark.python" not in configured:
+        settings.setdefault("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+    builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "true")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def check_tier(tier: RemoteTier, streams: list[str] | None = None, vhost: str = "/") -> None:
+    """Before a job runs: the MetaStore holds streams (the named ones, if any) and the
+    object store holds the manifest root each committed stream's pointer names.
+
+    A mistyped MetaStore URI or prefix would otherwise look like a healthy, empty remote
+    tier (scrub ``ok``, gc deleting every object as an orphan), and a mistyped object
+    store like a tier whose every fragment is missing.
+    """
+    with tier.open_meta() as meta, tier.open_store() as store:
+        catalog = Catalog(meta)
+        records = select_streams(catalog, streams, vhost)
+        if not records:
+            raise StoreMissingError(
+                f"the MetaStore {tier.meta_store!r} holds no streams: wrong --meta-store?"
+            )
+        for record in records:
+            pointer = catalog.read_pointer(record.incarnation)
+            if pointer is None or pointer.root_uid is None:
+                continue
+            key = keys.root_key(tier.prefix, record.incarnation, bytes.fromhex(pointer.root_uid))
+            try:
+                store.head(key)
+            except NotFoundError:
+                raise StoreMissingError(
+                    f"the object store {tier.object_store!r} has no committed manifest root "
+                    f"{key!r} of stream {record.vhost}/{record.name}: wrong --object-store "
+                    "or --prefix?"
+                ) from None
+            return  # one committed stream found where the catalog says: the pair matches
+
+
+def check_cluster(master: str, tier: RemoteTier, shared_paths: bool) -> None:
+    """Refuse host-local stores when ``master`` may put executors on other hosts."""
+    uris = {"--object-store": tier.object_store, "--meta-store": tier.meta_store}
+    check_master(master, uris, shared_paths)
 
 
 class Progress:

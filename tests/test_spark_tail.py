@@ -1,0 +1,127 @@
+"""Batch reads that include the un-tiered tail through a real ``tierlog serve``: the
+manifest part and the tail meet exactly (no gap, no duplicate) while the server keeps
+tiering between and during the reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.plugins.tierlog_server import TierlogServerProcess
+from tierlog.errors import ConfigError
+from tierlog.spark import connections
+from tierlog.spark.batch import TailPartition, TaskPartition, TierlogBatchReader
+from tierlog.spark.client import StreamClient
+from tierlog.spark.options import parse_options
+from tierlog.spark.planning import plan_read
+
+pytestmark = pytest.mark.spark
+
+STREAM = "tailed"
+STREAM_ARGS = {
+    "x-tierlog-fragment-bytes": str(1 << 20),
+    "x-tierlog-max-fragment-age": "1s",
+    "x-tierlog-debounce-seconds": "0.1",
+    "x-tierlog-local-max-bytes": "1",  # tiered data is served from the remote tier
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerProcess]:
+    proc = TierlogServerProcess(tmp_path_factory.mktemp("tail") / "data").start()
+    try:
+        with StreamClient.connect(proc.host, proc.stream_port) as client:
+            client.create_stream(STREAM, STREAM_ARGS)
+        yield proc
+    finally:
+        try:
+            proc.stop()
+        finally:
+            proc.kill()
+            connections.close_all()
+
+
+def publish(server: TierlogServerProcess, bodies: list[bytes]) -> None:
+    lengths = np.array([len(b) for b in bodies], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    data = np.frombuffer(b"".join(bodies), dtype=np.uint8)
+    with StreamClient.connect(server.host, server.stream_port) as client:
+        client.declare_publisher(0, STREAM)
+        for lo in range(0, len(bodies), 50):  # several chunks
+            hi = min(lo + 50, len(bodies))
+            ids = np.arange(lo + 1, hi + 1, dtype=np.uint64)
+            client.publish(0, ids, offsets[lo : hi + 1], data)
+            client.wait_for_confirms(0)
+
+
+def options(proc: TierlogServerProcess, **extra: str) -> dict[str, str]:
+    data = proc.data_dir
+    return {
+        "stream": STREAM,
+        "objectStore": f"file://{data / 'objects'}",
+        "metaStore": f"sqlite://{data / 'meta.db'}",
+        **extra,
+    }
+
+
+def tiered_next(server: TierlogServerProcess) -> int:
+    (plan,) = plan_read(parse_options(options(server)))
+    return plan.next_offset
+
+
+def read(spark: Any, opts: dict[str, str]) -> list[bytes]:
+    df = spark.read.format("tierlog").options(**opts).load()
+    return [bytes(r["body"]) for r in df.orderBy("offset").select("body").collect()]
+
+
+def test_tail_reads_meet_the_manifest_exactly_while_tiering(
+    spark: Any, server: TierlogServerProcess
+) -> None:
+    published: list[bytes] = []
+    batch = [b"early-%04d" % i for i in range(300)]
+    publish(server, batch)
+    published += batch
+    deadline = time.monotonic() + 60
+    while tiered_next(server) == 0:  # wait until some of it is tiered
+        assert time.monotonic() < deadline, "nothing was tiered"
+        time.sleep(0.2)
+    address = f"{server.host}:{server.stream_port}"
+    saw_both = False
+    for round_ in range(4):
+        more = [b"r%d-%04d" % (round_, i) for i in range(150)]
+        publish(server, more)  # confirmed = committed: a tail read must see it
+        published += more
+        reader = TierlogBatchReader(parse_options(options(server, server=address)))
+        parts = reader.partitions()
+        kinds = {type(p) for p in parts}
+        saw_both = saw_both or kinds == {TaskPartition, TailPartition}
+        rows = read(spark, options(server, server=address))
+        assert rows == published, f"round {round_}: {len(rows)} rows, {len(published)} published"
+        time.sleep(0.4 * round_)  # let tiering move the boundary by different amounts
+    assert saw_both, "no read had both a tiered part and a tail"
+    # Without the server: only what is tiered, a prefix of the same records.
+    tiered = read(spark, options(server))
+    assert tiered == published[: len(tiered)]
+    # Offsets across the boundary: a range that straddles it.
+    cut = tiered_next(server)
+    lo, hi = max(0, cut - 20), cut + 20
+    ranged = read(spark, options(server, server=address, startOffset=str(lo), endOffset=str(hi)))
+    assert ranged == published[lo:hi]
+
+
+def test_tail_options_are_checked() -> None:
+    base = {"stream": "s", "objectStore": "file:///x", "metaStore": "sqlite:///m.db"}
+    assert parse_options({**base, "server": "h:5552"}).server == ("h", 5552)
+    with pytest.raises(ConfigError, match="only apply with includeTail"):
+        parse_options({**base, "server": "h:5552", "includeTail": "false"})
+    with pytest.raises(ConfigError, match="host:port"):
+        parse_options({**base, "includeTail": "true"})
+    with pytest.raises(ConfigError, match="only apply with includeTail"):
+        parse_options({**base, "includeTail": "false", "password": "x"})
+    opts = parse_options({**base, "server": "h:1"})
+    with pytest.raises(ConfigError, match="only apply to batch"):
+        opts.check_mode("stream")
