@@ -548,7 +548,7 @@ def test_remote_chunks_are_slices_of_one_request(stream: Stream) -> None:
     assert got == expected
 
 
-def test_failed_index_read_ahead_falls_back_to_unaligned_requests(stream: Stream) -> None:
+def test_failed_index_read_ahead_is_retried_when_the_reader_gets_there(stream: Stream) -> None:
     rng = random.Random(13)
     stream.append(rng, 150)
     stream.tier_all()
@@ -556,8 +556,8 @@ def test_failed_index_read_ahead_falls_back_to_unaligned_requests(stream: Stream
     stream.free()
     tree = stream.tierer.committer.tree
     second = list(tree.iter_fragments(stream.tierer.remote.load))[1]
-    # The first GET of the second fragment is its index, loaded by the read-ahead.
-    stream.store.fail_nth("get", 1, key_prefix=second.key)
+    # The first suffix GET of the second fragment is its index, loaded by the read-ahead.
+    stream.store.fail_nth("get_suffix", 1, key_prefix=second.key)
     stream.store.reset_log()
     manifest = ManifestSource(stream.tierer)  # cold index cache
     reader = TieredReader(

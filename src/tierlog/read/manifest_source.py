@@ -14,8 +14,10 @@ import threading
 from collections import OrderedDict
 
 from tierlog.formats.fragment import FragmentIndex
+from tierlog.formats.fragment_frames import FrameDecoder
 from tierlog.read.errors import FragmentExpiredError, RemoteDataCorruptError
 from tierlog.remote.committed import CommittedManifest
+from tierlog.remote.dictionaries import DictionaryCache, frame_decoder
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.remote.fragments import read_known_fragment
 from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
@@ -43,6 +45,8 @@ class ManifestSource:
         self._branch_cap = branch_cache
         self._indexes: OrderedDict[str, FragmentIndex] = OrderedDict()
         self._index_cap = index_cache
+        self._decoders: OrderedDict[str, FrameDecoder] = OrderedDict()
+        self.dictionaries = DictionaryCache(self.store)
 
     def tree(self) -> ManifestTree:
         """The committed tree as this source last saw it (no I/O for a live tierer)."""
@@ -110,7 +114,28 @@ class ManifestSource:
                     self._indexes.popitem(last=False)
         return index
 
+    def frame_decoder(self, loc: FragmentLocation, index: FragmentIndex) -> FrameDecoder | None:
+        """The decoder of a v2 fragment's frames (dictionary loaded, key unwrapped), cached
+        beside its index; None for a v1 fragment."""
+        key = loc.key
+        with self._lock:
+            cached = self._decoders.get(key)
+            if cached is not None and cached.index is index:
+                self._decoders.move_to_end(key)
+                return cached
+        try:
+            decoder = frame_decoder(key, index, self.dictionaries)
+        except CorruptFragmentError as exc:
+            raise RemoteDataCorruptError(str(exc)) from exc
+        if decoder is not None:
+            with self._lock:
+                self._decoders[key] = decoder
+                while len(self._decoders) > max(self._index_cap, 1):
+                    self._decoders.popitem(last=False)
+        return decoder
+
     def forget(self, key: str) -> None:
         """Drop a cached index (its fragment expired)."""
         with self._lock:
             self._indexes.pop(key, None)
+            self._decoders.pop(key, None)

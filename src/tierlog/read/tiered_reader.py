@@ -30,6 +30,7 @@ from tierlog.formats.crc import crc32
 from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
+from tierlog.formats.fragment_v2 import stored_sizes
 from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
 from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
@@ -124,13 +125,13 @@ def _aligned_spans(key: str, positions: list[int], end: int, step: int) -> Itera
     yield key, start, end
 
 
-def _index_spans(
-    key: str, index: FragmentIndex, i: int, data_size: int, step: int
-) -> Iterator[Span]:
-    """The spans reading chunks ``i`` on of one fragment or offloaded segment."""
+def _index_spans(key: str, index: FragmentIndex, i: int, step: int) -> Iterator[Span]:
+    """The spans reading chunks ``i`` on of one fragment or offloaded segment: a fragment's
+    stored frames (v1: the chunks) end where its index starts; a segment's chunks come in
+    runs of entries, one run per block."""
     positions: list[int] = index.records["position"][i:].astype(np.int64).tolist()
     if not isinstance(index, SegmentChunkIndex):
-        yield from _aligned_spans(key, positions, FRAGMENT_HEADER_SIZE + data_size, step)
+        yield from _aligned_spans(key, positions, index.trailer.index_start, step)
         return
     # one run of whole entries (entry header + chunk) per block; no block header or padding
     for lo, hi, end in entry_runs(index, i):
@@ -161,6 +162,8 @@ class _RemoteCursor:
             raise RemoteDataCorruptError(f"{self.key}: no chunk starts at {chunk_id}")
         self._i = i
         self._request_bytes = prefetcher.config.request_bytes
+        self._prefetcher = prefetcher
+        self._spans_stopped_at: int | None = None  # read-ahead stopped before this fragment
         self._stream: RangeStream = prefetcher.open(manifest.store, self._spans(self._loc, i))
 
     def _enter(self, loc: FragmentLocation) -> None:
@@ -168,8 +171,10 @@ class _RemoteCursor:
         records = index.records
         self._loc = loc
         self.key = loc.key
+        self._decoder = self._manifest.frame_decoder(loc, index)  # None: frames are chunks
         self._ids: list[int] = records["chunk_id"].astype(np.int64).tolist()
         self._sizes: list[int] = records["size"].astype(np.int64).tolist()
+        self._stored: list[int] = stored_sizes(index).astype(np.int64).tolist()
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
         # an offloaded segment: a 12-byte entry header precedes each chunk in the stream,
         # and chunks are checked against the CRC-32 of their whole bytes from its index
@@ -183,19 +188,19 @@ class _RemoteCursor:
         every chunk is served as a slice of one buffer, without a copy)."""
         step = self._request_bytes
         first_index = self._manifest.fragment_index(first)
-        yield from _index_spans(first.key, first_index, i, first.entry.data_size, step)
+        yield from _index_spans(first.key, first_index, i, step)
         loc = first
         while loc.next_offset < self._until:
             loc = self._manifest.locate_offset(self._tree, loc.next_offset)
             try:
                 index = self._manifest.fragment_index(loc)  # cached: ``_enter`` reuses it
             except TierlogError:
-                if loc.entry.is_segment:
-                    return  # the error surfaces when the reader gets there
-                # Read ahead unaligned; the error surfaces when the reader gets there.
-                yield loc.key, FRAGMENT_HEADER_SIZE, FRAGMENT_HEADER_SIZE + loc.entry.data_size
-                continue
-            yield from _index_spans(loc.key, index, 0, loc.entry.data_size, step)
+                # Where its frames (or a segment's entries) end is unknown: stop reading
+                # ahead here. The reader loads the index again when it gets there (the error
+                # surfaces then, or it was transient) and opens a new stream from there.
+                self._spans_stopped_at = loc.entry.first_offset
+                return
+            yield from _index_spans(loc.key, index, 0, step)
 
     @property
     def stream(self) -> RangeStream:
@@ -208,6 +213,12 @@ class _RemoteCursor:
             if nxt >= self._until or nxt >= self._tree.next_offset:
                 return None
             self._enter(self._manifest.locate_offset(self._tree, nxt))
+            if self._spans_stopped_at == self._loc.entry.first_offset:
+                self._stream.close()
+                self._spans_stopped_at = None
+                self._stream = self._prefetcher.open(
+                    self._manifest.store, self._spans(self._loc, 0)
+                )
         i = self._i
         chunk_id = self._ids[i]
         if chunk_id >= self._until:
@@ -217,7 +228,7 @@ class _RemoteCursor:
             entry = self._stream.read(ENTRY_HEADER_SIZE + size)
             raw = entry[ENTRY_HEADER_SIZE:]
         else:
-            raw = self._stream.read(size)
+            raw = self._stream.read(self._stored[i])
         try:
             if self._segment:
                 length, entry_id = decode_entry_header(entry)
@@ -227,6 +238,8 @@ class _RemoteCursor:
                         f"{self._positions[i] - ENTRY_HEADER_SIZE}, the index says chunk "
                         f"{chunk_id} of {size} bytes"
                     )
+            elif self._decoder is not None:
+                raw = memoryview(self._decoder.decode(i, raw))
             header = decode_header(raw)
             if header.chunk_id != chunk_id or header.total_size != size:
                 raise RemoteDataCorruptError(

@@ -14,16 +14,16 @@ import uuid as uuid_module
 from dataclasses import dataclass
 
 from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import (
-    TRAILER_SIZE,
-    FragmentIndex,
-    FragmentTrailer,
+from tierlog.formats.fragment import TRAILER_SIZE, FragmentIndex, FragmentTrailer
+from tierlog.formats.fragment_v2 import (
     decode_index,
     decode_trailer,
-    index_range,
+    index_region,
+    index_tail_guess,
 )
 from tierlog.formats.manifest import ENTRY_FRAGMENT, ENTRY_SEGMENT, ZERO_UID
 from tierlog.remote import keys
+from tierlog.remote.encryption import opener_for
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.storage.errors import InvalidKeyError, NotFoundError
 from tierlog.storage.object_store import ObjectStore
@@ -115,22 +115,29 @@ class RemoteFragment:
 
 
 def read_known_fragment(store: ObjectStore, entry: FragmentEntry) -> RemoteFragment:
-    """Trailer and index of a fragment its manifest entry describes, in one ranged GET (the
-    entry says where the index starts), checked against the entry.
+    """Trailer and index of a fragment its manifest entry describes, checked against the
+    entry: one suffix GET sized from the entry's chunk count holds both for v1 fragments and
+    for v2 fragments without bloom filters; otherwise one more ranged GET fetches the rest.
 
     Raises NotFoundError when the object is gone, CorruptFragmentError when its bytes are
     bad or contradict the entry."""
     key = entry.key
-    start, end = index_range(entry.data_size, entry.chunk_count)
-    buf = store.get_view(key, start, end + TRAILER_SIZE)
-    if len(buf) != end + TRAILER_SIZE - start:
-        raise CorruptFragmentError(
-            f"{key}: index read gave {len(buf)} bytes, the manifest implies "
-            f"{end + TRAILER_SIZE - start}"
-        )
+    tail = store.get_suffix(key, index_tail_guess(entry.chunk_count))
     try:
-        trailer = decode_trailer(buf[end - start :])
-        index = decode_index(buf[: end - start], trailer)
+        trailer = decode_trailer(tail)
+        start, end = index_region(trailer)
+        tail_start = trailer.total_size - len(tail)
+        whole = len(tail) < index_tail_guess(entry.chunk_count)  # the object is shorter
+        if tail_start < 0 or (whole and tail_start) or end + TRAILER_SIZE != trailer.total_size:
+            raise CorruptFragmentError(f"{key}: trailer sizes do not match the object")
+        if start >= tail_start:
+            region = memoryview(tail)[start - tail_start : end - tail_start]
+        else:
+            head = store.get(key, start, tail_start)
+            if len(head) != tail_start - start:
+                raise CorruptFragmentError(f"{key}: index read gave {len(head)} bytes")
+            region = memoryview(head + tail[: end - tail_start])
+        index = decode_index(region, trailer, opener_for(key))
     except FormatError as exc:
         raise CorruptFragmentError(f"{key}: {exc}") from exc
     mismatch = trailer_mismatch(entry, trailer)
@@ -182,8 +189,8 @@ class RemoteStream:
             return None
         try:
             trailer = decode_trailer(tail)
-            start, end = index_range(trailer.data_size, trailer.chunk_count)
-            index = decode_index(self.store.get(key, start, end), trailer)
+            start, end = index_region(trailer)
+            index = decode_index(self.store.get(key, start, end), trailer, opener_for(key))
         except FormatError as exc:
             raise CorruptFragmentError(f"{key}: {exc}") from exc
         if trailer.first_offset != first_offset:

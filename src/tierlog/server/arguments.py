@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tierlog.errors import ConfigError
+from tierlog.remote.encryption import process_keyring
 from tierlog.remote.settings import StreamSettings
 
 _UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
@@ -51,6 +52,25 @@ def _lag(text: str) -> float:
     return 0.0 if text.strip() in ("0", "0s") else parse_duration(text)
 
 
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"{text!r} is not true or false")
+
+
+def _encryption(text: str) -> str:
+    """``true`` / ``aes-256-gcm`` turn encryption on, ``false`` / ``none`` off."""
+    value = text.strip().lower()
+    if value in ("true", "aes-256-gcm"):
+        return "aes-256-gcm"
+    if value in ("false", "none"):
+        return "none"
+    raise ConfigError(f"x-tierlog-encryption must be aes-256-gcm, true, none or false: {text!r}")
+
+
 _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max-length-bytes": ("max_bytes", _int),
     "max-age": ("max_age_seconds", parse_duration),
@@ -71,6 +91,10 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-offload-deletion-lag": ("offload_deletion_lag_seconds", _lag),
     "x-tierlog-offload-block-size": ("offload_block_size", _int),
     "x-tierlog-sync": ("sync", str),
+    "x-tierlog-compression": ("compression", str),
+    "x-tierlog-compression-level": ("compression_level", _int),
+    "x-tierlog-dictionary": ("dictionary", _bool),
+    "x-tierlog-encryption": ("encryption", _encryption),
 }
 """Argument name → (StreamSettings field, parser)."""
 
@@ -93,6 +117,11 @@ def settings_changes(arguments: Mapping[str, str]) -> dict[str, Any]:
             raise ConfigError(f"unknown stream argument {raw_name!r}")
         field_name, parse = spec
         changes[field_name] = parse(str(raw_value))
+    if changes.get("encryption", "none") != "none" and process_keyring() is None:
+        raise ConfigError(
+            "x-tierlog-encryption needs a key-encryption key: set TIERLOG_KEKS or "
+            "TIERLOG_KEK_FILE on the server"
+        )
     return changes
 
 

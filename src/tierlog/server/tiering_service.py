@@ -122,6 +122,7 @@ class TieringService:
             min_free_disk_bytes=self.tier.min_free_disk_bytes,
             gate_appends=False,
             memory_budget=self.fragment_memory,
+            settings=lambda: handle.record.settings,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         loop = asyncio.get_running_loop()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from tierlog.remote.dictionaries import DictionaryCache, as_v1_fragment
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.segments import entry_runs, read_segment_index
 from tierlog.spark.arrow_batch import chunks_to_record_batch, fragment_to_record_batch
@@ -53,12 +54,13 @@ def read_task(
             if batch.num_rows:
                 yield batch if schema is None else batch.cast(schema)
         return
+    dictionaries = DictionaryCache(store)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierlog-fetch") as pool:
-        pending: Future[memoryview | None] = pool.submit(_fetch, store, fragments[0])
+        pending: Future[memoryview | None] = pool.submit(_fetch, store, fragments[0], dictionaries)
         for i, fragment in enumerate(fragments):
             data = pending.result()
             if i + 1 < len(fragments):
-                pending = pool.submit(_fetch, store, fragments[i + 1])
+                pending = pool.submit(_fetch, store, fragments[i + 1], dictionaries)
             if data is None:
                 if settings.skip_expired:
                     continue
@@ -126,11 +128,16 @@ def _read_segment(
         )
 
 
-def _fetch(store: ObjectStore, fragment: FragmentEntry) -> memoryview | None:
+def _fetch(
+    store: ObjectStore, fragment: FragmentEntry, dictionaries: DictionaryCache
+) -> memoryview | None:
+    """The whole fragment with its chunks in the clear (a compressed or encrypted v2
+    fragment is decoded here, on the fetch thread); None when it expired."""
     try:
-        return store.get_view(fragment.key)
+        data = store.get_view(fragment.key)
     except NotFoundError:
         return None
+    return memoryview(as_v1_fragment(store, fragment.key, data, dictionaries)).cast("B")
 
 
 def _decode(

@@ -14,7 +14,6 @@ import os
 
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER
 from tierlog.log.damage import patch_segment
 from tierlog.log.errors import DamagedSegmentError
@@ -22,7 +21,8 @@ from tierlog.log.segment_files import validate_chunk
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import read_committed_root
-from tierlog.remote.errors import OffsetOutOfRangeError
+from tierlog.remote.dictionaries import read_chunk_bytes
+from tierlog.remote.errors import CorruptFragmentError, OffsetOutOfRangeError
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.storage.errors import NotFoundError
@@ -64,9 +64,11 @@ def repair_from_remote(
             break  # the next segment: outside the damaged file
         key = remote.fragment_key(offset)
         try:
-            data = store.get(key, FRAGMENT_HEADER_SIZE, FRAGMENT_HEADER_SIZE + t.data_size)
+            data = read_chunk_bytes(store, key, fragment.index)  # v2 frames decoded
         except NotFoundError:
             break
+        except CorruptFragmentError as exc:
+            raise FormatError(str(exc)) from exc
         _validate_chunks(memoryview(data), key)
         if t.segment_position <= error.position < t.segment_position + len(data) or (
             error.position == t.segment_position + len(data) and t.next_offset < end

@@ -39,9 +39,11 @@ from tierlog.remote.catalog import Catalog
 from tierlog.remote.errors import CorruptFragmentError, StreamDeletedError
 from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import BackPressure
+from tierlog.tiering.cold import EncryptionKeyMissingError, FragmentCoder
 from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.errors import FragmentConflictError, TieringError
@@ -146,10 +148,13 @@ class StreamTierer:
         retention: RetentionPolicy | None = None,
         retention_interval: float = 10.0,
         memory_budget: ByteBudget | None = None,
+        settings: Callable[[], StreamSettings] | None = None,
     ) -> None:
         self.log = stream_log
         self._memory_budget = memory_budget
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
+        # compression / encryption per the stream's settings (fragment format v2)
+        self.coder = FragmentCoder(self.remote, settings) if settings is not None else None
         self.catalog = catalog
         self.deletions = deletions
         self.epoch = epoch
@@ -623,7 +628,7 @@ class StreamTierer:
             self._post(UploadSucceeded(plan.plan_id, entry))
         except FragmentConflictError as exc:
             self._post(UploadFailed(plan.plan_id, str(exc), retryable=False))
-        except (StorageError, OSError) as exc:
+        except (StorageError, OSError, EncryptionKeyMissingError) as exc:
             self._post(UploadFailed(plan.plan_id, str(exc)))
 
     def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
@@ -634,7 +639,7 @@ class StreamTierer:
         body = bytearray(fragment_size(span, len(plan.chunks)))
         raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
         self.log.read_segment_into(plan.segment, first.position, raw)
-        buffers: list[bytes | bytearray | memoryview] = []
+        buffers: list[memoryview] = []
         infos: list[ChunkInfo] = []
         for c in plan.chunks:
             at = c.position - first.position
@@ -667,6 +672,9 @@ class StreamTierer:
         placement = FragmentPlacement(
             seq_no=plan.seq, segment_first_offset=plan.segment, segment_position=first.position
         )
+        key = self.remote.fragment_key(plan.first_offset)
+        if self.coder is not None and self.coder.wants_v2():
+            return self.coder.encode(key, placement, buffers, infos), plan.entry(key)
         parts, _trailer = encode_fragment(placement, buffers, infos)
         head, index, trailer = parts[0], parts[-2], parts[-1]
         body[:HEADER_SIZE] = head

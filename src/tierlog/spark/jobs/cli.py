@@ -37,6 +37,14 @@ def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -
     gc.add_argument("--report", help="also write the JSON report to this file")
     gc.set_defaults(func=cmd_gc)
 
+    kidx = jobs.add_parser("key-index", help="build key index files of complete time windows")
+    add_tier_arguments(kidx)
+    kidx.add_argument("--stream", action="append", help="only this stream (repeatable)")
+    kidx.add_argument("--vhost", default="/", help="vhost of --stream names (/)")
+    kidx.add_argument("--window", type=float, default=3600.0, help="window length (s)")
+    kidx.add_argument("--report", help="also write the JSON report to this file")
+    kidx.set_defaults(func=cmd_key_index)
+
 
 def _run(args: argparse.Namespace, name: str, job: Any) -> int:
     """Check the stores and the master before the session starts, then run ``job``."""
@@ -103,3 +111,17 @@ def cmd_gc(args: argparse.Namespace) -> int:
         return 0 if report.ok else 1
 
     return _run(args, "gc", job)
+
+
+def cmd_key_index(args: argparse.Namespace) -> int:
+    from tierlog.spark.jobs.common import write_json
+    from tierlog.spark.jobs.key_index import run_key_index
+
+    def job(spark: Any, tier: Any) -> int:
+        report = run_key_index(
+            spark, tier, args.stream, vhost=args.vhost, window_seconds=args.window
+        )
+        write_json(report.to_dict(), args.report)
+        return 0
+
+    return _run(args, "key-index", job)

@@ -5,7 +5,9 @@ node checked against the entry that points to it: kind, height, stream, first/ne
 offset, timestamps, byte/chunk/fragment totals). The fragments are then read by Spark
 tasks, one task per run of consecutive fragments (up to ``target_bytes``), which check
 the whole object (``validate_fragment``: header, trailer, index and metadata CRC, every
-chunk header against its index record and every chunk's data CRC) and the trailer
+chunk header against its index record and every chunk's data CRC; a v2 fragment's frames
+are decoded with the stream's dictionary and key, so a missing dictionary or key is a
+problem too) and the trailer
 against the manifest entry (first/next offset, min/max timestamp, data size, chunk
 count). A fragment that is missing, corrupt or disagrees with the manifest is a problem
 of its stream; so is a gap, which shows up as a trailer whose range differs from its
@@ -20,9 +22,9 @@ from typing import Any
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import validate_fragment
 from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
 from tierlog.remote.catalog import Catalog
+from tierlog.remote.dictionaries import MissingDictionaryError, validate_stored_fragment
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.remote.fragments import FragmentEntry, trailer_mismatch
 from tierlog.remote.segments import read_segment_index
@@ -123,9 +125,13 @@ def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     except StorageError as exc:
         return {"kind": "unreadable-fragment", "key": ref.key, "detail": str(exc)}
     try:
-        index = validate_fragment(data, check_chunks=True)
+        index = validate_stored_fragment(store, ref.key, data)
     except FormatError as exc:
         return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
+    except MissingDictionaryError as exc:
+        return {"kind": "missing-dictionary", "key": ref.key, "detail": str(exc)}
+    except CorruptFragmentError as exc:  # its dictionary or key is unusable
+        return {"kind": "undecodable-fragment", "key": ref.key, "detail": str(exc)}
     mismatch = trailer_mismatch(ref, index.trailer)
     if mismatch:
         return {"kind": "fragment-mismatch", "key": ref.key, "detail": mismatch}
