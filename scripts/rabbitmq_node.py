@@ -209,7 +209,7 @@ def _stop_node(sbin: Path, env: dict[str, str], server: subprocess.Popen[bytes])
 
 @contextlib.contextmanager
 def rabbitmq_node(
-    base_dir: Path | None = None, *, start_timeout: float = 180.0
+    base_dir: Path | None = None, *, start_timeout: float = 180.0, nodename: str | None = None
 ) -> Iterator[RabbitMQNode]:
     """Start a private RabbitMQ node with the stream plugin; stop it (and its epmd) on exit.
 
@@ -223,12 +223,14 @@ def rabbitmq_node(
     base.mkdir(parents=True, exist_ok=True)
     (base / "log").mkdir(exist_ok=True)
     (base / "mnesia").mkdir(exist_ok=True)
-    nodename = f"tierlog-{secrets.token_hex(4)}@localhost"
+    # the same ``nodename`` and ``base_dir`` restart a node on its data
+    nodename = nodename or f"tierlog-{secrets.token_hex(4)}@localhost"
     epmd_port, amqp_port, dist_port, stream_port = _free_ports(4)
 
     cookie = base / ".erlang.cookie"
-    cookie.write_text(secrets.token_hex(16).upper())
-    cookie.chmod(0o400)
+    if not cookie.exists():
+        cookie.write_text(secrets.token_hex(16).upper())
+        cookie.chmod(0o400)
     (base / "rabbitmq-env.conf").write_text("")
     (base / "enabled_plugins").write_text("[rabbitmq_stream].\n")
     (base / "rabbitmq.conf").write_text(_config_text(amqp_port, dist_port, stream_port))

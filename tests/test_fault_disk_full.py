@@ -104,6 +104,7 @@ async def start_server(tmp_path: Path, local: Path, objects: Path) -> Server:
     )
     server = Server(cfg)
     await server.start()
+    await server.streams_opened()  # streams open in the background
     return server
 
 

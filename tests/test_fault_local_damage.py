@@ -40,6 +40,7 @@ async def fill(tmp_path: Path, name: str, *, tiered: bool) -> str:
         cfg = replace(cfg, tier=replace(cfg.tier, enabled=False))
     server = Server(cfg)
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         client = await AsyncRawClient.connect(server.stream_port)
         response = await client.request(c.CreateRequest(client.next_corr(), name, KEEP_LOCAL_ARGS))
@@ -86,6 +87,7 @@ async def test_damaged_sealed_segment_is_repaired_from_the_remote_tier(tmp_path:
     os.truncate(victim, len(healthy) - 700)  # lost tail of a sealed segment
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         assert server.broker is not None
         assert server.broker.get("/", "rep") is not None
@@ -107,6 +109,7 @@ async def test_damaged_segment_without_a_healthy_copy_is_refused(tmp_path: Path)
     cfg = config(tmp_path)
     server = Server(replace(cfg, tier=replace(cfg.tier, enabled=False)))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         assert server.broker is not None
         assert server.broker.get("/", "lone") is None  # refused
@@ -118,6 +121,7 @@ async def test_damaged_segment_without_a_healthy_copy_is_refused(tmp_path: Path)
         await server.stop()
     server = Server(replace(cfg, tier=replace(cfg.tier, enabled=False)))
     await server.start()  # stays refused while the file is aside
+    await server.streams_opened()  # streams open in the background
     try:
         assert server.broker is not None and server.broker.get("/", "lone") is None
     finally:
@@ -129,6 +133,7 @@ async def test_stream_restarted_past_the_remote_tail_reopens(tmp_path: Path) -> 
     shutil.rmtree(stream_dir)  # the local disk is lost
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         s = await status(server, "lost")
         assert s["local"]["next_offset"] > TOTAL  # restarted past the remote tail
@@ -136,6 +141,7 @@ async def test_stream_restarted_past_the_remote_tail_reopens(tmp_path: Path) -> 
         await server.stop()
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         assert server.broker is not None
         handle = server.broker.get("/", "lost")
@@ -163,6 +169,7 @@ async def test_readers_get_offsets_only_the_remote_tier_holds(tmp_path: Path) ->
     local_end_before = int(names[-2][:20])
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         client = await AsyncRawClient.connect(server.stream_port)
         await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", "gap"))
@@ -209,6 +216,7 @@ async def test_failed_resolution_refuses_appends_until_it_succeeds(
     monkeypatch.setattr(app_module, "open_object_store", unreachable)
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         client = await AsyncRawClient.connect(server.stream_port)
         await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", "res"))

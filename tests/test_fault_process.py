@@ -43,6 +43,7 @@ async def test_failed_fdatasync_reopens_the_stream_before_accepting_more(
 
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         client = await AsyncRawClient.connect(server.stream_port)
         response = await client.request(c.CreateRequest(client.next_corr(), "fs", {}))

@@ -62,6 +62,7 @@ def test_chunk_failing_its_crc_is_never_uploaded(world: World) -> None:
 async def test_corrupt_remote_fragment_ends_the_subscription_visibly(tmp_path: Path) -> None:
     server = Server(config(tmp_path))
     await server.start()
+    await server.streams_opened()  # streams open in the background
     try:
         client = await AsyncRawClient.connect(server.stream_port)
         response = await client.request(c.CreateRequest(client.next_corr(), "rot", STREAM_ARGS))

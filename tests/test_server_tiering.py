@@ -115,6 +115,7 @@ async def test_server_tiers_frees_local_and_restarts(tmp_path: Path) -> None:
     server = Server(config(tmp_path))
     await server.start()
     try:
+        await server.streams_opened()  # streams open in the background after a restart
         s = await status(server, "orders")
         assert s["remote"]["tiered_offset"] == next_offset
         client = await AsyncRawClient.connect(server.stream_port)
@@ -125,6 +126,7 @@ async def test_server_tiers_frees_local_and_restarts(tmp_path: Path) -> None:
     server = Server(config(tmp_path))
     await server.start()
     try:
+        await server.streams_opened()
         s = await status(server, "orders")
         assert s["remote"]["tiered_offset"] == s["local"]["next_offset"] > next_offset
     finally:
@@ -298,6 +300,7 @@ async def test_tiering_start_failure_is_retried(
     stores.clear()
     await server.start()
     try:
+        await server.streams_opened()
         assert stores
         stores[0].fail_nth("get_suffix", 1)
         # (the failure is armed after start: force a fresh start attempt through a reopen)

@@ -50,7 +50,9 @@ class TierlogServerProcess:
     def admin_url(self) -> str:
         return f"http://{self.host}:{self.admin_port}"
 
-    def start(self) -> TierlogServerProcess:
+    def start(self, wait_streams: bool = True) -> TierlogServerProcess:
+        """Start and wait until it listens and, with ``wait_streams``, until start-up
+        has opened every stream (they open in the background after the listeners)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ready = self.data_dir.parent / f"{self.data_dir.name}-ready.json"
         with contextlib.suppress(FileNotFoundError):
@@ -83,6 +85,9 @@ class TierlogServerProcess:
                 raise RuntimeError(f"tierlog serve exited early:\n{self.log_tail()}")
             if ready.exists():
                 info = json.loads(ready.read_text())
+                if wait_streams and not info.get("streams_opened", True):
+                    time.sleep(0.05)
+                    continue
                 self.stream_port = int(info["stream_port"])
                 self.admin_port = int(info["admin_port"])
                 self.tls_port = int(info.get("tls_port", 0))

@@ -268,9 +268,26 @@ class LogReader:
 
     def close(self) -> None:
         if not self._closed:
-            os.close(self._fd)
+            if self._fd >= 0:
+                os.close(self._fd)
             self._closed = True
             self._ahead.clear()
+
+    def park(self) -> None:
+        """Close the segment file until the next read (a reader that waits long between
+        reads, like tiering's on a quiet stream, holds no file open meanwhile)."""
+        if not self._closed and self._fd >= 0 and not self._ahead:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _unpark(self) -> bool:
+        """Reopen the current segment, or the next one if the current went (local
+        retention frees only segments read to the end)."""
+        try:
+            self._fd = os.open(self._ref.segment_path, os.O_RDONLY)
+            return True
+        except FileNotFoundError:
+            return self._advance_segment()
 
     def __enter__(self) -> LogReader:
         return self
@@ -300,6 +317,8 @@ class LogReader:
         while True:
             commit = self._source.commit_point()
             if self._next > commit.chunk_id:
+                return None
+            if self._fd < 0 and not self._unpark():
                 return None
             head = pread_exact(self._fd, HEADER_SIZE, self._pos)
             if not head:
@@ -451,7 +470,8 @@ class LogReader:
                 fd = os.open(ref.segment_path, os.O_RDONLY)
             except FileNotFoundError:
                 continue
-            os.close(self._fd)
+            if self._fd >= 0:
+                os.close(self._fd)
             self._fd = fd
             self._ref = ref
             self._pos = FILE_HEADER_SIZE

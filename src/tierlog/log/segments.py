@@ -3,12 +3,20 @@ rolling to a new segment, deleting the oldest, and reading bytes back by offset.
 
 Only the writer thread mutates a ``SegmentSet``. Readers in other threads look only
 at ``refs``, a tuple the writer replaces atomically.
+
+The active segment's two files are open only while the set is among the
+``max_open`` most recently written sets of the process (``ACTIVE_FILES``): a node with
+thousands of mostly idle streams holds a bounded number of files, and an idle
+stream's files reopen on its next write. Only synced files are closed (an fsync through
+a descriptor opened later would not report an earlier writeback error).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,6 +42,46 @@ from tierlog.log.segment_files import (
 )
 
 INDEX_RECORD_SIZE = 29
+DEFAULT_MAX_OPEN = 4096
+
+
+class ActiveFileCache:
+    """The sets whose active files are open, least recently used first, at most
+    ``max_open`` of them. A set in use (its lock held by its writer) is never closed."""
+
+    def __init__(self, max_open: int = DEFAULT_MAX_OPEN) -> None:
+        self.max_open = max_open
+        self._lock = threading.Lock()
+        self._open: OrderedDict[SegmentSet, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def used(self, owner: SegmentSet) -> None:
+        """``owner`` (holding its lock) has its files open and just used them."""
+        with self._lock:
+            lru = self._open
+            if owner in lru:
+                lru.move_to_end(owner)
+                return
+            lru[owner] = None
+            skipped = []
+            while len(lru) > self.max_open:
+                victim, _ = lru.popitem(last=False)
+                if victim is owner or not victim._release_files():
+                    skipped.append(victim)  # in use right now: keep it open
+                    if len(skipped) >= len(lru) + 1:
+                        break
+            for victim in skipped:
+                lru[victim] = None
+                lru.move_to_end(victim, last=False)
+
+    def forget(self, owner: SegmentSet) -> None:
+        with self._lock:
+            self._open.pop(owner, None)
+
+
+ACTIVE_FILES = ActiveFileCache()
 
 
 class SegmentInfo(NamedTuple):
@@ -65,12 +113,51 @@ class SegmentSet:
         self.stream_dir = stream_dir
         self.segments = segments
         self.refs: tuple[SegmentRef, ...] = tuple(s.ref for s in segments)
+        self._seg_fd = -1
+        self._idx_fd = -1
+        self._files_lock = threading.Lock()  # held by the writer while it uses the files
+        self._dirty = False  # data written since the last fdatasync: never evicted then
         self.sync_failed: OSError | None = None
-        active = segments[-1]
-        self.seg_fd = os.open(active.ref.segment_path, os.O_RDWR)
-        self.idx_fd = os.open(active.ref.index_path, os.O_RDWR)
-        os.lseek(self.seg_fd, active.size, os.SEEK_SET)
-        os.lseek(self.idx_fd, 0, os.SEEK_END)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def _open_files(self) -> None:
+        """Open the active segment's files (lock held) unless they are open."""
+        if self._seg_fd < 0:
+            ref = self.segments[-1].ref
+            seg_fd = os.open(ref.segment_path, os.O_RDWR)
+            try:
+                idx_fd = os.open(ref.index_path, os.O_RDWR)
+            except BaseException:
+                os.close(seg_fd)
+                raise
+            os.lseek(idx_fd, 0, os.SEEK_END)
+            self._seg_fd, self._idx_fd = seg_fd, idx_fd
+        ACTIVE_FILES.used(self)
+
+    def _release_files(self) -> bool:
+        """Close the files if nobody uses them now (the cache evicts); False if busy."""
+        if not self._files_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._dirty:
+                # an fsync through a descriptor opened later would not report a
+                # writeback error of these pages: keep it open until it is synced
+                return False
+            self._close_files()
+            return True
+        finally:
+            self._files_lock.release()
+
+    def _close_files(self) -> None:
+        if self._seg_fd >= 0:
+            seg_fd, idx_fd = self._seg_fd, self._idx_fd
+            self._seg_fd = self._idx_fd = -1
+            try:
+                os.close(seg_fd)
+            finally:
+                os.close(idx_fd)
 
     @property
     def active(self) -> OpenSegment:
@@ -88,6 +175,23 @@ class SegmentSet:
         trailer: bytes,
     ) -> ChunkHeader:
         """Write a chunk at the end of the active segment and its index record."""
+        with self._files_lock:
+            self._open_files()
+            return self._append_chunk(
+                chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, trailer
+            )
+
+    def _append_chunk(
+        self,
+        chunk_type: ChunkType,
+        chunk_id: int,
+        epoch: int,
+        timestamp: int,
+        data: bytes | memoryview,
+        num_entries: int,
+        num_records: int,
+        trailer: bytes,
+    ) -> ChunkHeader:
         active = self.segments[-1]
         position = active.size
         tail = [data, trailer] if trailer else [data]
@@ -97,7 +201,7 @@ class SegmentSet:
             # look past the commit. With ISA-L the CRC costs less than the thread hop, so
             # the whole chunk goes out in one pwritev below.
             crc = crc32_in_background(data)
-            pwrite_all(self.seg_fd, tail, position + HEADER_SIZE)
+            pwrite_all(self._seg_fd, tail, position + HEADER_SIZE)
             header = make_header(
                 chunk_type,
                 chunk_id,
@@ -109,14 +213,15 @@ class SegmentSet:
                 len(trailer),
                 data_crc=crc.result(),
             )
-            pwrite_all(self.seg_fd, [header.encode()], position)
+            pwrite_all(self._seg_fd, [header.encode()], position)
         else:
             header = make_header(
                 chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, len(trailer)
             )
-            pwrite_all(self.seg_fd, [header.encode(), *tail], position)
+            pwrite_all(self._seg_fd, [header.encode(), *tail], position)
         record = encode_index_record(chunk_id, timestamp, epoch, position, chunk_type)
-        write_all(self.idx_fd, [record], INDEX_RECORD_SIZE)
+        write_all(self._idx_fd, [record], INDEX_RECORD_SIZE)
+        self._dirty = True
         active.size += header.total_size
         active.num_chunks += 1
         active.next_offset = header.next_offset
@@ -127,36 +232,52 @@ class SegmentSet:
         dirty pages and a later fsync can succeed without them, so the log refuses all
         further work (``SyncFailedError``, ``sync_failed`` set) until it is closed and
         reopened: recovery then finds what really reached the disk."""
-        try:
-            os.fdatasync(self.seg_fd)
-        except OSError as exc:
-            self.sync_failed = exc
-            raise SyncFailedError(f"{self.stream_dir}: fdatasync failed: {exc!r}") from exc
+        with self._files_lock:
+            self._open_files()
+            try:
+                os.fdatasync(self._seg_fd)
+            except OSError as exc:
+                self.sync_failed = exc
+                raise SyncFailedError(f"{self.stream_dir}: fdatasync failed: {exc!r}") from exc
+            self._dirty = False
+
+    def sync_all(self) -> None:
+        """fsync the active segment file (data and metadata)."""
+        with self._files_lock:
+            self._open_files()
+            os.fsync(self._seg_fd)
 
     def close(self, sync: bool = True) -> None:
         """Close the files, fsyncing the index first unless a sync already failed."""
-        if sync:
-            os.fsync(self.idx_fd)
-        os.close(self.seg_fd)
-        os.close(self.idx_fd)
+        with self._files_lock:
+            try:
+                if sync:
+                    self._open_files()
+                    os.fsync(self._idx_fd)
+            finally:
+                ACTIVE_FILES.forget(self)
+                self._close_files()
 
     def roll(self, first_offset: int, data_pending: bool) -> None:
         """Seal the active segment (fsync its data when ``data_pending`` and its index)
         and start a new empty one at ``first_offset``."""
-        if data_pending:
-            self.sync_data()
-        os.fsync(self.idx_fd)
-        ref = segment_ref(self.stream_dir, first_offset)
-        create_segment_files(ref)
-        fsync_dir(self.stream_dir)
-        os.close(self.seg_fd)
-        os.close(self.idx_fd)
-        self.seg_fd = os.open(ref.segment_path, os.O_RDWR)
-        self.idx_fd = os.open(ref.index_path, os.O_RDWR)
-        os.lseek(self.seg_fd, 0, os.SEEK_END)
-        os.lseek(self.idx_fd, 0, os.SEEK_END)
-        self.segments.append(OpenSegment(ref, FILE_HEADER_SIZE, 0, first_offset))
-        self.refs = tuple(s.ref for s in self.segments)
+        with self._files_lock:
+            self._open_files()
+            if data_pending:
+                try:
+                    os.fdatasync(self._seg_fd)
+                except OSError as exc:
+                    self.sync_failed = exc
+                    raise SyncFailedError(f"{self.stream_dir}: fdatasync failed: {exc!r}") from exc
+                self._dirty = False
+            os.fsync(self._idx_fd)
+            ref = segment_ref(self.stream_dir, first_offset)
+            create_segment_files(ref)
+            fsync_dir(self.stream_dir)
+            self._close_files()
+            self.segments.append(OpenSegment(ref, FILE_HEADER_SIZE, 0, first_offset))
+            self.refs = tuple(s.ref for s in self.segments)
+            self._open_files()
 
     def drop_empty_sealed(self, segment: OpenSegment) -> None:
         """Remove ``segment`` (empty, just sealed by a roll) from disk and the list."""

@@ -101,7 +101,7 @@ class StreamLog:
         self._last_timestamp = recovered.last_timestamp
         self._last_chunk_id = last.chunk_id if last else -1
         active = self._segments.active
-        os.fsync(self._segments.seg_fd)
+        self._segments.sync_all()
         self._commits = CommitBatcher(
             config,
             CommitPoint(

@@ -494,9 +494,11 @@ class ManifestTree:
 
     def _set_level0(self, fragments: np.ndarray) -> None:
         """Root fragments live at the front of a buffer with room for appends, so a commit
-        copies only its new entries (not the whole root)."""
+        copies only its new entries (not the whole root). The room is twice the entries
+        (appends double it): a node's thousands of small streams do not each hold room
+        for a full root (2M entries, ~128 KiB)."""
         n = len(fragments)
-        capacity = max(2 * self.m + 64, 2 * n)
+        capacity = max(16, 2 * n)
         if len(self._buf) < capacity or len(self._buf) > 4 * capacity:
             buf = np.zeros(capacity, dtype=ENTRY_DTYPE)
             buf[:n] = fragments

@@ -86,6 +86,8 @@ def build_admin_app(
             {
                 "status": "ok",
                 "streams": len(broker.streams()),
+                "streams_opening": len(broker.opening_streams()),
+                "catalog_loaded": broker.catalog_loaded.is_set(),
                 "connections": len(broker.connections),
             }
         )
@@ -96,6 +98,12 @@ def build_admin_app(
             for h in broker.streams()
             if guard.may(request, h.vhost, "read", h.name)
             or guard.may(request, h.vhost, "configure", h.name)
+        ]
+        visible += [  # not open yet after a restart: resolving, or failed with the error
+            o.status()
+            for o in broker.opening_streams()
+            if guard.may(request, o.record.vhost, "read", o.record.name)
+            or guard.may(request, o.record.vhost, "configure", o.record.name)
         ]
         return web.json_response({"streams": visible})
 
@@ -125,6 +133,11 @@ def build_admin_app(
             guard.require(request, vhost, "read", name)
         handle = broker.get(vhost, name)
         if handle is None:
+            opening = broker.opening(vhost, name)
+            if opening is not None:
+                return web.json_response(opening.status())
+            if not broker.catalog_loaded.is_set():
+                return _error(503, "the server is starting: the stream catalog is loading")
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
         return web.json_response(handle.status())
 

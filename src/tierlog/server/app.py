@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import resource
 import signal
 import sqlite3
 from collections.abc import Callable, Coroutine
@@ -22,6 +23,7 @@ from aiohttp import web
 
 import tierlog
 from tierlog.errors import ConfigError, TierlogError
+from tierlog.log.segments import ACTIVE_FILES
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
 from tierlog.read.tiered_reader import default_prefetcher
@@ -83,6 +85,7 @@ class Server:
         self.stream_port = 0
         self.admin_port = 0
         self._stopped = asyncio.Event()
+        self._ready_task: asyncio.Task[None] | None = None
         self._lock = DataDirLock(self.storage.data_dir)
 
     async def start(self) -> None:
@@ -96,6 +99,8 @@ class Server:
 
     async def _start(self) -> None:
         storage = self.storage
+        _raise_open_files_limit()
+        ACTIVE_FILES.max_open = self.config.server.max_open_segments
         try:
             os.makedirs(storage.data_dir, exist_ok=True)
         except OSError as exc:
@@ -186,20 +191,10 @@ class Server:
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
         guard.port = self.admin_port
+        self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
-            tmp = s.ready_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(
-                    {
-                        "host": s.host,
-                        "stream_port": self.stream_port,
-                        "admin_port": self.admin_port,
-                        "tls_port": self.tls_port,
-                        "pid": os.getpid(),
-                    },
-                    f,
-                )
-            os.replace(tmp, s.ready_file)
+            self._write_ready_file(streams_opened=False)
+            self._ready_task = asyncio.create_task(self._ready_when_opened())
         log.info(
             "server_started",
             version=tierlog.__version__,
@@ -213,6 +208,29 @@ class Server:
             tiering=config.tier.enabled,
             loop=type(loop).__module__,
         )
+
+    def _write_ready_file(self, *, streams_opened: bool) -> None:
+        """The bound ports (once listening), and whether start-up has opened every
+        stream (written again when it has)."""
+        s = self.config.server
+        tmp = s.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(
+                {
+                    "host": s.host,
+                    "stream_port": self.stream_port,
+                    "admin_port": self.admin_port,
+                    "tls_port": self.tls_port,
+                    "pid": os.getpid(),
+                    "streams_opened": streams_opened,
+                },
+                f,
+            )
+        os.replace(tmp, s.ready_file)
+
+    async def _ready_when_opened(self) -> None:
+        await self.streams_opened()
+        self._write_ready_file(streams_opened=True)
 
     def _register_stream_metrics(self, broker: Broker) -> None:
         """Per-stream values of the local tier, read from the open streams at scrape time."""
@@ -230,6 +248,12 @@ class Server:
         if self.tiering is None:
             metrics.tier_lag_bytes.read = per_stream(lambda h: h.tier_lag)
 
+    async def streams_opened(self, timeout: float | None = None) -> None:
+        """Wait until start-up has tried to open every catalog stream (the listeners
+        are open long before; a stream that failed stays ``failed`` in the admin API)."""
+        assert self.broker is not None
+        await asyncio.wait_for(self.broker.all_open.wait(), timeout)
+
     async def stop(self) -> None:
         """Stop listening, close connections, flush and close every stream."""
         await self._close()
@@ -237,6 +261,8 @@ class Server:
         self._stopped.set()
 
     async def _close(self) -> None:
+        if self._ready_task is not None:
+            self._ready_task.cancel()
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:
@@ -259,6 +285,19 @@ class Server:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def _raise_open_files_limit() -> None:
+    """Raise the soft limit of open files to the hard limit (thousands of streams: each
+    open one holds its active segment's two files, subscriptions hold theirs)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open_files_limit_not_raised", soft=soft, hard=hard, error=repr(exc))
+            return
+        log.info("open_files_limit_raised", soft=soft, hard=hard)
 
 
 async def _open_store(what: str, setting: str, uri: str, open_store: Callable[[str], Any]) -> Any:

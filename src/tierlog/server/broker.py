@@ -1,7 +1,8 @@
 """The streams registry: catalog entries, their open local logs, and group commit.
 
-Each stream has one writer thread (a single-worker executor): every mutating call on
-its StreamLog runs there, as the log requires. Publish frames and StoreOffset
+Each stream has one writer lane on the node's shared writer pool (``server.writer_threads``
+threads serve every stream, round robin, one task of a stream at a time): every mutating
+call on its StreamLog runs there, in order, as the log requires. Publish frames and StoreOffset
 commands queue up on the event loop while the writer is busy; the next group takes
 them all (up to ``group_commit_max_frames``), appends consecutive frames of the same
 producer as one chunk, fsyncs once, and the loop then sends one PublishConfirm per
@@ -14,6 +15,11 @@ tiering lag (``LagProvider``: committed bytes not yet in the remote tier as tier
 back-pressure rule sees them, default 0) exceeds the stream's ``max_lag_bytes``.
 Connections publishing to a congested stream stop reading their socket until it is
 not congested any more (counted, never silent).
+
+Start-up: ``start`` returns at once; the catalog's streams are opened (local recovery,
+then the lifecycle's resolution) in the background, ``server.open_concurrency`` at a
+time. Until a stream is open its state is ``resolving`` (or ``failed`` with the error)
+and clients get the retriable STREAM_NOT_AVAILABLE, never a hang.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import contextlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tierlog.concurrency import SerialPool
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
@@ -109,6 +116,11 @@ class StreamListener(Protocol):
     def resume_publishing(self, stream: StreamHandle) -> None: ...
 
 
+OPENING = "opening"
+"""``StreamHandle.unavailable`` while the first resolution after opening runs: clients
+are told STREAM_NOT_AVAILABLE at once (declare publisher, subscribe); a resolution that
+failed leaves local data readable and refuses appends until a retry succeeds."""
+
 Done = Callable[[int], None]
 """Called on the event loop with a response code once an operation is durable."""
 
@@ -147,13 +159,15 @@ class StreamHandle:
     record: StreamRecord
     log: StreamLog
     broker: Broker
-    executor: ThreadPoolExecutor
+    executor: Executor
     notifier: CommitNotifier = field(default_factory=CommitNotifier)
     pending: list[_Op] = field(default_factory=list)
     pending_bytes: int = 0
     writing: bool = False
     closed: bool = False
     tier_lag: int = 0
+    activity: int = 0  # write groups done (the lag poll skips streams without any)
+    polled_activity: int = -1
     _reopen_task: asyncio.Task[None] | None = None
     unavailable: str | None = None
     """Why appends are refused for now (retriable STREAM_NOT_AVAILABLE): the remote tier
@@ -324,6 +338,7 @@ class StreamHandle:
             if isinstance(op, _PublishOp):
                 op.done(code)
         self.notifier.notify()
+        self.activity += 1
         if result.sync_failed and self.unavailable is None and not self.closed:
             self.unavailable = f"fdatasync failed, reopening: {result.error}"
             self._reopen_task = asyncio.create_task(self.broker.reopen_after_sync_failure(self))
@@ -361,6 +376,16 @@ class StreamHandle:
         return {
             "vhost": self.vhost,
             "name": self.name,
+            # resolving: the first resolution runs; unavailable: appends refused (resolution
+            # failed and is retried, or the log is being reopened) with the reason
+            "state": (
+                "available"
+                if self.unavailable is None
+                else "resolving"
+                if self.unavailable == OPENING
+                else "unavailable"
+            ),
+            "error": None if self.unavailable in (None, OPENING) else self.unavailable,
             "incarnation": self.record.incarnation,
             "created_ns": self.record.created_ns,
             "local": {
@@ -393,7 +418,27 @@ class StreamHandle:
         self.listeners.clear()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.log.close)
-        self.executor.shutdown(wait=True)
+        self.executor.shutdown(wait=False)  # a lane of the shared pool: nothing to join
+
+
+@dataclass(slots=True)
+class StreamOpening:
+    """A catalog stream not open yet: being resolved, or failed (with the error)."""
+
+    record: StreamRecord
+    state: str = "resolving"
+    error: str | None = None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "vhost": self.record.vhost,
+            "name": self.record.name,
+            "incarnation": self.record.incarnation,
+            "created_ns": self.record.created_ns,
+            "state": self.state,
+            "error": self.error,
+            "settings": self.record.settings.to_dict(),
+        }
 
 
 class Broker:
@@ -417,23 +462,101 @@ class Broker:
         self.remote_status: RemoteStatusProvider = remote_status or NoRemoteStatus()
         self.streams_dir = config.storage.streams_dir
         self._streams: dict[tuple[str, str], StreamHandle] = {}
+        self._opening: dict[tuple[str, str], StreamOpening] = {}
+        self._creating: set[tuple[str, str]] = set()
         self.connections: set[Any] = set()
         self._lock = asyncio.Lock()
         self._lag_task: asyncio.Task[None] | None = None
+        self._open_task: asyncio.Task[None] | None = None
+        self.catalog_loaded = asyncio.Event()
+        self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.writers = SerialPool(config.server.writer_threads, "writer")
+        self.all_open = asyncio.Event()
         self._closing = False
 
     # ----------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        """Nothing is opened here: ``open_streams`` loads the catalog and opens its
+        streams in the background once the listeners are open."""
         os.makedirs(self.streams_dir, exist_ok=True)
-        for record in self.catalog.list():
-            try:
-                await self._open(record)
-            except (TierlogError, OSError) as exc:
-                log.error(
-                    "stream_open_failed", vhost=record.vhost, stream=record.name, error=repr(exc)
-                )
         self._lag_task = asyncio.create_task(self._poll_lag())
+
+    def open_streams(self) -> None:
+        """Load the catalog (every stream is ``resolving`` until open) and open its
+        streams in the background. Until the catalog is loaded every stream name is
+        answered as not available yet (retriable), and creations and deletions wait."""
+        if self._open_task is None:
+            self._open_task = asyncio.create_task(self._load_and_open())
+
+    async def _load_and_open(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                records = await loop.run_in_executor(None, self.catalog.list)
+                break
+            except (TierlogError, OSError) as exc:  # the MetaStore answered at start-up
+                log.error("catalog_load_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
+        for record in records:
+            self._opening[(record.vhost, record.name)] = StreamOpening(record)
+        self.catalog_loaded.set()
+        await self._open_all(records)
+
+    async def _open_all(self, records: list[StreamRecord]) -> None:
+        """Open (recover, resolve) every catalog stream, ``open_concurrency`` at a time."""
+        if not records:
+            self.all_open.set()
+            return
+        limit = asyncio.Semaphore(self.config.server.open_concurrency)
+        started = asyncio.get_running_loop().time()
+
+        async def open_one(record: StreamRecord) -> None:
+            key = (record.vhost, record.name)
+            async with limit:
+                opening = self._opening.get(key)
+                if opening is None:  # deleted meanwhile
+                    return
+                try:
+                    await self._open(record)
+                except (TierlogError, OSError) as exc:
+                    opening.state, opening.error = "failed", repr(exc)
+                    log.error(
+                        "stream_open_failed",
+                        vhost=record.vhost,
+                        stream=record.name,
+                        error=repr(exc),
+                    )
+                    return
+                self._opening.pop(key, None)
+
+        tasks = {}
+        for record in records:
+            key = (record.vhost, record.name)
+            tasks[key] = asyncio.create_task(open_one(record))
+        self._open_tasks = tasks
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        self._open_tasks = {}
+        self.all_open.set()
+        log.info(
+            "streams_opened",
+            streams=len(records),
+            failed=len(self._opening),
+            seconds=round(asyncio.get_running_loop().time() - started, 3),
+        )
+
+    def opening(self, vhost: str, name: str) -> StreamOpening | None:
+        """The stream's start-up state while it is not open (None once open or unknown)."""
+        return self._opening.get((vhost, name))
+
+    def not_available_yet(self, vhost: str, name: str) -> bool:
+        """A stream that is not open may still be one: the catalog is loading, or the
+        stream is being opened (or failed to open) after a restart."""
+        return not self.catalog_loaded.is_set() or (vhost, name) in self._opening
+
+    def opening_streams(self) -> list[StreamOpening]:
+        """Catalog streams not open yet (a stream resolving is listed by its handle)."""
+        return [o for key, o in self._opening.items() if key not in self._streams]
 
     async def close(self) -> None:
         self._closing = True
@@ -441,12 +564,31 @@ class Broker:
             self._lag_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lag_task
-        for handle in list(self._streams.values()):
-            if self.lifecycle is not None:
-                await handle.flush()  # queued publishes first, then the final tiering
-                await self.lifecycle.closing(handle, flush=True)
-            await handle.close(notify=False)
+        if self._open_task is not None:
+            self._open_task.cancel()
+            for task in list(self._open_tasks.values()):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._open_task
+            await asyncio.gather(*self._open_tasks.values(), return_exceptions=True)
+        limit = asyncio.Semaphore(self.config.server.open_concurrency)
+
+        async def close_one(handle: StreamHandle) -> None:
+            async with limit:
+                if self.lifecycle is not None:
+                    await handle.flush()  # queued publishes first, then the final tiering
+                    await self.lifecycle.closing(handle, flush=True)
+                await handle.close(notify=False)
+
+        # streams close concurrently (bounded): a final tiering each, not one after another
+        results = await asyncio.gather(
+            *(close_one(h) for h in list(self._streams.values())), return_exceptions=True
+        )
+        for error in results:
+            if isinstance(error, BaseException):
+                log.error("stream_close_failed", error=repr(error))
         self._streams.clear()
+        self.writers.shutdown(wait=False)
 
     async def _open(self, record: StreamRecord) -> StreamHandle:
         settings = record.settings
@@ -457,7 +599,7 @@ class Broker:
             settings.sync,
         )
         path = os.path.join(self.streams_dir, record.incarnation)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"writer-{record.name}")
+        executor = self.writers.lane(record.name)
         loop = asyncio.get_running_loop()
 
         def open_log() -> StreamLog:
@@ -474,10 +616,17 @@ class Broker:
             raise
         handle = StreamHandle(record, stream_log, self, executor)
         if self.lifecycle is not None:
-            handle.unavailable = "opening"  # until the lifecycle (tiering) has resolved
-        self._streams[(record.vhost, record.name)] = handle
+            handle.unavailable = OPENING  # until the lifecycle (tiering) has resolved
+        key = (record.vhost, record.name)
+        self._streams[key] = handle
         if self.lifecycle is not None:
-            await self.lifecycle.opened(handle)
+            try:
+                await self.lifecycle.opened(handle)
+            except BaseException:
+                if self._streams.get(key) is handle:
+                    del self._streams[key]
+                await handle.close(notify=False)
+                raise
         log.info(
             "stream_opened",
             vhost=record.vhost,
@@ -552,16 +701,25 @@ class Broker:
         return list(self._streams.values())
 
     async def create_stream(self, vhost: str, name: str, settings: StreamSettings) -> StreamHandle:
-        """Create in the catalog then on disk; StreamExistsError if it exists."""
-        async with self._lock:
-            if (vhost, name) in self._streams:
-                raise StreamExistsError(f"stream {name!r} already exists")
-            record = self.catalog.create(vhost, name, settings)
+        """Create in the catalog then on disk; StreamExistsError if it exists.
+
+        Creations of different streams run concurrently (the catalog's create-only put
+        decides between racing creators of one name)."""
+        await self.catalog_loaded.wait()
+        key = (vhost, name)
+        if key in self._streams or key in self._opening or key in self._creating:
+            raise StreamExistsError(f"stream {name!r} already exists")
+        loop = asyncio.get_running_loop()
+        self._creating.add(key)
+        try:
+            record = await loop.run_in_executor(None, self.catalog.create, vhost, name, settings)
             try:
                 return await self._open(record)
             except BaseException:
-                self.catalog.delete(vhost, name)
+                await loop.run_in_executor(None, self.catalog.delete, vhost, name)
                 raise
+        finally:
+            self._creating.discard(key)
 
     async def delete_stream(self, vhost: str, name: str) -> StreamRecord:
         """Close the stream (telling its users), delete it from the catalog, then its files.
@@ -569,8 +727,15 @@ class Broker:
         The catalog delete enqueues the incarnation's cleanup (remote objects); the local
         directory goes here at once.
         """
+        await self.catalog_loaded.wait()
+        while (vhost, name) in self._creating:  # let a creation in progress finish first
+            await asyncio.sleep(0.01)
         async with self._lock:
             record = self.catalog.require(vhost, name)
+            opening = self._open_tasks.get((vhost, name))
+            if opening is not None and not opening.done():
+                await asyncio.gather(opening, return_exceptions=True)  # let it finish first
+            self._opening.pop((vhost, name), None)
             handle = self._streams.pop((vhost, name), None)
             if handle is not None:
                 if self.lifecycle is not None:
@@ -603,10 +768,14 @@ class Broker:
     # ----------------------------------------------------------------- back-pressure
 
     async def _poll_lag(self) -> None:
+        """Refresh the tiering lag of streams that wrote since the last poll or still
+        lag or throttle (an idle stream's lag cannot grow: no work per idle stream)."""
         while True:
             await asyncio.sleep(LAG_POLL_SECONDS)
             for handle in list(self._streams.values()):
-                self.refresh_lag(handle)
+                if handle.activity != handle.polled_activity or handle.tier_lag or handle.blocked:
+                    handle.polled_activity = handle.activity
+                    self.refresh_lag(handle)
 
     def refresh_lag(self, handle: StreamHandle) -> None:
         try:

@@ -52,6 +52,12 @@ class ServerSection:
     """When set, the bound ports are written there as JSON once the server listens."""
     log_format: str = "kv"
     log_level: str = "INFO"
+    writer_threads: int = 4
+    """Threads that write every stream's log (each stream's writes stay in order)."""
+    open_concurrency: int = 16
+    """Streams opened (recovered and resolved) at once after a restart."""
+    max_open_segments: int = 4096
+    """Active segments whose files stay open (two files each; least recently used close)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +250,13 @@ class TierSection:
     retention_interval_seconds: float = 10.0
     local_retention_interval_seconds: float = 5.0
     min_free_disk_bytes: int = 0
+    event_threads: int = 2
+    """Threads running every stream's tiering state machine."""
+    upload_threads: int = 8
+    """Threads uploading fragments and committing manifests for every stream (a stream
+    has at most ``max_uploads`` uploads in flight)."""
+    resolution_reads: int = 8
+    """Threads reading fragment trailers while streams resolve (shared)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +289,16 @@ class ServerConfig:
             )
         if self.log.group_commit_max_frames < 1:
             raise ConfigError("log.group_commit_max_frames must be >= 1")
+        for section, name, value, low, high in (
+            ("server", "writer_threads", s.writer_threads, 1, 256),
+            ("server", "open_concurrency", s.open_concurrency, 1, 1024),
+            ("server", "max_open_segments", s.max_open_segments, 16, 1 << 20),
+            ("tier", "event_threads", self.tier.event_threads, 1, 256),
+            ("tier", "upload_threads", self.tier.upload_threads, 1, 256),
+            ("tier", "resolution_reads", self.tier.resolution_reads, 1, 256),
+        ):
+            if not low <= value <= high:
+                raise ConfigError(f"{section}.{name} must be {low}..{high}, got {value}")
         self.log.log_config(500_000_000, 256_000, s.frame_max)  # validates chunk limits
         self.auth.validate()
         self.tls.validate()

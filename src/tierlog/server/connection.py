@@ -81,7 +81,7 @@ from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
-from tierlog.server.broker import Broker, StreamHandle
+from tierlog.server.broker import OPENING, Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
 from tierlog.server.limits import Gatekeeper
@@ -539,16 +539,25 @@ class Connection(asyncio.Protocol):
             code = ResponseCode.INTERNAL_ERROR
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
+    def _missing(self, stream: str) -> ResponseCode:
+        """The code for a stream that is not open: retriable while it is being resolved
+        (or failed to open) after a restart, else it does not exist."""
+        if self.broker.not_available_yet(self.vhost, stream):
+            return ResponseCode.STREAM_NOT_AVAILABLE
+        return ResponseCode.STREAM_DOES_NOT_EXIST
+
     def _on_metadata(self, cmd: MetadataRequest) -> None:
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
-            if self.broker.get(self.vhost, name) is not None:
-                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
+            handle = self.broker.get(self.vhost, name)
+            if handle is None:
+                streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
+            elif handle.unavailable == OPENING:  # its first resolution runs
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+                streams.append(StreamMetadata(name, code, NO_LEADER, ()))
             else:
-                streams.append(
-                    StreamMetadata(name, ResponseCode.STREAM_DOES_NOT_EXIST, NO_LEADER, ())
-                )
+                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
         self.send(
             MetadataResponse(cmd.correlation_id, [BrokerInfo(0, host, port)], streams).encode()
         )
@@ -557,7 +566,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
-            code = ResponseCode.STREAM_DOES_NOT_EXIST if handle is None else refused
+            code = self._missing(cmd.stream) if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
         stats = {
@@ -585,8 +594,10 @@ class Connection(asyncio.Protocol):
 
     def _on_declare_publisher(self, cmd: DeclarePublisherRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
-        if handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        if handle is None or handle.unavailable == OPENING:
+            code = (
+                self._missing(cmd.stream) if handle is None else ResponseCode.STREAM_NOT_AVAILABLE
+            )
         elif not self._permitted("write", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif cmd.publisher_id in self.publishers:
@@ -615,7 +626,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None:
             response = QueryPublisherSequenceResponse(
-                cmd.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0
+                cmd.correlation_id, self._missing(cmd.stream), 0
             )
         elif not self.gate.auth.allowed(
             self.user, self.vhost, "write", cmd.stream
@@ -694,7 +705,9 @@ class Connection(asyncio.Protocol):
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
         elif handle is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+            code = self._missing(cmd.stream)
+        elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
+            code = ResponseCode.STREAM_NOT_AVAILABLE
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
@@ -757,7 +770,7 @@ class Connection(asyncio.Protocol):
         handle = self.broker.get(self.vhost, cmd.stream)
         corr = cmd.correlation_id
         if handle is None:
-            response = QueryOffsetResponse(corr, ResponseCode.STREAM_DOES_NOT_EXIST, 0)
+            response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
         elif not self._permitted("read", cmd.stream):
             response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
         else:

@@ -38,6 +38,7 @@ from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.retention import RetentionPolicy, remote_trim_offset
+from tierlog.tiering.runtime import RuntimeSizes, TieringRuntime
 from tierlog.tiering.segment_repair import repair_from_remote
 from tierlog.tiering.tierer import StreamTierer
 
@@ -76,6 +77,12 @@ class TieringService:
         # one budget for every stream's fragments in flight (an upload backlog across
         # many streams would otherwise hold streams x max_uploads fragments in memory)
         self.fragment_memory = ByteBudget(config.limits.fragment_memory_bytes)
+        # every stream's tiering shares these threads (none per stream)
+        self.runtime = TieringRuntime(
+            RuntimeSizes(
+                self.tier.event_threads, self.tier.upload_threads, self.tier.resolution_reads
+            )
+        )
         self._register_metrics(metrics)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -90,6 +97,7 @@ class TieringService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await asyncio.get_running_loop().run_in_executor(None, self.runtime.shutdown)
 
     async def opened(self, handle: StreamHandle) -> None:
         """Resolve and start tiering a freshly opened stream (on its writer thread:
@@ -123,6 +131,7 @@ class TieringService:
             gate_appends=False,
             memory_budget=self.fragment_memory,
             settings=lambda: handle.record.settings,
+            runtime=self.runtime,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         loop = asyncio.get_running_loop()
@@ -357,6 +366,8 @@ class TieringService:
                 tierer.set_retention_if_changed(
                     RetentionPolicy(settings.max_bytes, settings.max_age_seconds)
                 )
+                if len(handle.log.segment_refs()) < 2:
+                    continue  # only sealed segments are freed: nothing to do, no thread hop
                 try:
                     freed = await loop.run_in_executor(
                         handle.executor,

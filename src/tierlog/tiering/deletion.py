@@ -9,6 +9,7 @@ The queue lives in the MetaStore, so a restart loses nothing.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -29,6 +30,8 @@ class DeletionQueue:
         self.meta = meta
         self.grace_seconds = grace_seconds
         self.clock = clock
+        self._shared_lock = threading.Lock()
+        self._shared_last = float("-inf")
 
     def schedule(self, keys: Iterable[str], grace_seconds: float | None = None) -> None:
         keys = sorted(set(keys))
@@ -57,3 +60,20 @@ class DeletionQueue:
             self.meta.complete(item)
             deleted += len(data["keys"])
         return deleted
+
+    def shared_pass_due(self, interval: float) -> bool:
+        """Whether ``run_due_shared`` would scan now."""
+        return time.monotonic() - self._shared_last >= interval
+
+    def run_due_shared(self, store: ObjectStore, interval: float) -> int:
+        """``run_due`` at most once per ``interval`` seconds, whichever of the node's
+        streams asks (each stream's retention pass asks; the list is the node's, so
+        one scan per interval serves them all)."""
+        now = time.monotonic()
+        if now - self._shared_last < interval or not self._shared_lock.acquire(blocking=False):
+            return 0
+        try:
+            self._shared_last = now
+            return self.run_due(store)
+        finally:
+            self._shared_lock.release()

@@ -3,20 +3,22 @@
 ``StreamTierer.start()`` resolves the manifest (follow next-offset pointers through
 fragment trailers, adopt uploaded-but-unlisted fragments under the adoption rule),
 brings the local log past the remote tail when the remote tier is ahead, makes the
-fencing commit, and then runs one event thread: committed chunks come from the log's
-commit listener, uploads run on a bounded thread pool, commits run one at a time.
+fencing commit, and then feeds events to the state machine: committed chunks come from
+the log's commit listener, uploads and commits run on the shared upload pool, and the
+state machine runs as a serial task on the shared event pool whenever the stream has
+events (``tiering.runtime``: no thread per stream; timers on one shared timer).
 Every decision is taken by ``TieringState``; this module only carries effects out.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from tierlog.formats.chunk import decode_header
@@ -69,6 +71,7 @@ from tierlog.tiering.retention import (
     local_segments_to_free,
     remote_trim_offset,
 )
+from tierlog.tiering.runtime import TieringRuntime, default_runtime
 from tierlog.tiering.state import (
     ChunkRef,
     ChunksCommitted,
@@ -90,7 +93,6 @@ from tierlog.tiering.state import (
 
 log = get_logger(__name__)
 
-RESOLUTION_READS = 8  # concurrent fragment metadata reads while resolving
 RESOLUTION_BATCH = 64  # listed fragments fetched per round of resolution
 
 
@@ -149,8 +151,10 @@ class StreamTierer:
         retention_interval: float = 10.0,
         memory_budget: ByteBudget | None = None,
         settings: Callable[[], StreamSettings] | None = None,
+        runtime: TieringRuntime | None = None,
     ) -> None:
         self.log = stream_log
+        self.runtime = runtime or default_runtime()
         self._memory_budget = memory_budget
         self.remote = RemoteStream(store, prefix, os.path.basename(stream_log.stream_dir))
         # compression / encryption per the stream's settings (fragment format v2)
@@ -168,11 +172,18 @@ class StreamTierer:
         self._uncommitted: tuple[RemoteFragment, ...] = ()  # the chain while resolving
         self.halted: str | None = None
         self.puts = 0
-        self._events: queue.Queue[Event | None] = queue.Queue()
-        self._pool = ThreadPoolExecutor(
-            max_workers=self.config.max_uploads + 1, thread_name_prefix="tier-upload"
-        )
-        self._thread: threading.Thread | None = None
+        # events wait in the inbox until the stream's lane of the shared event pool runs
+        # them; a pending Tick is never queued twice (one per log commit would cost a
+        # task per commit)
+        self._inbox: list[Event] = []
+        self._inbox_lock = threading.Lock()
+        self._drain_queued = False
+        self._tick_queued = False
+        self._lane = self.runtime.events.lane(self.remote.stream_dir)
+        self._running = False
+        self._tasks: set[Future[None]] = set()  # this stream's work on the upload pool
+        self._deadline_timer: tuple[float, object] | None = None  # (deadline, handle)
+        self._retention_timer: object | None = None
         self._handed = 0  # next offset of the last chunk handed to the state machine
         self._reader: LogReader | None = None
         self._durable = threading.Condition()
@@ -197,33 +208,35 @@ class StreamTierer:
         self.log.add_commit_listener(self._on_commit)
         if self.gate_appends:
             self.log.set_append_gate(self._append_gate)
-        self._thread = threading.Thread(
-            target=self._run, name=f"tier-{self.remote.stream_dir}", daemon=True
-        )
-        self._thread.start()
-        self._events.put(Tick())  # pick up chunks committed before the listener existed
+        self._running = True
+        self._post(Tick())  # pick up chunks committed before the listener existed
+        self._arm_retention()
         return result
 
     def stop(self, flush: bool = True, timeout: float = 30.0) -> None:
         """Stop tiering; with ``flush`` first cut, upload and commit everything committed."""
-        if flush and self._thread is not None and not self.halted:
+        if flush and self._running and not self.halted:
             self.flush(timeout)
         self._stopping = True
         if self.gate_appends:
             self.log.set_append_gate(None)
         with contextlib.suppress(ValueError):
             self.log.remove_commit_listener(self._on_commit)
-        self._events.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._cancel_timers()
+        self._lane.shutdown(wait=True, cancel_futures=True)
+        with self._inbox_lock:
+            tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        concurrent.futures.wait(tasks, timeout)
+        self._running = False
         if self._reader is not None:
             self._reader.close()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Tier everything committed locally now; True once it is durable remotely."""
         target = self.log.commit_point().next_offset
-        self._events.put(Flush())
+        self._post(Flush())
         return self.wait_durable(target, timeout)
 
     def wait_durable(self, next_offset: int, timeout: float = 30.0) -> bool:
@@ -234,7 +247,7 @@ class StreamTierer:
                 if remaining <= 0:
                     return False
                 self._durable.wait(min(remaining, 0.5))
-                self._events.put(Flush())
+                self._post(Flush())
         return self.durable_next >= next_offset
 
     def _append_gate(self) -> None:
@@ -310,7 +323,15 @@ class StreamTierer:
             finally:
                 self._uncommitted = ()
         adopted = list(decision.adopted)
-        self._fencing_commit(adopted)
+        pointer = self.committer.pointer
+        already_fenced = (
+            pointer is not None and pointer.root_uid is not None and pointer.epoch == self.epoch
+        )
+        if adopted or decision.restart_epoch is not None or not already_fenced:
+            # a restart under the epoch the pointer already carries changes no owner: the
+            # commit would only rewrite the same root (two MetaStore writes and a PUT per
+            # stream, the bulk of a restart of thousands of streams)
+            self._fencing_commit(adopted)
         self.state = TieringState(
             self.config, committed_next=decision.next_offset, last_fragment=decision.last_fragment
         )
@@ -350,9 +371,8 @@ class StreamTierer:
         """Metadata of the fragments at ``offsets``, read with bounded concurrency."""
         if len(offsets) <= 1:
             return {o: self._fetch_fragment(o) for o in offsets}
-        workers = min(RESOLUTION_READS, len(offsets))
-        with ThreadPoolExecutor(workers, thread_name_prefix="tier-resolve") as pool:
-            return dict(zip(offsets, pool.map(self._fetch_fragment, offsets), strict=True))
+        reads = self.runtime.reads  # shared by every stream resolving
+        return dict(zip(offsets, reads.map(self._fetch_fragment, offsets), strict=True))
 
     def _fetch_fragment(self, first_offset: int) -> Fetched:
         try:
@@ -434,36 +454,104 @@ class StreamTierer:
 
     # -- the event loop -------------------------------------------------------------------
     def _on_commit(self, point: CommitPoint) -> None:
-        self._events.put(Tick())
+        self._post(Tick())
 
-    def _run(self) -> None:
+    def _post(self, event: Event) -> None:
+        """Queue an event for the state machine and make sure the stream's lane runs."""
+        if self._stopping and not isinstance(event, (CommitSucceeded, CommitFailed)):
+            return
+        with self._inbox_lock:
+            if not isinstance(event, Tick):
+                self._inbox.append(event)
+            elif not self._tick_queued:  # a queued Tick covers every later one
+                self._tick_queued = True
+                self._inbox.append(event)
+            if self._drain_queued or not self._running:
+                return
+            self._drain_queued = True
+        with contextlib.suppress(RuntimeError):  # stopped meanwhile
+            self._lane.submit(self._drain)
+
+    def _drain(self) -> None:
+        """One turn of the state machine (on the stream's lane of the event pool):
+        newly committed chunks and every queued event, then the effects."""
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+            self._drain_queued = False
+            self._tick_queued = False
         state = self.state
-        assert state is not None
-        while True:
-            deadline = state.next_deadline()
-            timeout = None if deadline is None else max(0.0, deadline - self.clock())
-            try:
-                wait = min(timeout, 1.0) if timeout is not None else 1.0
-                event = self._events.get(timeout=wait)
-            except queue.Empty:
-                event = Tick()
-            if event is None:
-                return
-            self._maybe_retention()
-            try:
-                chunks = self._new_chunks()
-                now = self.clock()
-                effects: list[Effect] = []
-                if chunks:
-                    effects += state.handle(ChunksCommitted(tuple(chunks)), now)
+        if state is None or self.halted:
+            return
+        try:
+            chunks = self._new_chunks()
+            now = self.clock()
+            effects: list[Effect] = []
+            if chunks:
+                effects += state.handle(ChunksCommitted(tuple(chunks)), now)
+            for event in events:
                 effects += state.handle(event, now)
-                self._carry_out(effects)
-            except Exception as exc:  # never let the tiering thread die silently
-                log.exception("tiering_failed", stream_dir=self.remote.stream_dir)
-                self._halt(f"internal error: {exc}")
-                return
-            if self.halted:
-                return
+            self._carry_out(effects)
+        except Exception as exc:  # never let tiering die silently
+            log.exception("tiering_failed", stream_dir=self.remote.stream_dir)
+            self._halt(f"internal error: {exc}")
+            return
+        finally:
+            if self._reader is not None:
+                self._reader.park()  # no file held open by an idle stream
+        if not self.halted and not self._stopping:
+            self._arm_deadline(state.next_deadline())
+
+    def _arm_deadline(self, deadline: float | None) -> None:
+        """A Tick at the state machine's next deadline (one timer per stream at most)."""
+        if deadline is None:
+            return
+        armed = self._deadline_timer
+        if armed is not None and armed[0] <= deadline:
+            return  # an earlier tick re-arms when it runs
+        if armed is not None:
+            armed[1].cancel()  # type: ignore[attr-defined]
+        delay = max(0.001, deadline - self.clock())
+        handle = self.runtime.timer.call_later(delay, self._deadline_reached)
+        self._deadline_timer = (deadline, handle)
+
+    def _deadline_reached(self) -> None:
+        self._deadline_timer = None
+        self._post(Tick())
+
+    def _arm_retention(self) -> None:
+        if self._stopping:
+            return
+        interval = max(0.01, self.retention_interval)
+        self._retention_timer = self.runtime.timer.call_later(interval, self._retention_due)
+
+    def _retention_due(self) -> None:
+        self._maybe_retention()
+        self._arm_retention()
+
+    def _cancel_timers(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer[1].cancel()  # type: ignore[attr-defined]
+            self._deadline_timer = None
+        if self._retention_timer is not None:
+            self._retention_timer.cancel()  # type: ignore[attr-defined]
+            self._retention_timer = None
+
+    def _submit(self, fn: Callable[..., None], *args: object) -> bool:
+        """Run ``fn`` on the shared upload pool, tracked so ``stop`` can wait for it."""
+        with self._inbox_lock:
+            if self._stopping and fn != self._commit:
+                return False
+            try:
+                task = self.runtime.uploads.submit(fn, *args)
+            except RuntimeError:  # the pool is shut down
+                return False
+            self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return True
+
+    def _task_done(self, task: Future[None]) -> None:
+        with self._inbox_lock:
+            self._tasks.discard(task)
 
     def _new_chunks(self) -> list[ChunkRef]:
         """Chunks committed locally since the last call (headers only: one pread each)."""
@@ -496,9 +584,9 @@ class StreamTierer:
     def _carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, StartUpload):
-                self._pool.submit(self._upload, effect.plan)
+                self._submit(self._upload, effect.plan)
             elif isinstance(effect, StartCommit):
-                self._pool.submit(self._commit, effect)
+                self._submit(self._commit, effect)
             elif isinstance(effect, Halt):
                 self._halt(effect.reason)
 
@@ -509,14 +597,12 @@ class StreamTierer:
         with self._durable:
             self._durable.notify_all()
 
-    def _post(self, event: Event) -> None:
-        if not self._stopping or isinstance(event, (CommitSucceeded, CommitFailed)):
-            self._events.put(event)
-
     # -- retention ----------------------------------------------------------------------
     def set_retention(self, policy: RetentionPolicy) -> None:
         self.retention = policy
         self._next_retention = 0.0
+        if self._running:
+            self._maybe_retention()
 
     def set_retention_if_changed(self, policy: RetentionPolicy) -> None:
         if policy != self.retention:
@@ -526,13 +612,21 @@ class StreamTierer:
         now = self.clock()
         if now < self._next_retention or self._stopping:
             return
+        if not self.retention.active and not self.deletions.shared_pass_due(
+            self.retention_interval
+        ):
+            return  # nothing to trim and the node's deletion pass is not due
         self._next_retention = now + self.retention_interval
-        if self._retention_running.acquire(blocking=False):
-            self._pool.submit(self._run_retention)
+        if self._retention_running.acquire(blocking=False) and not self._submit(
+            self._run_retention
+        ):
+            self._retention_running.release()
 
     def _run_retention(self) -> None:
         try:
-            self.apply_retention()
+            self.trim_remote()
+            # the deletion list is the node's: one pass per interval, whichever stream
+            self.deletions.run_due_shared(self.remote.store, self.retention_interval)
         except Exception:
             log.exception("remote_retention_failed", stream_dir=self.remote.stream_dir)
         finally:
@@ -541,6 +635,12 @@ class StreamTierer:
     def apply_retention(self, now_ms: int | None = None) -> int | None:
         """Trim the remote tier by the stream's retention (idle streams too); delete
         objects whose grace passed. Returns the new first offset if it trimmed."""
+        trimmed = self.trim_remote(now_ms)
+        self.deletions.run_due(self.remote.store)
+        return trimmed
+
+    def trim_remote(self, now_ms: int | None = None) -> int | None:
+        """Trim the remote tier by the stream's retention; the new first offset if it did."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         trimmed = None
         if self.retention.active and not self.halted:
@@ -556,7 +656,6 @@ class StreamTierer:
                     stream_dir=self.remote.stream_dir,
                     first_offset=trimmed,
                 )
-        self.deletions.run_due(self.remote.store)
         return trimmed
 
     def local_segments_to_free(
@@ -709,7 +808,7 @@ class StreamTierer:
             event = CommitFailed(effect.commit_id, str(exc), deposed=True)
         except StorageError as exc:
             event = CommitFailed(effect.commit_id, str(exc))
-        self._events.put(event)
+        self._post(event)
         with self._durable:
             self._durable.notify_all()
 
