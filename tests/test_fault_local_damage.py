@@ -207,13 +207,13 @@ async def test_failed_resolution_refuses_appends_until_it_succeeds(
     shutil.rmtree(stream_dir)
     stores: list[FaultyObjectStore] = []
 
-    def unreachable(uri: str) -> FaultyObjectStore:
+    def unreachable(uri: str, policy: object, deadline_s: float) -> FaultyObjectStore:
         store = FaultyObjectStore(open_object_store(uri))
         store.fail_randomly(None, 1.0)
         stores.append(store)
         return store
 
-    monkeypatch.setattr(app_module, "open_object_store", unreachable)
+    monkeypatch.setattr(app_module, "open_object_store_for_startup", unreachable)
     server = Server(config(tmp_path))
     await server.start()
     await server.streams_opened()  # streams open in the background

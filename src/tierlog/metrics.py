@@ -348,6 +348,37 @@ class Metrics:
             "Manifest commits of the stream that lost a race or were fenced.",
             "counter",
         )
+        self.object_store_retries = self._scrape(
+            "tierlog_object_store_retries",
+            "Object-store failures that were retried, by operation and error kind "
+            "(every store of this process).",
+            "counter",
+            ("op", "kind"),
+        )
+        self.object_store_lost_replies_resolved = self._scrape(
+            "tierlog_object_store_lost_replies_resolved",
+            "Create-only puts whose reply was lost and that read back as our own write.",
+            "counter",
+        )
+        self.tier_lag_seconds = self._scrape_stream(
+            "tierlog_tier_lag_seconds",
+            "Seconds since the remote tier last held everything committed locally.",
+        )
+        self.tier_degraded = self._scrape_stream(
+            "tierlog_tier_degraded",
+            "1 while the stream's uploads or commits keep failing (cleared by successes).",
+        )
+        self.tier_task_failures = self._scrape(
+            "tierlog_tier_task_failures",
+            "Failed tiering tasks of the stream by task (upload, commit); each is retried.",
+            "counter",
+            (*STREAM_LABELS, "task"),
+        )
+        self.tier_stalled_tasks = self._scrape_stream(
+            "tierlog_tier_stalled_tasks",
+            "Uploads or commits of the stream in flight longer than store.task_stall_seconds.",
+            "counter",
+        )
         self.prefetch_memory_bytes = self._scrape(
             "tierlog_prefetch_memory_bytes",
             "Bytes held by remote-read prefetch buffers (all readers, one budget).",

@@ -31,6 +31,7 @@ from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.server.tiered_source import TieredChunkSource
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
+from tierlog.storage.retry import RETRY_LOG
 from tierlog.tiering.backpressure import free_disk_below
 from tierlog.tiering.cleanup import run_stream_cleanups
 from tierlog.tiering.committer import ManifestCommitter
@@ -132,6 +133,7 @@ class TieringService:
             memory_budget=self.fragment_memory,
             settings=lambda: handle.record.settings,
             runtime=self.runtime,
+            task_stall_seconds=self.config.store.task_stall_seconds,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         loop = asyncio.get_running_loop()
@@ -309,7 +311,9 @@ class TieringService:
             }
         status = tierer.status()
         return {
-            "tiering": "halted" if tierer.halted else "running",
+            "tiering": (
+                "halted" if tierer.halted else "degraded" if status["degraded"] else "running"
+            ),
             "bytes": status["remote_bytes"],
             "fragments": status["remote_fragments"],
             "first_offset": status["remote_first_offset"],
@@ -416,3 +420,23 @@ class TieringService:
         metrics.manifest_commits.read = per_stream(lambda t: t.manifest_commits)
         metrics.manifest_conflicts.read = per_stream(lambda t: t.manifest_conflicts)
         metrics.prefetch_memory_bytes.read = lambda: [((), float(default_prefetcher().budget.used))]
+        metrics.tier_lag_seconds.read = per_stream(lambda t: t.lag_seconds)
+        metrics.tier_degraded.read = per_stream(lambda t: t.task_health.degraded)
+        metrics.tier_stalled_tasks.read = per_stream(lambda t: t.task_health.stalls)
+
+        def task_failures() -> list[tuple[tuple[str, str, str], float]]:
+            out = []
+            for incarnation, tierer in list(self.tierers.items()):
+                handle = self._handles.get(incarnation)
+                if handle is not None:
+                    for task, n in list(tierer.task_health.failures.items()):
+                        out.append(((handle.vhost, handle.name, task), float(n)))
+            return out
+
+        metrics.tier_task_failures.read = task_failures
+        metrics.object_store_retries.read = lambda: [
+            ((op, kind), float(n)) for (op, kind), n in RETRY_LOG.snapshot().items()
+        ]
+        metrics.object_store_lost_replies_resolved.read = lambda: [
+            ((), float(getattr(self.store.inner, "resolved_creates", 0)))
+        ]

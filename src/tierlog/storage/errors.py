@@ -27,7 +27,14 @@ class PreconditionFailedError(StorageError):
 
 
 class TransientError(StorageError):
-    """A failure that may succeed if retried (timeouts, throttling, 5xx)."""
+    """A failure that may succeed if retried (timeouts, throttling, 5xx).
+
+    ``kind`` names what failed (``throttled``, ``server_error``, ``connection``, ``timeout``,
+    ``incomplete_body``, ``io``) for retry warnings and metrics; empty = unknown."""
+
+    def __init__(self, *args: object, kind: str = "") -> None:
+        super().__init__(*args)
+        self.kind = kind
 
 
 class PermanentError(StorageError):

@@ -128,9 +128,9 @@ class ManifestCommitter:
             store.put_if_absent(root_key, attempt.encode_root(self.epoch))
             written.append(root_key)
             self.puts += 1
-        except StorageError as exc:
+        except Exception as exc:  # typed or not (a raw OS error): unpublished, retry
             self._discard(written)
-            raise CommitRetryError(f"writing manifest objects failed: {exc}") from exc
+            raise CommitRetryError(f"writing manifest objects failed: {exc!r}") from exc
         try:
             version = self.catalog.put_pointer(
                 self.incarnation, uid.hex(), self.epoch, self.pointer.version
@@ -141,8 +141,9 @@ class ManifestCommitter:
         except EpochFencedError as exc:
             self._discard(written)
             raise DeposedError(f"{self.incarnation}: {exc}") from exc
-        except StorageError as exc:
-            # Version conflict or an ambiguous outcome: the pointer decides.
+        except Exception as exc:
+            # Version conflict or an ambiguous outcome (any error, typed or not, may hide a
+            # put that took effect): the pointer decides.
             version = self._resolve_ambiguous(uid, written, exc)
         old = self.pointer.root_uid
         self.pointer = ManifestPointer(root_uid=uid.hex(), epoch=self.epoch, version=version)
