@@ -213,14 +213,14 @@ async def test_stream_under_resolution_answers_not_available(
     await first.stop()
 
     stores: list[HeldStore] = []
-    real_open = server_app.open_object_store
+    real_open = server_app.open_object_store_for_startup
 
-    def open_held(uri: str) -> ObjectStore:
-        store = HeldStore(real_open(uri), held_dir)
+    def open_held(uri: str, policy: object, deadline_s: float) -> ObjectStore:
+        store = HeldStore(real_open(uri, policy, deadline_s), held_dir)  # type: ignore[arg-type]
         stores.append(store)
         return store
 
-    monkeypatch.setattr(server_app, "open_object_store", open_held)
+    monkeypatch.setattr(server_app, "open_object_store_for_startup", open_held)
     second = Server(config)
     started = time.monotonic()
     await second.start()  # listens while "held" cannot resolve

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 from tierlog.log.names import stream_dir_name
 from tierlog.remote.errors import CorruptPointerError, StreamExistsError, StreamNotFoundError
-from tierlog.remote.settings import StreamSettings
+from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
 
@@ -139,6 +139,7 @@ class Catalog:
         """Change settings with a version-checked write (retried on a racing update)."""
         for _ in range(16):
             record = self.require(vhost, name)
+            check_tier_mode_unchanged(record.settings, changes)
             settings = record.settings.updated(**changes)
             body = {
                 "vhost": vhost,

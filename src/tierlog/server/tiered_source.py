@@ -26,6 +26,7 @@ from tierlog.read.tiered_reader import (
     default_prefetcher,
     local_gap_resumes,
 )
+from tierlog.remote.committed import CommittedManifest
 from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.server.chunk_source import (
     CommitNotifier,
@@ -48,7 +49,7 @@ class TieredChunkSource:
     def __init__(
         self,
         log: LogSource,
-        tierer: StreamTierer,
+        tierer: StreamTierer | CommittedManifest,
         notifier: CommitNotifier,
         strategy: Callable[[], str],
     ) -> None:

@@ -281,7 +281,7 @@ class ManifestWalk:
         return not self.problems
 
     def referenced(self) -> set[str]:
-        out = {f.key for f in self.fragments}
+        out = {key for f in self.fragments for key in f.object_keys}  # segments: data + index
         out.update(self.branch_keys)
         if self.root_key:
             out.add(self.root_key)
