@@ -49,7 +49,8 @@ from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import Catalog, StreamExistsError, StreamRecord
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
@@ -89,11 +90,8 @@ def no_lag(record: StreamRecord) -> int:
     return 0
 
 
-class StreamUnavailableError(TierlogError):
-    """The stream is closed or being deleted."""
-
-
 if TYPE_CHECKING:
+    from tierlog.remote.committed import CommittedManifest
     from tierlog.tiering.tierer import StreamTierer
 
 
@@ -184,7 +182,7 @@ class StreamHandle:
             self.log, self.notifier, lambda: self.record.settings.read_strategy
         )
 
-    def tier_started(self, tierer: StreamTierer) -> None:
+    def tier_started(self, tierer: StreamTierer | CommittedManifest) -> None:
         """Subscriptions attached from now on read across tiers through ``tierer``."""
         assert self._source is not None
         self._source.tier_started(tierer)

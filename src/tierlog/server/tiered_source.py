@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
-from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
+from tierlog.read.errors import FragmentExpiredError, ReadError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import (
@@ -28,16 +28,16 @@ from tierlog.read.tiered_reader import (
     default_prefetcher,
     local_gap_resumes,
 )
+from tierlog.remote.committed import CommittedManifest
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.server.chunk_source import (
     CommitNotifier,
     DeliverableChunk,
     LocalChunkCursor,
     LocalChunkSource,
-    OvertakenError,
-    SourceClosedError,
-    UnreadableDataError,
     deliverable_from_raw,
 )
+from tierlog.server.errors import SourceClosedError, UnreadableDataError
 from tierlog.tiering.tierer import StreamTierer
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
@@ -60,10 +60,10 @@ class StreamChunkSource:
         self._notifier = notifier
         self._strategy = strategy
         self._local = LocalChunkSource(log, notifier)
-        self._tierer: StreamTierer | None = None
+        self._tierer: StreamTierer | CommittedManifest | None = None
         self._manifest: ManifestSource | None = None
 
-    def tier_started(self, tierer: StreamTierer) -> None:
+    def tier_started(self, tierer: StreamTierer | CommittedManifest) -> None:
         """The stream's remote tier is resolved: attach across tiers from now on."""
         self._manifest = ManifestSource(tierer)
         self._tierer = tierer
@@ -144,12 +144,10 @@ class TieredChunkCursor:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(_REMOTE_READS, fn)
-        except OffsetOvertakenError as exc:
-            raise OvertakenError(exc.position, exc.first_available) from exc
         except FragmentExpiredError as exc:
             first = self._source.first_offset()
             if self.next_offset < first:
-                raise OvertakenError(self.next_offset, first) from exc
+                raise OffsetOvertakenError(self.next_offset, first) from exc
             raise UnreadableDataError(f"remote data vanished: {exc}", "remote") from exc
         except CorruptChunkError as exc:
             raise UnreadableDataError(str(exc), "local") from exc
@@ -188,7 +186,7 @@ class TieredChunkCursor:
         if self._local is not None:
             try:
                 return await self._local.read()
-            except (OvertakenError, FileNotFoundError, CorruptChunkError):
+            except (OffsetOvertakenError, FileNotFoundError, CorruptChunkError):
                 # Local retention freed the segment, the local log jumps past offsets only
                 # the remote tier holds (OffsetGapError), or a local chunk does not
                 # validate: the cross-tier reader serves it from the remote tier or raises.

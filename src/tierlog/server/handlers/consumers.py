@@ -9,20 +9,20 @@ from tierlog.errors import TierlogError
 from tierlog.formats.protocol.commands import (
     CreditRequest,
     CreditResponse,
-    OffsetSpec,
     QueryOffsetRequest,
     QueryOffsetResponse,
     SimpleResponse,
     StoreOffsetRequest,
     SubscribeRequest,
     UnsubscribeRequest,
+    WireOffsetSpec,
 )
 from tierlog.formats.protocol.constants import (
     Command,
     OffsetType,
     ResponseCode,
 )
-from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
+from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
@@ -124,13 +124,13 @@ class ConsumerHandlers(ConnectionCore):
         self.send(response.encode())
 
 
-def _log_spec(spec: OffsetSpec) -> LogOffsetSpec:
+def _log_spec(spec: WireOffsetSpec) -> OffsetSpec:
     if spec.type == OffsetType.FIRST:
-        return LogOffsetSpec.first()
+        return OffsetSpec.first()
     if spec.type == OffsetType.LAST:
-        return LogOffsetSpec.last()
+        return OffsetSpec.last()
     if spec.type == OffsetType.NEXT:
-        return LogOffsetSpec.next()
+        return OffsetSpec.next()
     if spec.type == OffsetType.OFFSET:
-        return LogOffsetSpec.offset(spec.value)
-    return LogOffsetSpec.timestamp(spec.value)
+        return OffsetSpec.offset(spec.value)
+    return OffsetSpec.timestamp(spec.value)

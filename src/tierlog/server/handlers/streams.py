@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.commands import (
-    Broker as BrokerInfo,
-)
-from tierlog.formats.protocol.commands import (
+    BrokerAddress,
     CreateRequest,
     DeleteRequest,
     MetadataRequest,
@@ -26,7 +24,7 @@ from tierlog.formats.protocol.constants import (
     ResponseCode,
 )
 from tierlog.logs import get_logger
-from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
+from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
@@ -86,7 +84,7 @@ class StreamHandlers(ConnectionCore):
             else:
                 streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
         self.send(
-            MetadataResponse(cmd.correlation_id, [BrokerInfo(0, host, port)], streams).encode()
+            MetadataResponse(cmd.correlation_id, [BrokerAddress(0, host, port)], streams).encode()
         )
 
     def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
