@@ -19,6 +19,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 pytest_plugins = [
     "tests.plugins.seaweed",
+    "tests.plugins.s3_fault_proxy",
     "tests.plugins.etcd",
     "tests.plugins.tiering_world",
     "tests.plugins.tierlog_server",

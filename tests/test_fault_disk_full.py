@@ -149,11 +149,6 @@ async def test_local_disk_full_mid_publish(tmp_path: Path) -> None:
             await server.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,  # passes when no commit happens to meet the full disk (timing)
-    reason="a raw OSError in a manifest commit stalls tiering silently; the commit and "
-    "upload error paths are fixed on another branch (remove this marker once merged)",
-)
 async def test_object_store_disk_full_mid_commit(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "local", "64m") as local, tmpfs(tmp_path / "objects", "6m") as objects:
         server = await start_server(tmp_path, local, objects)

@@ -200,20 +200,20 @@ async def test_failed_resolution_refuses_appends_until_it_succeeds(
     hand out offsets the remote tier holds; publishers get the retriable
     STREAM_NOT_AVAILABLE until the background retry resolves."""
     import tierlog.server.app as app_module
-    from tierlog.storage.faults import FaultyObjectStore
+    from tests.faults.object_store import FaultyObjectStore
     from tierlog.storage.object_store import open_object_store
 
     stream_dir = await fill(tmp_path, "res", tiered=True)
     shutil.rmtree(stream_dir)
     stores: list[FaultyObjectStore] = []
 
-    def unreachable(uri: str) -> FaultyObjectStore:
+    def unreachable(uri: str, policy: object, deadline_s: float) -> FaultyObjectStore:
         store = FaultyObjectStore(open_object_store(uri))
         store.fail_randomly(None, 1.0)
         stores.append(store)
         return store
 
-    monkeypatch.setattr(app_module, "open_object_store", unreachable)
+    monkeypatch.setattr(app_module, "open_object_store_for_startup", unreachable)
     server = Server(config(tmp_path))
     await server.start()
     await server.streams_opened()  # streams open in the background

@@ -285,24 +285,43 @@ def test_throttled_requests_are_retried(seaweed: SeaweedServer, proxy: Proxy) ->
 
 
 @pytest.mark.s3
-def test_ambiguous_create_is_not_retried(seaweed: SeaweedServer, proxy: Proxy) -> None:
+def test_ambiguous_create_is_resolved_by_reading_back(seaweed: SeaweedServer, proxy: Proxy) -> None:
     store = S3ObjectStore(_config(seaweed, endpoint=proxy.endpoint), retry=_fast_retry())
+    lost = {"left": 1}
 
     def lose_reply(method: str, headers: dict[str, str], status: int | None) -> int | None:
-        if status is not None and method == "PUT" and status == 200:
+        if status == 200 and method == "PUT" and lost["left"] > 0:
+            lost["left"] -= 1
             return 500  # the write landed, the client hears a server error
         return status
 
     proxy.rewrite = lose_reply
     proxy.requests.clear()
-    with pytest.raises(TransientError):
-        store.put_if_absent("ambiguous/k", b"landed")
-    assert len(proxy.requests) == 1  # no blind retry that would report AlreadyExists
-    proxy.rewrite = lambda method, headers, status: status
-    assert store.get("ambiguous/k") == b"landed"  # the caller resolves by reading back
+    store.put_if_absent("ambiguous/k", b"landed")  # retry meets 412, read-back: our bytes
+    assert [r[2] for r in proxy.requests][:2] == [500, 412]
+    assert store.resolved_creates == 1
+    assert store.get("ambiguous/k") == b"landed"
+    # without a lost reply first, AlreadyExists is a plain conflict (no read-back)
+    proxy.requests.clear()
     with pytest.raises(AlreadyExistsError):
         store.put_if_absent("ambiguous/k", b"landed")
+    assert len(proxy.requests) == 1
+    # a lost reply, then someone else's bytes under the key: a conflict, never adopted
+    store.put("ambiguous/theirs", b"theirs")
+    lost["left"] = 1
+
+    def fail_first(method: str, headers: dict[str, str], status: int | None) -> int | None:
+        if status is None and method == "PUT" and lost["left"] > 0:
+            lost["left"] -= 1
+            return 500
+        return status
+
+    proxy.rewrite = fail_first
+    with pytest.raises(AlreadyExistsError):
+        store.put_if_absent("ambiguous/theirs", b"mine")
+    assert store.get("ambiguous/theirs") == b"theirs"
     proxy.rewrite = lose_reply
+    lost["left"] = 10
     proxy.requests.clear()
     with pytest.raises(TransientError):  # overwrites are idempotent: retried, then give up
         store.put("ambiguous/other", b"x")

@@ -181,7 +181,7 @@ async def _admin(server: Server, path: str) -> Any:
 
 
 async def _read_all(client: AsyncRawClient, name: str, count: int) -> list[bytes]:
-    spec = c.OffsetSpec(OffsetType.FIRST)
+    spec = c.WireOffsetSpec(OffsetType.FIRST)
     subscribed = await client.request(c.SubscribeRequest(client.next_corr(), 7, name, spec, 100))
     assert subscribed.response_code == ResponseCode.OK
     out: list[bytes] = []
@@ -213,14 +213,14 @@ async def test_stream_under_resolution_answers_not_available(
     await first.stop()
 
     stores: list[HeldStore] = []
-    real_open = server_app.open_object_store
+    real_open = server_app.open_object_store_for_startup
 
-    def open_held(uri: str) -> ObjectStore:
-        store = HeldStore(real_open(uri), held_dir)
+    def open_held(uri: str, policy: object, deadline_s: float) -> ObjectStore:
+        store = HeldStore(real_open(uri, policy, deadline_s), held_dir)  # type: ignore[arg-type]
         stores.append(store)
         return store
 
-    monkeypatch.setattr(server_app, "open_object_store", open_held)
+    monkeypatch.setattr(server_app, "open_object_store_for_startup", open_held)
     second = Server(config)
     started = time.monotonic()
     await second.start()  # listens while "held" cannot resolve
@@ -232,7 +232,7 @@ async def test_stream_under_resolution_answers_not_available(
         # publish, subscribe and metadata on the held stream: retriable, at once
         code = await asyncio.wait_for(_publish(client, "held", 11, 1), 5)
         assert code == ResponseCode.STREAM_NOT_AVAILABLE
-        spec = c.OffsetSpec(OffsetType.FIRST)
+        spec = c.WireOffsetSpec(OffsetType.FIRST)
         sub = await client.request(c.SubscribeRequest(client.next_corr(), 1, "held", spec, 10))
         assert sub.response_code == ResponseCode.STREAM_NOT_AVAILABLE
         meta = await client.request(

@@ -276,16 +276,16 @@ async def test_tiering_start_failure_is_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tierlog.server.app as app_module
-    from tierlog.storage.faults import FaultyObjectStore
+    from tests.faults.object_store import FaultyObjectStore
 
     stores: list[FaultyObjectStore] = []
 
-    def faulty_open(uri: str) -> FaultyObjectStore:
+    def faulty_open(uri: str, policy: object, deadline_s: float) -> FaultyObjectStore:
         store = FaultyObjectStore(open_object_store(uri))
         stores.append(store)
         return store
 
-    monkeypatch.setattr(app_module, "open_object_store", faulty_open)
+    monkeypatch.setattr(app_module, "open_object_store_for_startup", faulty_open)
     server = Server(config(tmp_path))
     await server.start()
     try:

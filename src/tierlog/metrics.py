@@ -318,6 +318,18 @@ class Metrics:
         self.tier_lag_bytes = self._scrape_stream(
             "tierlog_tier_lag_bytes", "Committed bytes of the stream not yet tiered."
         )
+        self.offload_early_deletions = self._scrape_stream(
+            "tierlog_offload_early_deletions",
+            "Offloaded local segments deleted before their deletion lag: free disk was under "
+            "the floor (segment-mode streams).",
+            "counter",
+        )
+        self.offloaded_segments = self._scrape_stream(
+            "tierlog_offloaded_segments",
+            "Segments this server offloaded and committed since the stream opened "
+            "(segment-mode streams).",
+            "counter",
+        )
         self.tier_backpressure = self._scrape_stream(
             "tierlog_tier_backpressure",
             "1 while the stream is over its tiering lag or the disk floor (alarm).",
@@ -334,6 +346,37 @@ class Metrics:
         self.manifest_conflicts = self._scrape_stream(
             "tierlog_manifest_conflicts",
             "Manifest commits of the stream that lost a race or were fenced.",
+            "counter",
+        )
+        self.object_store_retries = self._scrape(
+            "tierlog_object_store_retries",
+            "Object-store failures that were retried, by operation and error kind "
+            "(every store of this process).",
+            "counter",
+            ("op", "kind"),
+        )
+        self.object_store_lost_replies_resolved = self._scrape(
+            "tierlog_object_store_lost_replies_resolved",
+            "Create-only puts whose reply was lost and that read back as our own write.",
+            "counter",
+        )
+        self.tier_lag_seconds = self._scrape_stream(
+            "tierlog_tier_lag_seconds",
+            "Seconds since the remote tier last held everything committed locally.",
+        )
+        self.tier_degraded = self._scrape_stream(
+            "tierlog_tier_degraded",
+            "1 while the stream's uploads or commits keep failing (cleared by successes).",
+        )
+        self.tier_task_failures = self._scrape(
+            "tierlog_tier_task_failures",
+            "Failed tiering tasks of the stream by task (upload, commit); each is retried.",
+            "counter",
+            (*STREAM_LABELS, "task"),
+        )
+        self.tier_stalled_tasks = self._scrape_stream(
+            "tierlog_tier_stalled_tasks",
+            "Uploads or commits of the stream in flight longer than store.task_stall_seconds.",
             "counter",
         )
         self.prefetch_memory_bytes = self._scrape(

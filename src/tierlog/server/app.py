@@ -45,8 +45,10 @@ from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
-from tierlog.storage.meta_store import MetaStore, open_meta_store
-from tierlog.storage.object_store import ObjectStore, open_object_store
+from tierlog.storage.meta_store import MetaStore
+from tierlog.storage.object_store import ObjectStore
+from tierlog.storage.retry import RETRY_LOG
+from tierlog.storage.startup import open_meta_store_for_startup, open_object_store_for_startup
 
 log = get_logger("tierlog.server")
 
@@ -109,14 +111,24 @@ class Server:
                 f"{exc.strerror or exc}"
             ) from exc
         self._lock.acquire()  # one server per data directory, for the process lifetime
+        # start-up rides out a flaky store: each step retried up to store.startup_deadline_seconds
+        store = self.config.store
+        RETRY_LOG.configure(store.retry_warning_interval_seconds, store.retry_warnings_per_interval)
+        policy, deadline = store.retry_policy(), store.startup_deadline_seconds
         self.meta = await _open_store(
-            "MetaStore", "storage.meta_store", storage.meta_store, open_meta_store
+            "MetaStore",
+            "storage.meta_store",
+            storage.meta_store,
+            lambda uri: open_meta_store_for_startup(uri, policy, deadline),
         )
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
         if self.config.tier.enabled:
             self.object_store = await _open_store(
-                "object store", "storage.object_store", storage.object_store, open_object_store
+                "object store",
+                "storage.object_store",
+                storage.object_store,
+                lambda uri: open_object_store_for_startup(uri, policy, deadline),
             )
             default_prefetcher().rate_limit.set_rate(self.config.tier.read_bytes_per_second)
             self.tiering = TieringService(self.config, self.object_store, catalog, self.metrics)

@@ -49,7 +49,8 @@ from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import Catalog, StreamExistsError, StreamRecord
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
 from tierlog.server.config import ServerConfig
@@ -86,10 +87,6 @@ class NoRemoteStatus:
 
 def no_lag(record: StreamRecord) -> int:
     return 0
-
-
-class StreamUnavailableError(TierlogError):
-    """The stream is closed or being deleted."""
 
 
 if TYPE_CHECKING:

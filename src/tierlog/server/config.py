@@ -21,6 +21,7 @@ from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
+from tierlog.storage.retry import RetryPolicy
 
 DEFAULT_STREAM_PORT = 5552
 DEFAULT_ADMIN_PORT = 15552
@@ -260,6 +261,53 @@ class TierSection:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSection:
+    """The one retry policy of every object-store call, and start-up patience.
+
+    A call is retried on transient failures (5xx, 429/503 SlowDown, connection reset or
+    refused, timeouts, a body cut short) with exponential backoff and full jitter, for at
+    most ``max_attempts`` tries and ``call_deadline_seconds``. Start-up (the object store's
+    probe, opening the MetaStore) keeps retrying for ``startup_deadline_seconds`` before the
+    server gives up. Each retried failure logs a warning, at most
+    ``retry_warnings_per_interval`` per ``retry_warning_interval_seconds`` for each
+    (operation, kind); an upload or commit in flight longer than ``task_stall_seconds`` is
+    reported as stalled."""
+
+    max_attempts: int = 6
+    base_delay_seconds: float = 0.05
+    max_delay_seconds: float = 5.0
+    call_deadline_seconds: float = 60.0
+    startup_deadline_seconds: float = 60.0
+    retry_warnings_per_interval: int = 5
+    retry_warning_interval_seconds: float = 10.0
+    task_stall_seconds: float = 300.0
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            base_delay_s=self.base_delay_seconds,
+            max_delay_s=self.max_delay_seconds,
+            deadline_s=self.call_deadline_seconds,
+        )
+
+    def validate(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError("store.max_attempts must be >= 1")
+        if self.base_delay_seconds <= 0 or self.max_delay_seconds < self.base_delay_seconds:
+            raise ConfigError("store.base_delay_seconds must be > 0 and <= max_delay_seconds")
+        for name in (
+            "call_deadline_seconds",
+            "startup_deadline_seconds",
+            "retry_warning_interval_seconds",
+            "task_stall_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"store.{name} must be > 0")
+        if self.retry_warnings_per_interval < 0:
+            raise ConfigError("store.retry_warnings_per_interval must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     storage: StorageSection = field(default_factory=StorageSection)
@@ -268,6 +316,7 @@ class ServerConfig:
     tier: TierSection = field(default_factory=TierSection)
     tls: TlsSection = field(default_factory=TlsSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
+    store: StoreSection = field(default_factory=StoreSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -315,6 +364,7 @@ class ServerConfig:
         ):
             if getattr(t, name) < 0:
                 raise ConfigError(f"tier.{name} must be >= 0")
+        self.store.validate()
         return self
 
 
@@ -326,6 +376,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "tier": TierSection,
     "tls": TlsSection,
     "limits": LimitsSection,
+    "store": StoreSection,
 }
 
 

@@ -18,9 +18,7 @@ from typing import Any, cast
 
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.commands import (
-    Broker as BrokerInfo,
-)
-from tierlog.formats.protocol.commands import (
+    BrokerAddress,
     CloseRequest,
     CommandVersion,
     CreateRequest,
@@ -35,7 +33,6 @@ from tierlog.formats.protocol.commands import (
     MetadataRequest,
     MetadataResponse,
     MetadataUpdate,
-    OffsetSpec,
     OpenRequest,
     OpenResponse,
     PartitionsRequest,
@@ -59,6 +56,7 @@ from tierlog.formats.protocol.commands import (
     Tune,
     UnknownCommand,
     UnsubscribeRequest,
+    WireOffsetSpec,
     decode_client_frame,
     plain_credentials,
 )
@@ -76,10 +74,10 @@ from tierlog.formats.protocol.publish import (
     decode_publish,
     encode_publish_confirm,
 )
-from tierlog.log.offset_spec import OffsetSpec as LogOffsetSpec
+from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
+from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING, Broker, StreamHandle
 from tierlog.server.chunk_source import DeliverableChunk
@@ -559,7 +557,7 @@ class Connection(asyncio.Protocol):
             else:
                 streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
         self.send(
-            MetadataResponse(cmd.correlation_id, [BrokerInfo(0, host, port)], streams).encode()
+            MetadataResponse(cmd.correlation_id, [BrokerAddress(0, host, port)], streams).encode()
         )
 
     def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
@@ -840,16 +838,16 @@ def certificate_user(transport: asyncio.BaseTransport | None) -> str | None:
     return None
 
 
-def _log_spec(spec: OffsetSpec) -> LogOffsetSpec:
+def _log_spec(spec: WireOffsetSpec) -> OffsetSpec:
     if spec.type == OffsetType.FIRST:
-        return LogOffsetSpec.first()
+        return OffsetSpec.first()
     if spec.type == OffsetType.LAST:
-        return LogOffsetSpec.last()
+        return OffsetSpec.last()
     if spec.type == OffsetType.NEXT:
-        return LogOffsetSpec.next()
+        return OffsetSpec.next()
     if spec.type == OffsetType.OFFSET:
-        return LogOffsetSpec.offset(spec.value)
-    return LogOffsetSpec.timestamp(spec.value)
+        return OffsetSpec.offset(spec.value)
+    return OffsetSpec.timestamp(spec.value)
 
 
 def _loop_has_sendfile(loop: asyncio.AbstractEventLoop) -> bool:

@@ -17,7 +17,7 @@ from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
-from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
+from tierlog.read.errors import FragmentExpiredError, ReadError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import (
@@ -26,15 +26,15 @@ from tierlog.read.tiered_reader import (
     default_prefetcher,
     local_gap_resumes,
 )
+from tierlog.remote.committed import CommittedManifest
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.server.chunk_source import (
     CommitNotifier,
     DeliverableChunk,
     LocalChunkCursor,
     LocalChunkSource,
-    OvertakenError,
-    SourceClosedError,
-    UnreadableDataError,
 )
+from tierlog.server.errors import SourceClosedError, UnreadableDataError
 from tierlog.tiering.tierer import StreamTierer
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
@@ -49,7 +49,7 @@ class TieredChunkSource:
     def __init__(
         self,
         log: LogSource,
-        tierer: StreamTierer,
+        tierer: StreamTierer | CommittedManifest,
         notifier: CommitNotifier,
         strategy: Callable[[], str],
     ) -> None:
@@ -130,12 +130,10 @@ class TieredChunkCursor:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(_REMOTE_READS, fn)
-        except OffsetOvertakenError as exc:
-            raise OvertakenError(exc.position, exc.first_available) from exc
         except FragmentExpiredError as exc:
             first = self._source.first_offset()
             if self.next_offset < first:
-                raise OvertakenError(self.next_offset, first) from exc
+                raise OffsetOvertakenError(self.next_offset, first) from exc
             raise UnreadableDataError(f"remote data vanished: {exc}", "remote") from exc
         except CorruptChunkError as exc:
             raise UnreadableDataError(str(exc), "local") from exc
@@ -174,7 +172,7 @@ class TieredChunkCursor:
         if self._local is not None:
             try:
                 return await self._local.read()
-            except (OvertakenError, FileNotFoundError, CorruptChunkError):
+            except (OffsetOvertakenError, FileNotFoundError, CorruptChunkError):
                 # Local retention freed the segment, the local log jumps past offsets only
                 # the remote tier holds (OffsetGapError), or a local chunk does not
                 # validate: the cross-tier reader serves it from the remote tier or raises.

@@ -27,7 +27,14 @@ class PreconditionFailedError(StorageError):
 
 
 class TransientError(StorageError):
-    """A failure that may succeed if retried (timeouts, throttling, 5xx)."""
+    """A failure that may succeed if retried (timeouts, throttling, 5xx).
+
+    ``kind`` names what failed (``throttled``, ``server_error``, ``connection``, ``timeout``,
+    ``incomplete_body``, ``io``) for retry warnings and metrics; empty = unknown."""
+
+    def __init__(self, *args: object, kind: str = "") -> None:
+        super().__init__(*args)
+        self.kind = kind
 
 
 class PermanentError(StorageError):
@@ -56,3 +63,15 @@ class LeaseHeldError(StorageError):
 
 class LeaseLostError(StorageError):
     """MetaStore: the lease expired or was taken over; the holder must stop."""
+
+
+class InvalidRangeError(StorageError, ValueError):
+    """A byte range or part number that can never be valid (negative, out of bounds)."""
+
+
+class InvalidMetadataError(StorageError, ValueError):
+    """User metadata that S3 would reject or alter (case, characters, size)."""
+
+
+class StoreStartupTimeoutError(StorageError):
+    """A store stayed unusable, failing transiently, for the whole start-up deadline."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from tierlog.storage.errors import (
     AlreadyExistsError,
     InvalidKeyError,
+    InvalidRangeError,
     NotFoundError,
     PermanentError,
     StorageError,
@@ -38,7 +39,6 @@ from tierlog.storage.errors import (
 from tierlog.storage.object_store import (
     MIN_PART_SIZE,
     Buffer,
-    InvalidRangeError,
     MultipartUpload,
     ObjectMeta,
     ObjectStore,
@@ -107,7 +107,8 @@ def _storage_error(exc: OSError, what: str) -> StorageError:
     if exc.errno == errno.ENAMETOOLONG:
         return InvalidKeyError(f"{what}: a key segment is too long for the filesystem")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EINTR):
-        return TransientError(f"{what}: {exc.strerror}")
+        return TransientError(f"{what}: {exc.strerror}", kind="io")
+    # EACCES, EROFS, ...: an operator must act; tiering retries with backoff meanwhile
     return PermanentError(f"{what}: {exc.strerror or exc}")
 
 
@@ -153,20 +154,27 @@ class FsObjectStore(ObjectStore):
     def _dir_path(self, prefix_dirs: list[str]) -> str:
         return os.path.join(self.root, *(p + DIR_SUFFIX for p in prefix_dirs))
 
-    def _stage(self, data: Buffer, metadata: dict[str, str] | None = None) -> str:
+    def _stage(self, data: Buffer, key: str, metadata: dict[str, str] | None = None) -> str:
         """A fully written, fsynced temp file (with its user metadata) in the staging
-        directory."""
+        directory. A full disk or an I/O error is a typed ``TransientError`` (never a raw
+        ``OSError``): callers retry it."""
         path = os.path.join(self.staging, f"put-{uuid.uuid4().hex}")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, data)
-            _set_metadata(fd, metadata or {})
-            os.fsync(fd)
-        except BaseException:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, data)
+                _set_metadata(fd, metadata or {})
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
             os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        except OSError as exc:
+            error = _storage_error(exc, f"put {short_key(key)} (staging)")
+            if isinstance(error, NotFoundError):  # the staging directory itself is gone
+                error = TransientError(f"put {short_key(key)}: no staging directory", kind="io")
+            raise error from exc
         return path
 
     def _make_parents(self, path: str) -> None:
@@ -221,7 +229,7 @@ class FsObjectStore(ObjectStore):
         self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectMeta:
         path = self._path(key)
-        temp = self._stage(data, validate_metadata(metadata))
+        temp = self._stage(data, key, validate_metadata(metadata))
         self._publish(temp, path, create_only=False, key=key)
         return self.head(key)
 
@@ -232,7 +240,7 @@ class FsObjectStore(ObjectStore):
         checked = validate_metadata(metadata)
         if os.path.exists(path):  # cheap early exit; link(2) below is the real check
             raise AlreadyExistsError(f"object {short_key(key)} already exists")
-        temp = self._stage(data, checked)
+        temp = self._stage(data, key, checked)
         self._publish(temp, path, create_only=True, key=key)
         return self.head(key)
 
@@ -406,7 +414,7 @@ class FsMultipartUpload(MultipartUpload):
         self._dir = os.path.join(store.staging, self.upload_id)
         os.mkdir(self._dir)
         description = json.dumps({"key": key, "metadata": metadata}).encode()
-        temp = store._stage(description)
+        temp = store._stage(description, key)
         os.replace(temp, os.path.join(self._dir, UPLOAD_FILE))
 
     def _part_path(self, part_number: int) -> str:
@@ -421,7 +429,7 @@ class FsMultipartUpload(MultipartUpload):
     def put_part(self, part_number: int, data: Buffer) -> None:
         validate_part(part_number, memoryview(data).nbytes)
         self._check_open()
-        temp = self._store._stage(data)
+        temp = self._store._stage(data, self.key)
         os.replace(temp, self._part_path(part_number))
 
     def complete(self) -> ObjectMeta:

@@ -3,9 +3,11 @@
 - Create-only puts send ``If-None-Match: *``. Servers that ignore the header would silently
   overwrite immutable fragments, so the store probes at startup (create a probe key twice; the
   second must fail) and refuses to run with ``UnsupportedBackendError`` otherwise.
-- obstore's own retries are switched off; ``RetryPolicy`` (backoff + full jitter) retries
-  idempotent requests on throttling, 5xx, timeouts and connection errors. Create-only puts are
-  not retried when the outcome is unknown (see ``put_if_absent``).
+- obstore's own retries are switched off (``max_retries: 0``): object_store retries at the
+  HTTP level with its own backoff and no report to us, and it cannot tell a create-only put
+  whose reply was lost from a conflict. ``RetryPolicy`` (backoff + full jitter, bounded
+  attempts and deadline, every retry reported) is the only retry layer, for every request;
+  create-only puts resolve a lost reply by reading the object back (see ``put_if_absent``).
 - A semaphore bounds the requests in flight per store.
 - Multipart uploads with caller-chosen part boundaries use boto3 (imported lazily): obstore's
   Python API only exposes multipart inside ``put``, which cuts parts itself at a fixed
@@ -19,29 +21,23 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 from tierlog.errors import ConfigError
+from tierlog.logs import get_logger
 from tierlog.storage.errors import (
     AlreadyExistsError,
     InvalidKeyError,
+    InvalidRangeError,
     NotFoundError,
     PermanentError,
-    PreconditionFailedError,
-    StorageError,
-    TransientError,
-    UnsupportedBackendError,
 )
 from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
-    MIN_PART_SIZE,
     Buffer,
-    InvalidRangeError,
     MultipartUpload,
     ObjectMeta,
     ObjectStore,
@@ -49,17 +45,19 @@ from tierlog.storage.object_store import (
     short_key,
     validate_key,
     validate_metadata,
-    validate_part,
 )
 from tierlog.storage.retry import RetryPolicy
 from tierlog.storage.s3_config import S3Config
+from tierlog.storage.s3_errors import (
+    S3Failure,
+    classify,
+    failure_kind,
+    first_line,
+    is_transient,
+)
 
 T = TypeVar("T")
 
-_STATUS = re.compile(r"status(?: code)?: (\d{3})")
-_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
-_RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_REJECTED_STATUS = frozenset({429, 503})  # throttled: the request was refused, not applied
 LIST_PAGE_SIZE = 1000
 DELETE_BATCH = 1000
 PROBE_PREFIX = "_tierlog/probe/"
@@ -74,78 +72,7 @@ _STANDARD_ATTRIBUTES = frozenset(
     }
 )
 
-
-class _S3Failure(Exception):
-    """A classified client failure: the typed error to raise plus the HTTP status if any."""
-
-    def __init__(self, error: StorageError, status: int | None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.status = status
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= 300 else line[:300] + "..."
-
-
-def _classify(exc: BaseException, what: str) -> _S3Failure:
-    """Map an obstore / botocore exception to tierlog's typed errors."""
-    if isinstance(exc, _S3Failure):
-        return exc
-    if isinstance(exc, StorageError):
-        return _S3Failure(exc, None)
-    text = str(exc)
-    match = _STATUS.search(text)
-    status = int(match.group(1)) if match else None
-    code_match = _CODE.search(text)
-    code = code_match.group(1) if code_match else None
-    name = type(exc).__name__
-    # botocore errors carry the status and code in the response
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", status)
-        code = response.get("Error", {}).get("Code", code)
-    detail = f"HTTP {status} {code}" if status else _first_line(text)
-    if code in ("KeyTooLongError", "InvalidObjectName"):
-        return _S3Failure(InvalidKeyError(f"{what}: rejected by the server ({detail})"), status)
-    if code == "NoSuchBucket":
-        return _S3Failure(PermanentError(f"{what}: bucket does not exist ({detail})"), status)
-    if (
-        isinstance(exc, FileNotFoundError)
-        or name == "NotFoundError"
-        or code in ("NoSuchKey", "NoSuchUpload")
-        or status == 404
-    ):
-        return _S3Failure(NotFoundError(f"{what}: not found"), status or 404)
-    if name == "AlreadyExistsError" or (status == 412 and "create" in what):
-        return _S3Failure(AlreadyExistsError(f"{what}: already exists"), status)
-    if name == "PreconditionError" or status == 412:
-        return _S3Failure(PreconditionFailedError(f"{what}: precondition failed"), status)
-    if name in ("PermissionDeniedError", "UnauthenticatedError") or status in (401, 403):
-        return _S3Failure(
-            PermanentError(f"{what}: access denied, check S3 credentials ({detail})"), status
-        )
-    if name in ("NoCredentialsError", "PartialCredentialsError"):
-        return _S3Failure(PermanentError(f"{what}: no S3 credentials ({text})"), None)
-    if status is not None:
-        if status in _RETRYABLE_STATUS:
-            return _S3Failure(TransientError(f"{what}: {detail}"), status)
-        if status == 409 and code in ("ConditionalRequestConflict", "OperationAborted"):
-            return _S3Failure(TransientError(f"{what}: {detail}"), status)
-        return _S3Failure(PermanentError(f"{what}: {detail}"), status)
-    if isinstance(exc, ValueError | TypeError) and name not in ("GenericError",):
-        return _S3Failure(PermanentError(f"{what}: {_first_line(text)}"), None)
-    # no HTTP status: connection refused / reset, DNS, timeouts: worth retrying
-    return _S3Failure(TransientError(f"{what}: {_first_line(text)}"), None)
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, _S3Failure) and isinstance(exc.error, TransientError)
-
-
-def _is_rejected(exc: BaseException) -> bool:
-    return _is_transient(exc) and isinstance(exc, _S3Failure) and exc.status in _REJECTED_STATUS
+log = get_logger(__name__)
 
 
 def _past(key: str, prefix: str) -> bool:
@@ -166,6 +93,7 @@ class S3ObjectStore(ObjectStore):
 
         self.config = config
         self.retry = retry or RetryPolicy(max_attempts=config.max_attempts)
+        self.resolved_creates = 0  # create-only puts whose lost reply was resolved as ours
         self._slots = threading.BoundedSemaphore(config.max_concurrency)
         self._boto: Any = None
         self._boto_lock = threading.Lock()
@@ -194,7 +122,7 @@ class S3ObjectStore(ObjectStore):
                 **options,
             )
         except Exception as exc:
-            raise ConfigError(f"cannot configure S3 store {self}: {_first_line(str(exc))}") from exc
+            raise ConfigError(f"cannot configure S3 store {self}: {first_line(str(exc))}") from exc
         if probe:
             self.probe_create_only()
 
@@ -212,40 +140,37 @@ class S3ObjectStore(ObjectStore):
             except BaseException as exc:
                 if isinstance(exc, KeyboardInterrupt | SystemExit):
                     raise
-                raise _classify(exc, what) from exc
+                raise classify(exc, what) from exc
 
     def _call(
         self,
         what: str,
         operation: Callable[[], T],
-        retryable: Callable[[BaseException], bool] = _is_transient,
+        retryable: Callable[[BaseException], bool] = is_transient,
+        *,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> T:
-        """``_request`` retried under the policy; raises the typed error."""
+        """``_request`` retried under the policy; raises the typed error. ``what`` is
+        "<operation> <key>": the retry report's op and key."""
+        op, _, key = what.partition(" ")
         try:
-            return self.retry.call(lambda: self._request(what, operation), retryable)
-        except _S3Failure as failure:
+            return self.retry.call(
+                lambda: self._request(what, operation),
+                retryable,
+                op=op,
+                key=key,
+                kind_of=failure_kind,
+                on_failure=on_failure,
+            )
+        except S3Failure as failure:
             raise failure.error from failure.__cause__
 
     def probe_create_only(self) -> None:
-        """Refuse to run on a server that ignores ``If-None-Match: *`` (and surface bad
-        endpoints, credentials or buckets now, with a clear error, not at the first upload)."""
-        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-        try:
-            self.put_if_absent(key, b"probe")
-        except StorageError as exc:
-            raise type(exc)(f"{self} unusable: {exc}") from exc
-        try:
-            try:
-                self.put_if_absent(key, b"probe again")
-            except AlreadyExistsError:
-                return
-            raise UnsupportedBackendError(
-                f"{self} does not enforce create-only puts (If-None-Match: *): a second "
-                "create of the same key succeeded. tierlog needs it to keep fragments "
-                "immutable; use a server that supports conditional writes."
-            )
-        finally:
-            self.delete(key)
+        """Refuse to run on a server that ignores ``If-None-Match: *``, and surface bad
+        endpoints, credentials or buckets now (see ``s3_probe``); leaves no probe object."""
+        from tierlog.storage.s3_probe import probe_create_only
+
+        probe_create_only(self)
 
     # -- ObjectStore --------------------------------------------------------------------------
 
@@ -272,31 +197,51 @@ class S3ObjectStore(ObjectStore):
     def put_if_absent(
         self, key: str, data: Buffer, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectMeta:
-        """Create-only put (``If-None-Match: *``).
+        """Create-only put (``If-None-Match: *``), retried on every transient failure.
 
-        Only retried when the server refused the request outright (429 / 503 throttling).
-        A timeout, a dropped connection or a 500 may hide a write that took effect; a retry
-        would then fail with ``AlreadyExistsError`` for our own object, which is worse than
-        admitting we do not know. Those surface as ``TransientError``: the caller reads the
-        key back and decides (the tiering adoption rule does exactly that).
+        A timeout, a dropped connection or a 500 may hide a write that took effect (a lost
+        reply); the retry then meets ``AlreadyExistsError`` for what may be our own object.
+        That answer is never taken blindly: after a transient failure the object is read
+        back, and only the same bytes count as our write; anything else is a real conflict.
         """
         import obstore
 
         self._check(key)
         attributes: Any = validate_metadata(metadata) or None
-        result = self._call(
-            f"create {short_key(key)}",
-            lambda: obstore.put(
-                self._store,
-                key,
-                data,
-                mode="create",
-                use_multipart=False,
-                attributes=attributes,
-            ),
-            _is_rejected,
-        )
+        unsure = False
+
+        def note(exc: BaseException) -> None:
+            nonlocal unsure
+            unsure = unsure or is_transient(exc)
+
+        try:
+            result = self._call(
+                f"create {short_key(key)}",
+                lambda: obstore.put(
+                    self._store,
+                    key,
+                    data,
+                    mode="create",
+                    use_multipart=False,
+                    attributes=attributes,
+                ),
+                on_failure=note,
+            )
+        except AlreadyExistsError:
+            if not unsure or not self._holds(key, data):
+                raise
+            meta = self.head(key)
+            log.info("create_resolved_as_own_write", key=short_key(key))
+            self.resolved_creates += 1
+            return meta
         return ObjectMeta(key, memoryview(data).nbytes, result["e_tag"])
+
+    def _holds(self, key: str, data: Buffer) -> bool:
+        """Whether ``key`` holds exactly ``data`` (it may have vanished meanwhile: no)."""
+        try:
+            return self.get(key) == memoryview(data).cast("B")
+        except NotFoundError:
+            return False
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         import obstore
@@ -390,7 +335,9 @@ class S3ObjectStore(ObjectStore):
         directory = prefix.rsplit("/", 1)[0] if "/" in prefix else None
         return self._list(prefix, directory, start_after)
 
-    def _list(self, prefix: str, directory: str | None, offset: str | None) -> Iterator[ObjectMeta]:
+    def _list(
+        self, prefix: str, directory: str | None, offset: str | None, *, probes: bool = False
+    ) -> Iterator[ObjectMeta]:
         import obstore
 
         attempt = 0
@@ -402,10 +349,14 @@ class S3ObjectStore(ObjectStore):
             while True:
                 try:
                     page = self._request(f"list {prefix!r}", partial(next, stream, None))
-                except _S3Failure as failure:
+                except S3Failure as failure:
                     attempt += 1
-                    if not _is_transient(failure) or attempt >= self.retry.max_attempts:
+                    if not is_transient(failure) or attempt >= self.retry.max_attempts:
                         raise failure.error from failure.__cause__
+                    if self.retry.observer is not None:
+                        self.retry.observer.on_retry(
+                            "list", prefix, attempt, failure_kind(failure), failure.error
+                        )
                     self.retry.sleep(self.retry.delay(attempt))
                     break  # re-list from the last key yielded
                 if page is None:
@@ -417,7 +368,7 @@ class S3ObjectStore(ObjectStore):
                             return  # matching keys are contiguous in any server order
                         continue
                     matched = True
-                    if key.startswith(PROBE_PREFIX):
+                    if key.startswith(PROBE_PREFIX) and not probes:
                         continue
                     offset = key
                     modified = meta.get("last_modified")
@@ -455,43 +406,17 @@ class S3ObjectStore(ObjectStore):
     def create_multipart(
         self, key: str, *, metadata: Mapping[str, str] | None = None
     ) -> MultipartUpload:
+        from tierlog.storage.s3_multipart import S3MultipartUpload
+
         self._check(key)
         return S3MultipartUpload(self, key, validate_metadata(metadata))
 
     def list_multipart_uploads(self, prefix: str = "") -> Iterator[PendingUpload]:
+        from tierlog.storage.s3_multipart import list_pending_uploads
+
         if prefix:
             validate_key(prefix.rstrip("/") or "x")
-        client = self.boto_client()
-        strip = len(self._full_key("")) if self.config.prefix else 0
-        markers: dict[str, str] = {}
-        found: list[PendingUpload] = []
-        while True:
-            page = self._call(
-                f"list multipart uploads {prefix!r}",
-                partial(
-                    client.list_multipart_uploads,
-                    Bucket=self.config.bucket,
-                    Prefix=self._full_key(prefix),
-                    **markers,
-                ),
-            )
-            for upload in page.get("Uploads", []):
-                initiated = upload.get("Initiated")
-                found.append(
-                    PendingUpload(
-                        upload["Key"][strip:],
-                        upload["UploadId"],
-                        initiated.timestamp() if initiated else None,
-                    )
-                )
-            if not page.get("IsTruncated"):
-                break
-            markers = {
-                "KeyMarker": page.get("NextKeyMarker", ""),
-                "UploadIdMarker": page.get("NextUploadIdMarker", ""),
-            }
-        found.sort(key=lambda u: (u.key, u.upload_id))
-        return iter(found)
+        return list_pending_uploads(self, prefix)
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         self._check(key)
@@ -504,7 +429,7 @@ class S3ObjectStore(ObjectStore):
                 ),
             )
 
-    # -- boto3, for multipart only ------------------------------------------------------------
+    # -- keys and the boto3 client (multipart only) ----------------------------------------
 
     def _check(self, key: str) -> str:
         """``validate_key``, plus S3's 1024-byte limit on the key including our prefix."""
@@ -549,97 +474,3 @@ class S3ObjectStore(ObjectStore):
             if self._boto is not None:
                 self._boto.close()
                 self._boto = None
-
-
-class S3MultipartUpload(MultipartUpload):
-    """CreateMultipartUpload / UploadPart / CompleteMultipartUpload, one part per call."""
-
-    def __init__(self, store: S3ObjectStore, key: str, metadata: dict[str, str]) -> None:
-        self.key = key
-        self._store = store
-        self._client = store.boto_client()
-        self._bucket = store.config.bucket
-        self._full_key = store._full_key(key)
-        self._parts: dict[int, tuple[str, int]] = {}  # part number -> (etag, size)
-        self._lock = threading.Lock()
-        self._done = False
-        created = store._call(
-            f"create multipart {short_key(key)}",
-            lambda: self._client.create_multipart_upload(
-                Bucket=self._bucket, Key=self._full_key, Metadata=metadata
-            ),
-        )
-        self.upload_id: str = created["UploadId"]
-
-    def _check_open(self) -> None:
-        if self._done:
-            raise PermanentError(
-                f"multipart upload of {short_key(self.key)} was completed or aborted"
-            )
-
-    def put_part(self, part_number: int, data: Buffer) -> None:
-        """Upload part ``part_number`` as exactly ``data``; retried (re-sending the same part
-        is idempotent)."""
-        size = memoryview(data).nbytes
-        validate_part(part_number, size)
-        self._check_open()
-        body = data if isinstance(data, bytes) else bytes(data)
-        result = self._store._call(
-            f"upload part {part_number} of {short_key(self.key)}",
-            lambda: self._client.upload_part(
-                Bucket=self._bucket,
-                Key=self._full_key,
-                UploadId=self.upload_id,
-                PartNumber=part_number,
-                Body=body,
-            ),
-        )
-        with self._lock:
-            self._parts[part_number] = (result["ETag"], size)
-
-    def complete(self) -> ObjectMeta:
-        self._check_open()
-        with self._lock:
-            numbers = sorted(self._parts)
-            parts = [{"ETag": self._parts[n][0], "PartNumber": n} for n in numbers]
-            sizes = [self._parts[n][1] for n in numbers]
-        if not parts:
-            raise InvalidRangeError(f"multipart upload of {short_key(self.key)} has no parts")
-        for n, size in zip(numbers[:-1], sizes[:-1], strict=True):
-            if size < MIN_PART_SIZE:
-                raise InvalidRangeError(
-                    f"part {n} of {short_key(self.key)} is smaller than {MIN_PART_SIZE} bytes"
-                )
-        attempts = 0
-
-        def complete_once() -> Any:
-            nonlocal attempts
-            attempts += 1
-            return self._client.complete_multipart_upload(
-                Bucket=self._bucket,
-                Key=self._full_key,
-                UploadId=self.upload_id,
-                MultipartUpload={"Parts": parts},
-            )
-
-        try:
-            self._store._call(f"complete multipart {short_key(self.key)}", complete_once)
-        except NotFoundError:
-            # NoSuchUpload after a retry: an earlier, ambiguous attempt completed it
-            meta = self._store.head(self.key)
-            if attempts < 2 or meta.size != sum(sizes):
-                raise
-        self._done = True
-        return self._store.head(self.key)
-
-    def abort(self) -> None:
-        if self._done:
-            return
-        with contextlib.suppress(NotFoundError):
-            self._store._call(
-                f"abort multipart {short_key(self.key)}",
-                lambda: self._client.abort_multipart_upload(
-                    Bucket=self._bucket, Key=self._full_key, UploadId=self.upload_id
-                ),
-            )
-        self._done = True

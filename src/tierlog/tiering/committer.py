@@ -1,4 +1,4 @@
-"""The manifest commit protocol with optimistic concurrency (DESIGN.md).
+"""The manifest commit protocol with optimistic concurrency.
 
 Order of a commit: new branch objects (create-only, fresh uids) → new root under a
 fresh uid (create-only) → conditional put of the pointer (version unchanged, stored
@@ -27,17 +27,13 @@ from tierlog.storage.errors import (
     TransientError,
 )
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import DeposedError, TieringError
+from tierlog.tiering.errors import CommitRetryError, DeposedError
 
 log = get_logger(__name__)
 
 
 def _ignore(seconds: float) -> None:
     pass
-
-
-class CommitRetryError(TieringError):
-    """The commit did not happen but may be retried (transient error, lost race)."""
 
 
 class ManifestCommitter:
@@ -128,9 +124,9 @@ class ManifestCommitter:
             store.put_if_absent(root_key, attempt.encode_root(self.epoch))
             written.append(root_key)
             self.puts += 1
-        except StorageError as exc:
+        except Exception as exc:  # typed or not (a raw OS error): unpublished, retry
             self._discard(written)
-            raise CommitRetryError(f"writing manifest objects failed: {exc}") from exc
+            raise CommitRetryError(f"writing manifest objects failed: {exc!r}") from exc
         try:
             version = self.catalog.put_pointer(
                 self.incarnation, uid.hex(), self.epoch, self.pointer.version
@@ -141,8 +137,9 @@ class ManifestCommitter:
         except EpochFencedError as exc:
             self._discard(written)
             raise DeposedError(f"{self.incarnation}: {exc}") from exc
-        except StorageError as exc:
-            # Version conflict or an ambiguous outcome: the pointer decides.
+        except Exception as exc:
+            # Version conflict or an ambiguous outcome (any error, typed or not, may hide a
+            # put that took effect): the pointer decides.
             version = self._resolve_ambiguous(uid, written, exc)
         old = self.pointer.root_uid
         self.pointer = ManifestPointer(root_uid=uid.hex(), epoch=self.epoch, version=version)

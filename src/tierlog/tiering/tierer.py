@@ -25,12 +25,12 @@ from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.fragment import (
     HEADER_SIZE,
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentPlacement,
     encode_fragment,
     fragment_size,
 )
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
@@ -45,10 +45,15 @@ from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import BackPressure
-from tierlog.tiering.cold import EncryptionKeyMissingError, FragmentCoder
-from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
+from tierlog.tiering.cold import FragmentCoder
+from tierlog.tiering.committer import ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import FragmentConflictError, TieringError
+from tierlog.tiering.errors import (
+    CommitRetryError,
+    FragmentConflictError,
+    LocalChunkCorruptError,
+    TieringError,
+)
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.rate_limit import RateLimiter
 from tierlog.tiering.resolution import (
@@ -90,6 +95,7 @@ from tierlog.tiering.state import (
     UploadFailed,
     UploadSucceeded,
 )
+from tierlog.tiering.task_health import TaskHealth
 
 log = get_logger(__name__)
 
@@ -123,11 +129,6 @@ def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFrag
         raise FragmentConflictError(f"fragment {first_offset} is corrupt: {exc}") from exc
 
 
-class LocalChunkCorruptError(FragmentConflictError):
-    """A chunk cut into a fragment fails its CRC check: the fragment is not uploaded and
-    tiering of the stream halts (alarm) instead of making bit rot the remote copy."""
-
-
 class StreamTierer:
     """Tiers one stream's committed local log to the remote tier."""
 
@@ -152,6 +153,7 @@ class StreamTierer:
         memory_budget: ByteBudget | None = None,
         settings: Callable[[], StreamSettings] | None = None,
         runtime: TieringRuntime | None = None,
+        task_stall_seconds: float = 300.0,
     ) -> None:
         self.log = stream_log
         self.runtime = runtime or default_runtime()
@@ -199,6 +201,7 @@ class StreamTierer:
         self._retention_running = threading.Lock()
         self.retention_trims = 0
         self._sealed_newest: dict[int, int] = {}  # sealed segment -> newest timestamp
+        self.task_health = TaskHealth(self.remote.stream_dir, task_stall_seconds)
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> ResolveResult:
@@ -296,8 +299,13 @@ class StreamTierer:
     def lag_bytes(self) -> int:
         return self.state.lag_bytes if self.state is not None else 0
 
+    @property
+    def lag_seconds(self) -> float:
+        """Seconds since the remote tier last held everything committed locally."""
+        return self.task_health.lag_seconds()
+
     def deletable_segments(self) -> list[int]:
-        """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
+        """Sealed local segments whose every offset is in the committed manifest."""
         return self.local_segments_to_free(max_bytes=0, max_age_seconds=None)
 
     # -- resolution -----------------------------------------------------------------------
@@ -491,6 +499,7 @@ class StreamTierer:
             for event in events:
                 effects += state.handle(event, now)
             self._carry_out(effects)
+            self.task_health.note_lag(state.lag_bytes)
         except Exception as exc:  # never let tiering die silently
             log.exception("tiering_failed", stream_dir=self.remote.stream_dir)
             self._halt(f"internal error: {exc}")
@@ -525,6 +534,7 @@ class StreamTierer:
         self._retention_timer = self.runtime.timer.call_later(interval, self._retention_due)
 
     def _retention_due(self) -> None:
+        self.task_health.check_stalls()
         self._maybe_retention()
         self._arm_retention()
 
@@ -536,14 +546,32 @@ class StreamTierer:
             self._retention_timer.cancel()  # type: ignore[attr-defined]
             self._retention_timer = None
 
-    def _submit(self, fn: Callable[..., None], *args: object) -> bool:
-        """Run ``fn`` on the shared upload pool, tracked so ``stop`` can wait for it."""
+    def _submit(self, name: str, fn: Callable[..., None], *args: object) -> bool:
+        """Run an upload or commit on the shared upload pool, tracked so ``stop`` can wait
+        for it; the task reports its own outcome to the state machine, and anything that
+        still escapes it halts the stream visibly."""
         with self._inbox_lock:
             if self._stopping and fn != self._commit:
                 return False
+            token = self.task_health.started(name)
+
+            def run() -> None:
+                try:
+                    fn(*args)
+                except BaseException as exc:
+                    log.exception(
+                        "tiering_task_escaped", task=name, stream_dir=self.remote.stream_dir
+                    )
+                    self._halt(f"{name} failed unexpectedly: {exc!r}")
+                    self._post(Tick())
+                    raise
+                finally:
+                    self.task_health.finished(token)
+
             try:
-                task = self.runtime.uploads.submit(fn, *args)
+                task = self.runtime.uploads.submit(run)
             except RuntimeError:  # the pool is shut down
+                self.task_health.finished(token)
                 return False
             self._tasks.add(task)
         task.add_done_callback(self._task_done)
@@ -584,9 +612,9 @@ class StreamTierer:
     def _carry_out(self, effects: list[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, StartUpload):
-                self._submit(self._upload, effect.plan)
+                self._submit(f"upload {effect.plan.first_offset}", self._upload, effect.plan)
             elif isinstance(effect, StartCommit):
-                self._submit(self._commit, effect)
+                self._submit(f"commit {effect.commit_id}", self._commit, effect)
             elif isinstance(effect, Halt):
                 self._halt(effect.reason)
 
@@ -618,7 +646,7 @@ class StreamTierer:
             return  # nothing to trim and the node's deletion pass is not due
         self._next_retention = now + self.retention_interval
         if self._retention_running.acquire(blocking=False) and not self._submit(
-            self._run_retention
+            "retention", self._run_retention
         ):
             self._retention_running.release()
 
@@ -661,7 +689,8 @@ class StreamTierer:
     def local_segments_to_free(
         self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
     ) -> list[int]:
-        """Local segments that local retention may delete now (DESIGN.md's rule)."""
+        """Local segments that local retention may delete now: only those below the durably
+        committed manifest's next offset (``retention.local_segments_to_free``)."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
 
         # A sealed segment never changes once all its chunks are committed: its newest
@@ -726,9 +755,14 @@ class StreamTierer:
                 entry = self._adopt_existing(plan)
             self._post(UploadSucceeded(plan.plan_id, entry))
         except FragmentConflictError as exc:
+            self.task_health.failed("upload", str(exc))
             self._post(UploadFailed(plan.plan_id, str(exc), retryable=False))
-        except (StorageError, OSError, EncryptionKeyMissingError) as exc:
-            self._post(UploadFailed(plan.plan_id, str(exc)))
+        except Exception as exc:  # storage, local I/O or a bug: retried with backoff
+            reason = f"{type(exc).__name__}: {exc}"
+            self.task_health.failed("upload", reason)
+            self._post(UploadFailed(plan.plan_id, reason))
+        else:
+            self.task_health.succeeded("upload")
 
     def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
         """The whole fragment object in one buffer: the chunk bytes are read straight
@@ -739,7 +773,7 @@ class StreamTierer:
         raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
         self.log.read_segment_into(plan.segment, first.position, raw)
         buffers: list[memoryview] = []
-        infos: list[ChunkInfo] = []
+        infos: list[FragmentChunkInfo] = []
         for c in plan.chunks:
             at = c.position - first.position
             buf = raw[at : at + c.size]
@@ -757,7 +791,7 @@ class StreamTierer:
                 )
             buffers.append(buf)
             infos.append(
-                ChunkInfo(
+                FragmentChunkInfo(
                     chunk_id=c.chunk_id,
                     timestamp=c.timestamp,
                     epoch=c.epoch,
@@ -799,6 +833,8 @@ class StreamTierer:
         return fragment.entry()
 
     def _commit(self, effect: StartCommit) -> None:
+        """Every outcome reaches the state machine: success, a retryable failure (any
+        exception but a deposition, including raw OS errors), or a deposition (halts)."""
         try:
             self.committer.commit(effect.entries)
             event: Event = CommitSucceeded(effect.commit_id)
@@ -806,8 +842,12 @@ class StreamTierer:
             event = CommitFailed(effect.commit_id, str(exc))
         except (TieringError, StreamDeletedError) as exc:
             event = CommitFailed(effect.commit_id, str(exc), deposed=True)
-        except StorageError as exc:
-            event = CommitFailed(effect.commit_id, str(exc))
+        except Exception as exc:
+            event = CommitFailed(effect.commit_id, f"{type(exc).__name__}: {exc}")
+        if isinstance(event, CommitFailed):
+            self.task_health.failed("commit", event.reason)
+        else:
+            self.task_health.succeeded("commit")
         self._post(event)
         with self._durable:
             self._durable.notify_all()
@@ -826,4 +866,5 @@ class StreamTierer:
             "backpressure_events": self.backpressure_events,
             "manifest_commits": self.manifest_commits,
             "manifest_conflicts": self.manifest_conflicts,
+            **self.task_health.status(),
         }
