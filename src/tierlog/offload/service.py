@@ -31,10 +31,13 @@ import threading
 import time
 import uuid as uuid_module
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Protocol
 
 from tierlog import __version__
+from tierlog.concurrency import SharedTimer, TimerHandle
 from tierlog.errors import TierlogError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.segment_files import SegmentRef
@@ -93,6 +96,10 @@ def _ignore_step(name: str) -> None:
     pass
 
 
+def _timer_failed(exc: BaseException) -> None:
+    log.error("offload_timer_failed", error=repr(exc))
+
+
 class SegmentOffloadService:
     """Offloads one stream's sealed segments and deletes local copies after the lag."""
 
@@ -109,7 +116,19 @@ class SegmentOffloadService:
         interval: float = 1.0,
         clock: Callable[[], float] = time.time,
         step_hook: Callable[[str], None] = _ignore_step,
+        pool: Executor | None = None,
+        timer: SharedTimer | None = None,
     ) -> None:
+        # passes run on ``pool`` and are armed on ``timer``: the server hands every
+        # segment-mode stream the node's shared tiering pool and timer, so a stream holds
+        # no thread of its own; without them (a standalone service) it makes a small pair
+        self._pool = pool
+        self._timer = timer
+        self._owns_threads = pool is None or timer is None
+        self._pass_running = False
+        self._pass_again = False
+        self._pass_future: Future[None] | None = None
+        self._timer_handle: TimerHandle | None = None
         self.log = stream_log
         self.offloader = offloader
         self.committer = committer
@@ -131,9 +150,7 @@ class SegmentOffloadService:
         # never-offloaded segments only while no offload runs, so the manifest and the
         # local log stay one contiguous range
         self._offload_lock = threading.Lock()
-        self._wake = threading.Event()
         self._stopping = False
-        self._thread: threading.Thread | None = None
         self._request: int | None = None  # an operator's "before" not yet run
         self._state = "not run"
         self._before: int | None = None
@@ -168,10 +185,10 @@ class SegmentOffloadService:
                 kept=len(report.kept),
                 stray_uploads=report.stray_uploads_aborted,
             )
-        self._thread = threading.Thread(
-            target=self._run, name=f"offload-{self.stream_dir}", daemon=True
-        )
-        self._thread.start()
+        if self._owns_threads:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="offload-pass")
+            self._timer = SharedTimer("offload-timer", _timer_failed)
+        self._arm(self.interval)
         return report
 
     def _restart_local(self, tree: ManifestTree) -> None:
@@ -204,10 +221,19 @@ class SegmentOffloadService:
         )
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        with self._lock:
+            self._stopping = True
+            handle, self._timer_handle = self._timer_handle, None
+            running = self._pass_future
+        if handle is not None:
+            handle.cancel()
+        if running is not None:
+            futures_wait([running], timeout)
+        if self._owns_threads:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            if self._timer is not None:
+                self._timer.shutdown()
 
     def is_committed(self, first_offset: int, uuid: uuid_module.UUID) -> bool:
         """Whether the manifest holds the offload of ``first_offset`` by attempt ``uuid``."""
@@ -232,7 +258,7 @@ class SegmentOffloadService:
             self._before = before
             self._state = "running"
             self._error = None
-        self._wake.set()
+        self._arm(0.0)
 
     def status(self) -> OffloadStatus:
         with self._lock:
@@ -245,16 +271,43 @@ class SegmentOffloadService:
             )
 
     # -- the loop ---------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stopping:
-            self._wake.wait(self.interval)
-            self._wake.clear()
+    def _arm(self, delay: float) -> None:
+        """The next pass in ``delay`` seconds (an earlier armed pass is replaced)."""
+        assert self._timer is not None
+        with self._lock:
             if self._stopping:
                 return
+            if self._timer_handle is not None:
+                self._timer_handle.cancel()
+            self._timer_handle = self._timer.call_later(delay, self._due)
+
+    def _due(self) -> None:
+        """Timer callback: hand one pass to the pool (never two of one stream at once)."""
+        assert self._pool is not None
+        with self._lock:
+            self._timer_handle = None
+            if self._stopping:
+                return
+            if self._pass_running:
+                self._pass_again = True  # the running pass re-arms at once when it ends
+                return
+            self._pass_running = True
             try:
+                self._pass_future = self._pool.submit(self._pass)
+            except RuntimeError:  # the shared pool is shut down: the server is stopping
+                self._pass_running = False
+
+    def _pass(self) -> None:
+        try:
+            if not self._stopping:
                 self.run_once()
-            except Exception as exc:  # logged and retried next round; never kills the loop
-                log.error("offload_pass_failed", stream=self.stream_dir, error=repr(exc))
+        except Exception as exc:  # logged and retried next pass; never stops the schedule
+            log.error("offload_pass_failed", stream=self.stream_dir, error=repr(exc))
+        finally:
+            with self._lock:
+                self._pass_running = False
+                again, self._pass_again = self._pass_again, False
+            self._arm(0.0 if again else self.interval)
 
     def run_once(self) -> int:
         """One pass: the operator's request, then the triggers, then remote retention.

@@ -200,6 +200,8 @@ class TieringService:
             retention_trim=trim,
             run_deletions=lambda: self.deletions.run_due(self.store),
             interval=max(0.05, min(1.0, self.tier.retention_interval_seconds)),
+            pool=self.runtime.uploads,
+            timer=self.runtime.timer,
         )
         loop = asyncio.get_running_loop()
         try:
