@@ -38,7 +38,7 @@ from tierlog.formats.chunk import (
 )
 from tierlog.formats.compression import Compression, compress
 from tierlog.formats.fragment import (
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentPlacement,
     decode_index,
     decode_trailer,
@@ -53,14 +53,14 @@ from tierlog.spark.arrow_batch import (
 def build_fragment(batches: list[list[Entry]]) -> bytes:
     """One fragment of user chunks, one chunk per batch of entries."""
     chunks: list[bytes] = []
-    infos: list[ChunkInfo] = []
+    infos: list[FragmentChunkInfo] = []
     offset = 0
     for i, entries in enumerate(batches):
         chunk = encode_chunk(0, offset, 1, 1_700_000_000_000 + i, entries)
         header = decode_header(chunk)
         chunks.append(chunk)
         infos.append(
-            ChunkInfo(
+            FragmentChunkInfo(
                 header.chunk_id,
                 header.timestamp,
                 header.epoch,

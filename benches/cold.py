@@ -37,7 +37,7 @@ import string
 import time
 
 from tierlog.formats.chunk import check_crc, decode_header, encode_chunk, encode_records
-from tierlog.formats.fragment import ChunkInfo, FragmentPlacement
+from tierlog.formats.fragment import FragmentChunkInfo, FragmentPlacement
 from tierlog.formats.fragment_frames import (
     FrameDecoder,
 )
@@ -73,14 +73,18 @@ def event(rng: random.Random, ts: int) -> bytes:
     return body.encode()[:600]
 
 
-def chunks_of(rng: random.Random, total: int, per_chunk: int) -> list[tuple[bytes, ChunkInfo]]:
-    out: list[tuple[bytes, ChunkInfo]] = []
+def chunks_of(
+    rng: random.Random, total: int, per_chunk: int
+) -> list[tuple[bytes, FragmentChunkInfo]]:
+    out: list[tuple[bytes, FragmentChunkInfo]] = []
     offset, size, ts = 0, 0, 1_700_000_000_000
     while size < total:
         records = [event(rng, ts + i) for i in range(per_chunk)]
         chunk = encode_chunk(0, offset, 1, ts, [encode_records(records)])
         h = decode_header(chunk)
-        info = ChunkInfo(offset, ts, 1, len(chunk), h.num_records, h.data_crc, 0, h.num_entries)
+        info = FragmentChunkInfo(
+            offset, ts, 1, len(chunk), h.num_records, h.data_crc, 0, h.num_entries
+        )
         out.append((chunk, info))
         offset += h.num_records
         size += len(chunk)
@@ -89,9 +93,9 @@ def chunks_of(rng: random.Random, total: int, per_chunk: int) -> list[tuple[byte
 
 
 def fragments_of(
-    chunks: list[tuple[bytes, ChunkInfo]], fragment_bytes: int
-) -> list[list[tuple[bytes, ChunkInfo]]]:
-    out: list[list[tuple[bytes, ChunkInfo]]] = [[]]
+    chunks: list[tuple[bytes, FragmentChunkInfo]], fragment_bytes: int
+) -> list[list[tuple[bytes, FragmentChunkInfo]]]:
+    out: list[list[tuple[bytes, FragmentChunkInfo]]] = [[]]
     size = 0
     for c in chunks:
         if size + len(c[0]) > fragment_bytes and out[-1]:
@@ -103,7 +107,7 @@ def fragments_of(
 
 
 def encode_all(
-    fragments: list[list[tuple[bytes, ChunkInfo]]], coding: FrameCoding
+    fragments: list[list[tuple[bytes, FragmentChunkInfo]]], coding: FrameCoding
 ) -> tuple[list[bytes], float]:
     start = time.perf_counter()
     out = []
@@ -128,7 +132,7 @@ def decode_all(objects: list[bytes], dictionary: bytes | None) -> float:
     return time.perf_counter() - start
 
 
-def plain_read(chunks: list[tuple[bytes, ChunkInfo]]) -> float:
+def plain_read(chunks: list[tuple[bytes, FragmentChunkInfo]]) -> float:
     start = time.perf_counter()
     for chunk, _ in chunks:
         h = decode_header(chunk)
@@ -137,7 +141,7 @@ def plain_read(chunks: list[tuple[bytes, ChunkInfo]]) -> float:
 
 
 def catch_up_mb_per_s(
-    chunks: list[tuple[bytes, ChunkInfo]], root: str, coded: bool, level: int
+    chunks: list[tuple[bytes, FragmentChunkInfo]], root: str, coded: bool, level: int
 ) -> tuple[float, float]:
     """Tier ``chunks`` into a fresh stream and read them back from the remote tier."""
     import os
@@ -299,7 +303,7 @@ def main() -> None:
     if args.catch_up_mib:
         import tempfile
 
-        sample: list[tuple[bytes, ChunkInfo]] = []
+        sample: list[tuple[bytes, FragmentChunkInfo]] = []
         size = 0
         for c in chunks:
             if size >= args.catch_up_mib << 20:

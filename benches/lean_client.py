@@ -151,9 +151,9 @@ class LeanConsumer(LeanConnection):
     def __init__(self, host: str, port: int, stream: str, offset: int | None = None, credit=8):
         super().__init__(host, port)
         spec = (
-            c.OffsetSpec(OffsetType.FIRST)
+            c.WireOffsetSpec(OffsetType.FIRST)
             if offset is None
-            else c.OffsetSpec(OffsetType.OFFSET, offset)
+            else c.WireOffsetSpec(OffsetType.OFFSET, offset)
         )
         self.send(c.SubscribeRequest(self.corr(), 1, stream, spec, credit).encode())
         response = self.expect(c.SimpleResponse)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.faults.object_store import FaultyObjectStore
 from tests.plugins.seaweed import SeaweedServer, start_seaweed
 
 from tierlog.formats.offload import DEFAULT_BLOCK_SIZE
@@ -38,7 +39,6 @@ from tierlog.log.config import LogConfig
 from tierlog.log.segment_files import SegmentRef
 from tierlog.log.writer import StreamLog
 from tierlog.offload.offloader import ObjectStoreOffloader
-from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.s3_config import S3Config
 from tierlog.storage.s3_object_store import S3ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore

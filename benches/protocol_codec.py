@@ -38,7 +38,7 @@ mixed = memoryview(encode_publish_entries(1, list(range(100)), mixed_entries))[4
 ids = list(range(1000))
 subscribe = memoryview(
     c.SubscribeRequest(
-        7, 1, "orders", c.OffsetSpec(OffsetType.OFFSET, 42), 10, {"name": "consumer-1"}
+        7, 1, "orders", c.WireOffsetSpec(OffsetType.OFFSET, 42), 10, {"name": "consumer-1"}
     ).encode()
 )[4:]
 credit = memoryview(c.CreditRequest(1, 1).encode())[4:]
@@ -46,7 +46,7 @@ store = memoryview(c.StoreOffsetRequest("consumer-1", "orders", 12345).encode())
 declare = memoryview(c.DeclarePublisherRequest(3, 1, "producer-1", "orders").encode())[4:]
 metadata = c.MetadataResponse(
     9,
-    [c.Broker(0, "localhost", 5552)],
+    [c.BrokerAddress(0, "localhost", 5552)],
     [c.StreamMetadata("orders", 1, 0, ()), c.StreamMetadata("gone", 2, 0xFFFF, ())],
 )
 metadata_wire = memoryview(metadata.encode())[4:]

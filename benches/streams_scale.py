@@ -59,7 +59,7 @@ MESSAGES = 100
 CONNECTIONS = 4
 WINDOW = 200  # requests in flight per connection (publisher / subscription ids are u8)
 PAYLOAD = b"x" * 100
-FIRST = c.OffsetSpec(OffsetType.FIRST)
+FIRST = c.WireOffsetSpec(OffsetType.FIRST)
 
 
 # --------------------------------------------------------------------------- client

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import TextIO
 
 import tierlog
 from tierlog.errors import ConfigError, TierlogError
@@ -55,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     dump = sub.add_parser("dump", help="print every user record of a stream directory (JSON lines)")
     dump.add_argument("path", help="a stream directory (tierlog or RabbitMQ/Osiris)")
+    dump.add_argument(
+        "--object-store",
+        help="also read the stream's remote tier (fragments or offloaded segments) from this "
+        "store URI (file:///... or s3://...); needs --meta-store",
+    )
+    dump.add_argument("--meta-store", help="the metadata store URI holding the stream's catalog")
+    dump.add_argument("--prefix", default="", help="key prefix of the remote tier (tier.prefix)")
     dump.set_defaults(func=cmd_dump)
 
     quick = sub.add_parser(
@@ -137,11 +145,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_dump(args: argparse.Namespace) -> int:
     from tierlog.log.dump import dump
 
+    if bool(args.object_store) != bool(args.meta_store):
+        raise ConfigError("--object-store and --meta-store go together")
     try:
-        dump(args.path, sys.stdout)
+        if args.object_store:
+            dump_tiered(args.path, args.object_store, args.meta_store, args.prefix, sys.stdout)
+        else:
+            dump(args.path, sys.stdout)
     except BrokenPipeError:
         return 0
     return 0
+
+
+def dump_tiered(path: str, object_store: str, meta_store: str, prefix: str, out: TextIO) -> int:
+    """``dump`` across both tiers: the remote tier (fragment or segment mode) below the local
+    segments, the local ones above; the directory's name is the stream's incarnation."""
+    from tierlog.log.dump import dump, dump_chunks
+    from tierlog.log.offset_spec import OffsetSpec
+    from tierlog.log.reader import LogView
+    from tierlog.read.manifest_source import ManifestSource
+    from tierlog.read.tiered_reader import TieredReader
+    from tierlog.remote.catalog import Catalog
+    from tierlog.remote.committed import CatalogCommittedManifest
+    from tierlog.storage.meta_store import open_meta_store
+    from tierlog.storage.object_store import open_object_store
+
+    incarnation = os.path.basename(os.path.normpath(path))
+    with open_meta_store(meta_store) as meta, open_object_store(object_store) as store:
+        manifest = ManifestSource(
+            CatalogCommittedManifest(Catalog(meta), store, prefix, incarnation)
+        )
+        with TieredReader(LogView(path), manifest, OffsetSpec.first()) as reader:
+            return dump(path, out, dump_chunks(reader.chunks()))
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:

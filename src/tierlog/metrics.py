@@ -318,6 +318,18 @@ class Metrics:
         self.tier_lag_bytes = self._scrape_stream(
             "tierlog_tier_lag_bytes", "Committed bytes of the stream not yet tiered."
         )
+        self.offload_early_deletions = self._scrape_stream(
+            "tierlog_offload_early_deletions",
+            "Offloaded local segments deleted before their deletion lag: free disk was under "
+            "the floor (segment-mode streams).",
+            "counter",
+        )
+        self.offloaded_segments = self._scrape_stream(
+            "tierlog_offloaded_segments",
+            "Segments this server offloaded and committed since the stream opened "
+            "(segment-mode streams).",
+            "counter",
+        )
         self.tier_backpressure = self._scrape_stream(
             "tierlog_tier_backpressure",
             "1 while the stream is over its tiering lag or the disk floor (alarm).",

@@ -88,7 +88,7 @@ async def publish_and_consume(server: Server, stream: str, count: int) -> AsyncR
     client.send(encode_publish(1, [(i, b"m%d" % i) for i in range(1, count + 1)]))
     confirm = await client.expect(PublishConfirm)
     assert len(confirm.publishing_ids) == count
-    sub = c.SubscribeRequest(client.next_corr(), 7, stream, c.OffsetSpec(OffsetType.FIRST), 10)
+    sub = c.SubscribeRequest(client.next_corr(), 7, stream, c.WireOffsetSpec(OffsetType.FIRST), 10)
     assert (await client.request(sub)).response_code == ResponseCode.OK
     await client.expect(Deliver)
     return client

@@ -200,7 +200,7 @@ async def test_failed_resolution_refuses_appends_until_it_succeeds(
     hand out offsets the remote tier holds; publishers get the retriable
     STREAM_NOT_AVAILABLE until the background retry resolves."""
     import tierlog.server.app as app_module
-    from tierlog.storage.faults import FaultyObjectStore
+    from tests.faults.object_store import FaultyObjectStore
     from tierlog.storage.object_store import open_object_store
 
     stream_dir = await fill(tmp_path, "res", tiered=True)

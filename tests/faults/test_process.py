@@ -17,7 +17,7 @@ from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encode_publish
 from tierlog.server.app import Server
-from tierlog.server.data_dir_lock import DataDirLockedError
+from tierlog.server.errors import DataDirLockedError
 
 
 async def test_second_server_on_the_same_data_directory_refuses_to_start(

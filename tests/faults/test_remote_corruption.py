@@ -85,7 +85,7 @@ async def test_corrupt_remote_fragment_ends_the_subscription_visibly(tmp_path: P
             byte = f.read(1)[0]
             f.seek(8 + HEADER_SIZE + 100)
             f.write(bytes([byte ^ 0x10]))
-        spec = c.OffsetSpec(OffsetType.FIRST)
+        spec = c.WireOffsetSpec(OffsetType.FIRST)
         sub = c.SubscribeRequest(client.next_corr(), 7, "rot", spec, 10)
         assert (await client.request(sub)).response_code == ResponseCode.OK
         update = await client.expect(c.MetadataUpdate)

@@ -13,8 +13,6 @@ from hypothesis import strategies as st
 
 from tierlog.formats.amqp import (
     EMPTY,
-    AmqpError,
-    AmqpTruncatedError,
     Described,
     Symbol,
     Timestamp,
@@ -24,7 +22,7 @@ from tierlog.formats.amqp import (
     encode_value,
     looks_like_message,
 )
-from tierlog.formats.errors import FormatError, TruncatedError
+from tierlog.formats.errors import AmqpError, AmqpTruncatedError, FormatError, TruncatedError
 
 # What rstream's AMQPMessage(body=b"hello", properties=Properties(message_id=1, subject="s",
 # content_type="text/plain", creation_time=1700000000000), application_properties={"k": "v",

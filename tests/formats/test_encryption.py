@@ -16,15 +16,18 @@ from tierlog.errors import ConfigError
 from tierlog.formats.encryption import (
     SEALED_HEADER,
     TAG_SIZE,
-    AuthenticationError,
-    UnknownKeyError,
     key_block_kek_id,
     new_cipher,
     open_cipher,
     open_object,
     seal_object,
 )
-from tierlog.formats.errors import FormatError, UnsupportedError
+from tierlog.formats.errors import (
+    AuthenticationError,
+    FormatError,
+    UnknownKeyError,
+    UnsupportedError,
+)
 from tierlog.formats.fragment import TRAILER_SIZE, FragmentPlacement
 from tierlog.formats.fragment_frames import (
     iter_chunks,

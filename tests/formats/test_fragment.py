@@ -17,11 +17,11 @@ from tierlog.formats.errors import (
     TruncatedError,
 )
 from tierlog.formats.fragment import (
+    FRAGMENT_INDEX_HEADER_SIZE,
     HEADER_SIZE,
-    INDEX_HEADER_SIZE,
     INDEX_RECORD_SIZE,
     TRAILER_SIZE,
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentPlacement,
     decode_index,
     decode_trailer,
@@ -43,7 +43,7 @@ def osiris_chunk(
     chunk_type: int = 0,
     bloom: bytes = b"",
     trailer: bytes = b"",
-) -> tuple[bytes, ChunkInfo]:
+) -> tuple[bytes, FragmentChunkInfo]:
     data = b"".join(struct.pack(">I", len(r)) + r for r in records)
     crc = zlib.crc32(data)
     header = OSIRIS_HEADER.pack(
@@ -60,7 +60,7 @@ def osiris_chunk(
         len(bloom),
     )
     chunk = header + bloom + data + trailer
-    info = ChunkInfo(
+    info = FragmentChunkInfo(
         chunk_id=chunk_id,
         timestamp=timestamp,
         epoch=epoch,
@@ -77,7 +77,7 @@ def build(
     specs: list[tuple[list[bytes], int, int]],
     first: int = 100,
     placement: FragmentPlacement | None = None,
-) -> tuple[bytes, list[ChunkInfo], list[bytes]]:
+) -> tuple[bytes, list[FragmentChunkInfo], list[bytes]]:
     chunks, infos, offset = [], [], first
     for records, ts, epoch in specs:
         chunk, info = osiris_chunk(offset, records, ts, epoch)
@@ -298,7 +298,7 @@ def test_impossible_trailer_sizes() -> None:
     # extra bytes after a valid fragment
     with pytest.raises(FormatError):
         validate_fragment(frag + b"\x00")
-    assert INDEX_HEADER_SIZE == 8
+    assert FRAGMENT_INDEX_HEADER_SIZE == 8
 
 
 def test_encoder_rejects_inconsistent_input() -> None:
@@ -310,20 +310,20 @@ def test_encoder_rejects_inconsistent_input() -> None:
     with pytest.raises(InvalidSizeError):
         encode_fragment(placement, [c0], [i0, i1])
     with pytest.raises(InvalidSizeError):  # gap in chunk ids
-        encode_fragment(placement, [c0, c1], [i0, ChunkInfo(13, 2, 1, i1.size, 1, i1.crc)])
+        encode_fragment(placement, [c0, c1], [i0, FragmentChunkInfo(13, 2, 1, i1.size, 1, i1.crc)])
     with pytest.raises(InvalidSizeError):  # size disagrees with the buffer
-        encode_fragment(placement, [c0], [ChunkInfo(10, 1, 1, i0.size + 1, 2, i0.crc)])
+        encode_fragment(placement, [c0], [FragmentChunkInfo(10, 1, 1, i0.size + 1, 2, i0.crc)])
     with pytest.raises(InvalidSizeError):  # a chunk without records
-        encode_fragment(placement, [c0], [ChunkInfo(10, 1, 1, i0.size, 0, i0.crc)])
+        encode_fragment(placement, [c0], [FragmentChunkInfo(10, 1, 1, i0.size, 0, i0.crc)])
     with pytest.raises(InvalidSizeError):  # smaller than a chunk header
-        encode_fragment(placement, [b"x" * 10], [ChunkInfo(10, 1, 1, 10, 1, 0)])
+        encode_fragment(placement, [b"x" * 10], [FragmentChunkInfo(10, 1, 1, 10, 1, 0)])
 
 
 def test_index_contradicting_the_chunks_is_rejected() -> None:
     c0, i0 = osiris_chunk(10, [b"a", b"b"], 1, 1)
     # An index record that claims a different epoch than the chunk header holds.
     parts, _ = encode_fragment(
-        FragmentPlacement(0, 0, 8), [c0], [ChunkInfo(10, 1, 2, i0.size, 2, i0.crc, 0, 2)]
+        FragmentPlacement(0, 0, 8), [c0], [FragmentChunkInfo(10, 1, 2, i0.size, 2, i0.crc, 0, 2)]
     )
     frag = b"".join(parts)
     validate_fragment(frag, check_chunks=False)

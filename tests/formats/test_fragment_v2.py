@@ -19,7 +19,12 @@ from tierlog.formats.errors import (
     TruncatedError,
     UnsupportedError,
 )
-from tierlog.formats.fragment import TRAILER_SIZE, ChunkInfo, FragmentPlacement, encode_fragment
+from tierlog.formats.fragment import (
+    TRAILER_SIZE,
+    FragmentChunkInfo,
+    FragmentPlacement,
+    encode_fragment,
+)
 from tierlog.formats.fragment_frames import (
     FrameDecoder,
     iter_chunks,
@@ -28,7 +33,7 @@ from tierlog.formats.fragment_frames import (
 from tierlog.formats.fragment_v2 import (
     CODEC_NONE,
     CODEC_ZSTD,
-    INDEX_HEADER_SIZE,
+    FRAGMENT_V2_INDEX_HEADER_SIZE,
     INDEX_RECORD_SIZE,
     FragmentIndexV2,
     FragmentTrailerV2,
@@ -53,7 +58,7 @@ PLACEMENT = FragmentPlacement(seq_no=2, segment_first_offset=50, segment_positio
 
 def osiris_chunk(
     chunk_id: int, records: list[bytes], timestamp: int, epoch: int, bloom: bytes = b""
-) -> tuple[bytes, ChunkInfo]:
+) -> tuple[bytes, FragmentChunkInfo]:
     data = b"".join(struct.pack(">I", len(r)) + r for r in records)
     crc = zlib.crc32(data)
     header = OSIRIS_HEADER.pack(
@@ -61,13 +66,15 @@ def osiris_chunk(
         len(bloom),
     )  # fmt: skip
     chunk = header + bloom + data
-    info = ChunkInfo(chunk_id, timestamp, epoch, len(chunk), len(records), crc, 0, len(records))
+    info = FragmentChunkInfo(
+        chunk_id, timestamp, epoch, len(chunk), len(records), crc, 0, len(records)
+    )
     return chunk, info
 
 
 def build_chunks(
     specs: list[tuple[list[bytes], int, int, bytes]], first: int = 100
-) -> tuple[list[bytes], list[ChunkInfo]]:
+) -> tuple[list[bytes], list[FragmentChunkInfo]]:
     chunks, infos, offset = [], [], first
     for records, ts, epoch, bloom in specs:
         chunk, info = osiris_chunk(offset, records, ts, epoch, bloom)
@@ -77,7 +84,7 @@ def build_chunks(
     return chunks, infos
 
 
-def encode(chunks: list[bytes], infos: list[ChunkInfo], coding: FrameCoding) -> bytes:
+def encode(chunks: list[bytes], infos: list[FragmentChunkInfo], coding: FrameCoding) -> bytes:
     parts, _ = encode_fragment_v2(PLACEMENT, chunks, infos, coding)
     return b"".join(parts)
 
@@ -110,7 +117,7 @@ def test_golden_bytes_uncompressed() -> None:
     index_at = 8 + sum(len(c) for c in chunks)
     header = struct.unpack_from(">4sIBBHI16sI", data, index_at)
     assert header == (b"TLFI", 2, CODEC_NONE, 0, 0, 2, bytes(16), 0)
-    at = index_at + INDEX_HEADER_SIZE
+    at = index_at + FRAGMENT_V2_INDEX_HEADER_SIZE
     rec = struct.unpack_from(">QqQQIIIIIHBBI4x", data, at)
     assert rec[:12] == (
         100, 1_700_000_000_000, 3, 8, len(chunks[0]), len(chunks[0]), 2, infos[0].crc,
@@ -120,7 +127,7 @@ def test_golden_bytes_uncompressed() -> None:
     blooms_at = at + 2 * INDEX_RECORD_SIZE
     assert data[blooms_at : blooms_at + 2] == b"\x0f\xf0"
     trailer = struct.unpack_from(">QQqqQQQQQIIIII4s", data, len(data) - TRAILER_SIZE)
-    index_size = INDEX_HEADER_SIZE + 2 * INDEX_RECORD_SIZE + 2
+    index_size = FRAGMENT_V2_INDEX_HEADER_SIZE + 2 * INDEX_RECORD_SIZE + 2
     assert trailer[:12] == (
         100, 103, 1_700_000_000_000, 1_700_000_000_005, 4, 50, 4096, index_at, index_at - 8,
         2, 2, index_size,
@@ -166,7 +173,7 @@ def realistic_chunks(n_chunks: int = 20, per_chunk: int = 50, first: int = 0):
 
         h = decode_header(chunk)
         infos.append(
-            ChunkInfo(offset, h.timestamp, 1, len(chunk), h.num_records, h.data_crc, 0,
+            FragmentChunkInfo(offset, h.timestamp, 1, len(chunk), h.num_records, h.data_crc, 0,
                       h.num_entries)
         )  # fmt: skip
         chunks.append(chunk)

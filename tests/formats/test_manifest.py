@@ -19,6 +19,8 @@ from tierlog.formats.errors import (
     UnsupportedError,
 )
 from tierlog.formats.manifest import (
+    ENTRY_FRAGMENT,
+    ENTRY_SEGMENT,
     ENTRY_SIZE,
     HEADER_SIZE,
     KIND_BRANCH,
@@ -252,3 +254,40 @@ def test_large_node_decodes_whole_array() -> None:
     assert node.header.total_bytes == n * (64 << 20)
     assert find_offset(node.entries, 123_456_789) == 123_456
     assert find_timestamp(node.entries, 5_000) == 4_999
+
+
+def test_segment_entry_golden_bytes() -> None:
+    """An offloaded segment is a height-0 entry whose kind byte (entry byte 65, once the
+    first reserved byte) is 1 and whose uid is the attempt's UUID; a manifest of fragments
+    only is byte for byte what it was before entry kinds existed (GOLDEN_HEX)."""
+    attempt = bytes(range(0xA0, 0xB0))
+    segment = ManifestEntry(140, 1_500, 1_700, 2048, 3, uid=attempt, entry_kind=ENTRY_SEGMENT)
+    entries = entries_array([GOLDEN_ENTRIES[0], segment])
+    data = encode_node(summarize(KIND_ROOT, 7, "v1_s_9", entries, 150), entries)
+    old = bytes.fromhex(GOLDEN_HEX)
+    second = HEADER_SIZE + 6 + ENTRY_SIZE
+    # hand-computed: only the uid (48..64) and the kind byte (65) of the second entry differ
+    expected = bytearray(old)
+    expected[second + 48 : second + 64] = attempt
+    expected[second + 65] = 1
+    expected[-4:] = struct.pack(">I", zlib.crc32(bytes(expected[:-4])))
+    assert data == bytes(expected)
+    assert struct.unpack_from(">QqqQQQ16sBB6x", data, second) == (
+        140, 1_500, 1_700, 2048, 3, 1, attempt, 0, ENTRY_SEGMENT,
+    )  # fmt: skip
+    node = decode_node(data)
+    assert entry_at(node.entries, 1) == segment
+    assert entry_at(decode_node(old).entries, 1).entry_kind == ENTRY_FRAGMENT
+
+
+def test_bad_entry_kinds_are_rejected() -> None:
+    def node_of(entries: list[ManifestEntry]) -> bytes:
+        arr = entries_array(entries)
+        return encode_node(summarize(KIND_ROOT, 1, "s", arr, 500), arr)
+
+    with pytest.raises(InvalidSizeError):  # a segment needs its attempt uuid
+        decode_node(node_of([ManifestEntry(100, 1, 2, 100, 2, entry_kind=ENTRY_SEGMENT)]))
+    with pytest.raises(UnsupportedError):  # an unknown kind
+        decode_node(node_of([ManifestEntry(100, 1, 2, 100, 2, uid=UID, entry_kind=7)]))
+    with pytest.raises(UnsupportedError):  # a branch entry is never a segment
+        decode_node(node_of([ManifestEntry(100, 1, 2, 100, 2, 2, 1, UID, ENTRY_SEGMENT)]))

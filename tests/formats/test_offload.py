@@ -14,18 +14,18 @@ from hypothesis import strategies as st
 
 from tierlog.formats.errors import (
     BadMagicError,
+    BadPaddingError,
     CrcMismatchError,
     FormatError,
     InvalidSizeError,
+    LayoutMismatchError,
     TruncatedError,
     UnsupportedError,
 )
 from tierlog.formats.offload import (
     MIN_BLOCK_OVERHEAD,
     MIN_BLOCK_SIZE,
-    BadPaddingError,
     BlockMapping,
-    LayoutMismatchError,
     SegmentMetadata,
     build_index,
     check_block_size,

@@ -82,14 +82,14 @@ def test_golden_peer_properties_and_response() -> None:
 @pytest.mark.parametrize(
     ("spec_bytes", "spec"),
     [
-        (struct.pack(">H", 1), c.OffsetSpec(OffsetType.FIRST)),
-        (struct.pack(">H", 2), c.OffsetSpec(OffsetType.LAST)),
-        (struct.pack(">H", 3), c.OffsetSpec(OffsetType.NEXT)),
-        (struct.pack(">HQ", 4, 2**64 - 1), c.OffsetSpec(OffsetType.OFFSET, 2**64 - 1)),
-        (struct.pack(">Hq", 5, -1_000), c.OffsetSpec(OffsetType.TIMESTAMP, -1_000)),
+        (struct.pack(">H", 1), c.WireOffsetSpec(OffsetType.FIRST)),
+        (struct.pack(">H", 2), c.WireOffsetSpec(OffsetType.LAST)),
+        (struct.pack(">H", 3), c.WireOffsetSpec(OffsetType.NEXT)),
+        (struct.pack(">HQ", 4, 2**64 - 1), c.WireOffsetSpec(OffsetType.OFFSET, 2**64 - 1)),
+        (struct.pack(">Hq", 5, -1_000), c.WireOffsetSpec(OffsetType.TIMESTAMP, -1_000)),
     ],
 )
-def test_golden_subscribe_every_offset_spec(spec_bytes: bytes, spec: c.OffsetSpec) -> None:
+def test_golden_subscribe_every_offset_spec(spec_bytes: bytes, spec: c.WireOffsetSpec) -> None:
     props = struct.pack(">I", 2) + s("name") + s("c1") + s("x-tierlog-overtaken") + s("skip")
     wire = whole(0x0007, 1, struct.pack(">IB", 9, 4), s("orders"), spec_bytes, b"\x00\x0a", props)
     expected = c.SubscribeRequest(
@@ -102,7 +102,7 @@ def test_golden_subscribe_every_offset_spec(spec_bytes: bytes, spec: c.OffsetSpe
 def test_subscribe_without_properties_as_rabbitmq_encodes_it() -> None:
     wire = whole(0x0007, 1, struct.pack(">IB", 1, 0), s("s"), struct.pack(">HH", 1, 5))
     decoded = c.decode_client_frame(body_of(wire))
-    assert decoded == c.SubscribeRequest(1, 0, "s", c.OffsetSpec(OffsetType.FIRST), 5, {})
+    assert decoded == c.SubscribeRequest(1, 0, "s", c.WireOffsetSpec(OffsetType.FIRST), 5, {})
 
 
 def test_subscribe_unknown_offset_type_is_rejected() -> None:
@@ -211,7 +211,7 @@ def test_golden_publish_error() -> None:
 
 
 def fake_chunk(data: bytes, bloom: int = 0, trailer: int = 0) -> bytes:
-    """A 48-byte Osiris chunk header (as DESIGN.md lays it out) followed by ``data``."""
+    """A 48-byte Osiris chunk header (as formats/chunk.py lays it out) followed by ``data``."""
     header = struct.pack(
         ">BBHIqQQIIIB3x",
         0x50,
@@ -290,7 +290,7 @@ def test_golden_tune_both_directions() -> None:
 def test_golden_metadata_response_and_update() -> None:
     response = c.MetadataResponse(
         5,
-        [c.Broker(0, "localhost", 5552)],
+        [c.BrokerAddress(0, "localhost", 5552)],
         [
             c.StreamMetadata("s", ResponseCode.OK, 0, ()),
             c.StreamMetadata("gone", ResponseCode.STREAM_DOES_NOT_EXIST, 0xFFFF, ()),
@@ -443,9 +443,9 @@ u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
 u64 = st.integers(0, 2**64 - 1)
 offset_specs = st.one_of(
-    st.sampled_from([OffsetType.FIRST, OffsetType.LAST, OffsetType.NEXT]).map(c.OffsetSpec),
-    u64.map(lambda v: c.OffsetSpec(OffsetType.OFFSET, v)),
-    st.integers(-(2**63), 2**63 - 1).map(lambda v: c.OffsetSpec(OffsetType.TIMESTAMP, v)),
+    st.sampled_from([OffsetType.FIRST, OffsetType.LAST, OffsetType.NEXT]).map(c.WireOffsetSpec),
+    u64.map(lambda v: c.WireOffsetSpec(OffsetType.OFFSET, v)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda v: c.WireOffsetSpec(OffsetType.TIMESTAMP, v)),
 )
 versions = st.builds(c.CommandVersion, u16, u16, u16)
 
@@ -477,7 +477,7 @@ client_commands = st.one_of(
         c.ConsumerUpdateResponse,
         u32,
         u16,
-        st.one_of(offset_specs, st.just(c.OffsetSpec(OffsetType.NONE))),
+        st.one_of(offset_specs, st.just(c.WireOffsetSpec(OffsetType.NONE))),
     ),
 )
 
@@ -509,7 +509,7 @@ server_commands = st.one_of(
     st.builds(
         c.MetadataResponse,
         u32,
-        st.lists(st.builds(c.Broker, u16, names, u32), max_size=3),
+        st.lists(st.builds(c.BrokerAddress, u16, names, u32), max_size=3),
         st.lists(
             st.builds(c.StreamMetadata, names, u16, u16, st.lists(u16, max_size=3).map(tuple)),
             max_size=3,
@@ -612,7 +612,7 @@ def test_rstream_connect_frames_decode_with_ours() -> None:
         ),
         (
             sc.ConsumerUpdateServerResponse(17, 1, sc.OffsetSpecification(4, 12)),
-            c.ConsumerUpdateResponse(17, 1, c.OffsetSpec(OffsetType.OFFSET, 12)),
+            c.ConsumerUpdateResponse(17, 1, c.WireOffsetSpec(OffsetType.OFFSET, 12)),
         ),
     ]
     for theirs, ours in pairs:
@@ -640,7 +640,7 @@ def test_rstream_subscribe_every_offset_spec(offset_type: int, value: int | None
         3,
         1,
         "s",
-        c.OffsetSpec(OffsetType(offset_type), value or 0),
+        c.WireOffsetSpec(OffsetType(offset_type), value or 0),
         10,
         {"single-active-consumer": "true", "name": "n"},
     )
@@ -709,7 +709,9 @@ def test_our_server_frames_decode_with_rstream() -> None:
         (c.QueryOffsetResponse(10, 1, 7), sc.QueryOffsetResponse(10, 1, 7)),
         (c.CreditResponse(4, 3), sc.CreditResponse(4, 3)),
         (
-            c.MetadataResponse(11, [c.Broker(0, "h", 5552)], [c.StreamMetadata("s", 1, 0, (0,))]),
+            c.MetadataResponse(
+                11, [c.BrokerAddress(0, "h", 5552)], [c.StreamMetadata("s", 1, 0, (0,))]
+            ),
             sc.MetadataResponse(11, [sc.Broker(0, "h", 5552)], [sc.StreamMetadata("s", 1, 0, [0])]),
         ),
         (c.MetadataUpdate(6, "s"), sc.MetadataUpdate(sc.MetadataInfo(6, "s"))),

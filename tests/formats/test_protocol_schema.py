@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tierlog.formats.errors import FormatError
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import RESPONSE_FLAG, Command, OffsetType
-from tierlog.formats.protocol.consumers import OffsetSpec, OffsetSpecType
+from tierlog.formats.protocol.consumers import OffsetSpecType, WireOffsetSpec
 from tierlog.formats.protocol.errors import ProtocolError
 from tierlog.formats.protocol.frames import FrameSplitter
 from tierlog.formats.protocol.schema import (
@@ -82,9 +82,9 @@ def strategy_for(kind: FieldType) -> st.SearchStrategy[Any]:
         if kind.allow_none:
             simple.append(OffsetType.NONE)
         return st.one_of(
-            st.sampled_from(simple).map(OffsetSpec),
-            st.integers(0, 2**64 - 1).map(lambda v: OffsetSpec(OffsetType.OFFSET, v)),
-            st.integers(-(2**63), 2**63 - 1).map(lambda v: OffsetSpec(OffsetType.TIMESTAMP, v)),
+            st.sampled_from(simple).map(WireOffsetSpec),
+            st.integers(0, 2**64 - 1).map(lambda v: WireOffsetSpec(OffsetType.OFFSET, v)),
+            st.integers(-(2**63), 2**63 - 1).map(lambda v: WireOffsetSpec(OffsetType.TIMESTAMP, v)),
         )
     raise AssertionError(f"no strategy for field type {kind!r}")
 

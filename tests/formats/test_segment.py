@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tierlog.formats.errors import BadMagicError, TruncatedError
 from tierlog.formats.segment import (
-    INDEX_HEADER,
+    INDEX_FILE_HEADER,
     INDEX_RECORD_SIZE,
     SEGMENT_HEADER,
     IndexRecord,
@@ -24,7 +24,7 @@ from tierlog.formats.segment import (
 
 def test_golden_file_headers_and_names() -> None:
     assert SEGMENT_HEADER == b"OSIL\x00\x00\x00\x01"
-    assert INDEX_HEADER == b"OSII\x00\x00\x00\x01"
+    assert INDEX_FILE_HEADER == b"OSII\x00\x00\x00\x01"
     assert segment_file_name(26061613) == "00000000000026061613.segment"
     assert index_file_name(0) == "00000000000000000000.index"
 
@@ -49,22 +49,22 @@ def test_golden_index_record() -> None:
     )
 )
 def test_index_round_trip(records: list[tuple[int, int, int, int, int]]) -> None:
-    raw = INDEX_HEADER + b"".join(encode_index_record(*r) for r in records)
+    raw = INDEX_FILE_HEADER + b"".join(encode_index_record(*r) for r in records)
     assert [tuple(r) for r in iter_index_records(raw)] == records
 
 
 def test_index_tolerates_partial_and_zero_tail() -> None:
     one = encode_index_record(0, 1, 1, 8, 0)
-    raw = INDEX_HEADER + one + bytes(INDEX_RECORD_SIZE) + one
+    raw = INDEX_FILE_HEADER + one + bytes(INDEX_RECORD_SIZE) + one
     assert len(list(iter_index_records(raw))) == 1
-    assert len(list(iter_index_records(INDEX_HEADER + one + one[:10]))) == 1
+    assert len(list(iter_index_records(INDEX_FILE_HEADER + one + one[:10]))) == 1
 
 
 def test_header_errors() -> None:
     with pytest.raises(TruncatedError):
         check_segment_header(b"OSIL")
     with pytest.raises(BadMagicError):
-        check_segment_header(INDEX_HEADER)
+        check_segment_header(INDEX_FILE_HEADER)
     with pytest.raises(BadMagicError):
         check_index_header(b"OSII\x00\x00\x00\x02")
     with pytest.raises(BadMagicError):

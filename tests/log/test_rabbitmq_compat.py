@@ -76,7 +76,8 @@ def run_dump(stream_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_fixture_meets_the_acceptance_shape(expected: dict[str, Any]) -> None:
-    """The committed fixture is what issue 2 asks for (guards against a bad regeneration)."""
+    """The committed fixture holds what the compatibility tests need (guards against a bad
+    regeneration)."""
     stream_dir = FIXTURE_ROOT / expected["stream_dir"]
     files = [p for p in FIXTURE_ROOT.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= MAX_FIXTURE_BYTES

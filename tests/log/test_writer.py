@@ -13,7 +13,7 @@ import tierlog.log.writer as writer_module
 from tierlog.formats.chunk import ChunkType, SubBatch, decode_chunk
 from tierlog.formats.compression import Compression, compress
 from tierlog.formats.segment import iter_index_records
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import (
     InvalidAppendError,

@@ -11,15 +11,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tierlog.formats import msgstore as fmt
-from tierlog.formats.erlang_term import (
-    Atom,
+from tierlog.formats.erlang_term import Atom, Opaque, decode
+from tierlog.formats.errors import (
+    CleanFileError,
     ErlangTermError,
-    Opaque,
+    EtsFileError,
+    MsgIdMismatchError,
+    MsgStoreRecordSizeError,
+    NotAMessageError,
+    RecordChecksumError,
+    SegmentHeaderError,
+    TornRecordError,
     TruncatedTermError,
-    decode,
+    UnknownRecordTypeError,
+    V1RecordError,
+    ZeroFilledRegionError,
 )
-from tierlog.formats.ets_file import EtsFileError, read_msg_locations
-from tierlog.formats.msgstore_clean import CleanEntry, CleanFileError, decode_clean, encode_clean
+from tierlog.formats.ets_file import read_msg_locations
+from tierlog.formats.msgstore_clean import CleanEntry, decode_clean, encode_clean
 
 MSG_ID = bytes(range(16))
 
@@ -30,11 +39,11 @@ def test_header_golden() -> None:
     assert len(header) == fmt.HEADER_SIZE
     fmt.check_header(header)
     assert fmt.MAGIC not in (b"RCQS", b"RCQI")
-    with pytest.raises(fmt.SegmentHeaderError):
+    with pytest.raises(SegmentHeaderError):
         fmt.check_header(b"RCQS\x02" + bytes(59))
-    with pytest.raises(fmt.SegmentHeaderError):
+    with pytest.raises(SegmentHeaderError):
         fmt.check_header(b"TLMS\x01" + bytes(59))
-    with pytest.raises(fmt.TornRecordError):
+    with pytest.raises(TornRecordError):
         fmt.check_header(header[:10])
 
 
@@ -72,9 +81,9 @@ def test_v1_record_golden() -> None:
     assert record == struct.pack(">Q", 20) + MSG_ID + b"body" + b"\xff"
     assert len(fmt.encode_v1_record(MSG_ID, b"")) == 25  # the seed's overhead table
     assert bytes(fmt.decode_v1_record(record)[1]) == b"body"
-    with pytest.raises(fmt.V1RecordError):
+    with pytest.raises(V1RecordError):
         fmt.decode_v1_record(record[:-1] + b"\x00")
-    with pytest.raises(fmt.V1RecordError):
+    with pytest.raises(V1RecordError):
         fmt.decode_v1_record(record[:-2])
 
 
@@ -97,23 +106,23 @@ def test_checksum_catches_every_bit_flip(body: bytes, data: st.DataObject) -> No
     record = bytearray(fmt.encode_message(MSG_ID, body))
     bit = data.draw(st.integers(5 * 8, len(record) * 8 - 1))
     record[bit // 8] ^= 1 << (bit % 8)
-    with pytest.raises((fmt.RecordChecksumError, fmt.MsgIdMismatchError)):
+    with pytest.raises((RecordChecksumError, MsgIdMismatchError)):
         fmt.decode_message(bytes(record), expected_id=MSG_ID)
 
 
 def test_decode_message_typed_errors() -> None:
     record = fmt.encode_message(MSG_ID, b"abc")
-    with pytest.raises(fmt.TornRecordError):
+    with pytest.raises(TornRecordError):
         fmt.decode_message(record[:10])
-    with pytest.raises(fmt.RecordSizeError):
+    with pytest.raises(MsgStoreRecordSizeError):
         fmt.decode_message(record + b"x")
-    with pytest.raises(fmt.MsgIdMismatchError):
+    with pytest.raises(MsgIdMismatchError):
         fmt.decode_message(record, expected_id=bytes(16))
-    with pytest.raises(fmt.NotAMessageError):
+    with pytest.raises(NotAMessageError):
         fmt.decode_message(fmt.encode_hole(30))
-    with pytest.raises(fmt.ZeroFilledRegionError):
+    with pytest.raises(ZeroFilledRegionError):
         fmt.decode_message(bytes(30))
-    with pytest.raises(fmt.UnknownRecordTypeError):
+    with pytest.raises(UnknownRecordTypeError):
         fmt.decode_message(b"\x05" + record[1:])
     with pytest.raises(ValueError):
         fmt.encode_message(b"short", b"")
@@ -145,9 +154,9 @@ def test_hole_rule_any_gap(gap: int) -> None:
 
 
 def test_hole_rule_rejects_impossible_gaps() -> None:
-    with pytest.raises(fmt.RecordSizeError):
+    with pytest.raises(MsgStoreRecordSizeError):
         fmt.hole_marker(-1)
-    with pytest.raises(fmt.RecordSizeError):
+    with pytest.raises(MsgStoreRecordSizeError):
         fmt.hole_marker(fmt.MAX_RECORD_SIZE + 1)
 
 

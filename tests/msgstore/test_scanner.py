@@ -11,6 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tierlog.formats import msgstore as fmt
+from tierlog.formats.errors import (
+    MsgStoreRecordSizeError,
+    UnknownRecordTypeError,
+    ZeroFilledRegionError,
+)
 from tierlog.msgstore import files
 
 ITEM = st.one_of(
@@ -89,14 +94,14 @@ def test_zero_filled_region_fails_loudly(items: list, data: st.DataObject) -> No
     boundary = data.draw(st.sampled_from([r.position for r in expected] + [len(full)]))
     length = data.draw(st.integers(1, 200))
     zeroed = full[:boundary] + bytes(length)
-    with pytest.raises(fmt.ZeroFilledRegionError, match=f"position {boundary}"):
+    with pytest.raises(ZeroFilledRegionError, match=f"position {boundary}"):
         fmt.scan_block(zeroed, 0, fmt.HEADER_SIZE, len(zeroed), [])
 
 
 @pytest.mark.parametrize("type_byte", [0, *range(5, 256, 25)])
 def test_unknown_or_reserved_types_fail(type_byte: int) -> None:
     data = fmt.encode_header() + bytes([type_byte]) + b"\x00\x00\x00\x30" + bytes(43)
-    error = fmt.ZeroFilledRegionError if type_byte == 0 else fmt.UnknownRecordTypeError
+    error = ZeroFilledRegionError if type_byte == 0 else UnknownRecordTypeError
     with pytest.raises(error):
         fmt.scan_block(data, 0, fmt.HEADER_SIZE, len(data), [])
 
@@ -104,7 +109,7 @@ def test_unknown_or_reserved_types_fail(type_byte: int) -> None:
 @pytest.mark.parametrize(("rtype", "size"), [(2, 4), (3, 20), (4, 24), (2, 0)])
 def test_size_below_minimum_fails(rtype: int, size: int) -> None:
     data = fmt.encode_header() + bytes([rtype]) + size.to_bytes(4, "big") + bytes(40)
-    with pytest.raises(fmt.RecordSizeError):
+    with pytest.raises(MsgStoreRecordSizeError):
         fmt.scan_block(data, 0, fmt.HEADER_SIZE, len(data), [])
 
 

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tierlog.formats import msgstore as fmt
+from tierlog.formats.errors import RecordChecksumError
 from tierlog.msgstore import MessageStore, MsgNotFoundError, MsgStoreConfig
 from tierlog.msgstore.compaction import COMPACTION_STEPS, plan_compaction
 from tierlog.msgstore.errors import CorruptSegmentError, MixedStoreError, MsgStoreConfigError
@@ -168,7 +169,7 @@ def test_bit_flip_is_a_typed_error_on_read(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x10
     path.write_bytes(bytes(data))
-    with MessageStore.open(tmp_path) as store, pytest.raises(fmt.RecordChecksumError):
+    with MessageStore.open(tmp_path) as store, pytest.raises(RecordChecksumError):
         store.read(b"a" * 16)
 
 

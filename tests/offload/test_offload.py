@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.object_store import FaultyObjectStore, InjectedFault
 from tierlog.formats.offload import (
     BLOCK_HEADER_SIZE,
     FORMAT_VERSION_KEY,
@@ -19,7 +20,7 @@ from tierlog.formats.offload import (
     decode_index,
     iter_block_entries,
 )
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead, LogReader
@@ -33,7 +34,6 @@ from tierlog.offload.errors import (
 )
 from tierlog.offload.keys import segments_prefix
 from tierlog.offload.offloader import ObjectStoreOffloader
-from tierlog.storage.faults import FaultyObjectStore, InjectedFault
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 

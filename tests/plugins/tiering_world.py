@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.object_store import FaultyObjectStore
 from tierlog.formats.fragment import decode_index, decode_trailer, index_range
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
@@ -16,7 +17,6 @@ from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.manifest_tree import ManifestTree
-from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.object_store import FaultyObjectStore
 from tierlog.errors import ConfigError
 from tierlog.read.errors import FragmentExpiredError, ReadError, RemoteDataCorruptError
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher, RangeStream
-from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.fs_object_store import FsObjectStore
 
 REQ = 1024

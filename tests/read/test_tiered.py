@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.faults.object_store import FaultyObjectStore
 from tierlog.formats.chunk import SubBatch
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
@@ -25,7 +26,6 @@ from tierlog.log.writer import StreamLog
 from tierlog.read.errors import (
     FragmentExpiredError,
     NotHeldLocallyError,
-    OffsetOvertakenError,
     OffsetUnavailableError,
     RemoteDataCorruptError,
 )
@@ -35,7 +35,7 @@ from tierlog.read.strategies import ReadStrategy, TierView, choose_tier
 from tierlog.read.tiered_reader import TieredReader, _aligned_spans
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
-from tierlog.storage.faults import FaultyObjectStore
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore

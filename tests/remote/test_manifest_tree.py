@@ -15,14 +15,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tierlog.formats.errors import FormatError
-from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, decode_trailer, encode_fragment
+from tierlog.formats.fragment import (
+    FragmentChunkInfo,
+    FragmentPlacement,
+    decode_trailer,
+    encode_fragment,
+)
 from tierlog.formats.manifest import ENTRY_DTYPE, decode_node, node_size
 from tierlog.remote.errors import (
     InvalidFragmentEntryError,
     ManifestCorruptError,
     ManifestGapError,
     OffsetBeyondEndError,
-    OffsetTrimmedError,
+    OffsetOvertakenError,
 )
 from tierlog.remote.keys import (
     BranchKey,
@@ -347,7 +352,7 @@ def test_trim_in_place_when_the_root_has_no_branches() -> None:
     assert tree.first_offset == all_frags[2].first_offset
     assert result.removed_fragments == 2
     assert result.removed_bytes == all_frags[0].data_size + all_frags[1].data_size
-    with pytest.raises(OffsetTrimmedError):
+    with pytest.raises(OffsetOvertakenError):
         tree.locate_offset(all_frags[1].first_offset, store.load)
     assert tree.trim_front(0, store.load).deletes == []  # nothing below the first offset
 
@@ -522,7 +527,7 @@ def test_fragment_trailers_append_directly() -> None:
         data = struct.pack(">I", 1) + b"x"
         crc = zlib.crc32(data)
         header = struct.pack(">BBHIqQQIIIB3x", 0x50, 0, 1, 1, 10 + seq, 1, offset, crc, 5, 0, 0)
-        info = ChunkInfo(offset, 10 + seq, 1, len(header) + 5, 1, crc)
+        info = FragmentChunkInfo(offset, 10 + seq, 1, len(header) + 5, 1, crc)
         parts, _ = encode_fragment(FragmentPlacement(seq, 0, 8), [header + data], [info])
         trailers.append(decode_trailer(b"".join(parts)))
     tree = ManifestTree("tl", STREAM, m=4)

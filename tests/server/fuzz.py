@@ -82,7 +82,7 @@ def valid_frame(rng: random.Random) -> bytes:
             small, [(rng.randint(0, 2**63), rng.randbytes(rng.randint(0, 64))) for _ in range(3)]
         ),
         lambda: c.SubscribeRequest(
-            corr, small, _name(rng), c.OffsetSpec(OffsetType.FIRST), rng.randint(0, 10)
+            corr, small, _name(rng), c.WireOffsetSpec(OffsetType.FIRST), rng.randint(0, 10)
         ).encode(),
         lambda: c.CreditRequest(small, rng.randint(0, 65535)).encode(),
         lambda: c.StoreOffsetRequest("ref", _name(rng), rng.randint(0, 2**63)).encode(),

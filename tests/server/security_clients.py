@@ -40,7 +40,7 @@ def healthy_round_trip(host: str, port: int, timeout: float = 10.0) -> None:
         confirm = client.expect(PublishConfirm)
         assert isinstance(confirm, PublishConfirm)
         assert list(confirm.publishing_ids)[-1] == 10
-        spec = c.OffsetSpec(OffsetType.FIRST)
+        spec = c.WireOffsetSpec(OffsetType.FIRST)
         client.send(c.SubscribeRequest(client.next_corr(), 0, stream, spec, 10).encode())
         client.expect(Deliver)
     finally:

@@ -201,7 +201,7 @@ async def _drop_oldest_segments(server: Server, name: str, count: int) -> int:
 async def test_overtaken_consumer_is_told_by_default(server: Server) -> None:
     client = await AsyncRawClient.connect(server.stream_port)
     await _make_segments(server, client, "ov", 8)
-    spec = c.OffsetSpec(OffsetType.FIRST)
+    spec = c.WireOffsetSpec(OffsetType.FIRST)
     sub = c.SubscribeRequest(client.next_corr(), 4, "ov", spec, 1)
     assert (await client.request(sub)).response_code == ResponseCode.OK
     first = await client.expect(Deliver)
@@ -222,7 +222,7 @@ async def test_overtaken_consumer_is_told_by_default(server: Server) -> None:
 async def test_overtaken_consumer_skips_with_property(server: Server) -> None:
     client = await AsyncRawClient.connect(server.stream_port)
     await _make_segments(server, client, "sk", 8)
-    spec = c.OffsetSpec(OffsetType.FIRST)
+    spec = c.WireOffsetSpec(OffsetType.FIRST)
     props = {"x-tierlog-overtaken": "skip"}
     sub = c.SubscribeRequest(client.next_corr(), 2, "sk", spec, 1, props)
     assert (await client.request(sub)).response_code == ResponseCode.OK
@@ -240,7 +240,7 @@ async def test_overtaken_consumer_skips_with_property(server: Server) -> None:
 async def test_large_chunks_go_out_with_sendfile_and_credit_is_respected(server: Server) -> None:
     client = await AsyncRawClient.connect(server.stream_port)
     await _make_segments(server, client, "sf", 4)  # 100 KB chunks
-    sub = c.SubscribeRequest(client.next_corr(), 1, "sf", c.OffsetSpec(OffsetType.FIRST), 2)
+    sub = c.SubscribeRequest(client.next_corr(), 1, "sf", c.WireOffsetSpec(OffsetType.FIRST), 2)
     assert (await client.request(sub)).response_code == ResponseCode.OK
     got = [await client.expect(Deliver), await client.expect(Deliver)]
     with pytest.raises(TimeoutError):

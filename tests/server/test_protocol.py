@@ -144,7 +144,7 @@ _VALID_FRAMES = [
     c.DeclarePublisherRequest(5, 1, "ref", "fuzz").encode(),
     encode_publish(1, [(1, b"hello"), (2, b"world")]),
     c.QueryPublisherSequenceRequest(6, "ref", "fuzz").encode(),
-    c.SubscribeRequest(7, 1, "fuzz", c.OffsetSpec(OffsetType.OFFSET, 3), 10).encode(),
+    c.SubscribeRequest(7, 1, "fuzz", c.WireOffsetSpec(OffsetType.OFFSET, 3), 10).encode(),
     c.CreditRequest(1, 5).encode(),
     c.StoreOffsetRequest("ref", "fuzz", 9).encode(),
     c.QueryOffsetRequest(8, "ref", "fuzz").encode(),

@@ -181,7 +181,7 @@ async def _admin(server: Server, path: str) -> Any:
 
 
 async def _read_all(client: AsyncRawClient, name: str, count: int) -> list[bytes]:
-    spec = c.OffsetSpec(OffsetType.FIRST)
+    spec = c.WireOffsetSpec(OffsetType.FIRST)
     subscribed = await client.request(c.SubscribeRequest(client.next_corr(), 7, name, spec, 100))
     assert subscribed.response_code == ResponseCode.OK
     out: list[bytes] = []
@@ -232,7 +232,7 @@ async def test_stream_under_resolution_answers_not_available(
         # publish, subscribe and metadata on the held stream: retriable, at once
         code = await asyncio.wait_for(_publish(client, "held", 11, 1), 5)
         assert code == ResponseCode.STREAM_NOT_AVAILABLE
-        spec = c.OffsetSpec(OffsetType.FIRST)
+        spec = c.WireOffsetSpec(OffsetType.FIRST)
         sub = await client.request(c.SubscribeRequest(client.next_corr(), 1, "held", spec, 10))
         assert sub.response_code == ResponseCode.STREAM_NOT_AVAILABLE
         meta = await client.request(

@@ -242,7 +242,7 @@ max_subscriptions_per_connection = 1
             assert isinstance(response, c.SimpleResponse)
             codes.append(response.response_code)
         assert codes == [1, 1, ResponseCode.PRECONDITION_FAILED]
-        spec = c.OffsetSpec(1)
+        spec = c.WireOffsetSpec(1)
         codes = []
         for sid in range(2):
             first.send(c.SubscribeRequest(first.next_corr(), sid, "capped", spec, 1).encode())

@@ -67,7 +67,7 @@ async def test_stream_sync_argument_sets_what_a_confirm_waits_for(
     log = handle.log
     assert log.committed_offset == 49  # confirmed = committed = readable, in every mode
     assert (log.durable_point() == log.commit_point()) is fsyncs
-    sub = c.SubscribeRequest(client.next_corr(), 1, "s", c.OffsetSpec(OffsetType.FIRST), 100)
+    sub = c.SubscribeRequest(client.next_corr(), 1, "s", c.WireOffsetSpec(OffsetType.FIRST), 100)
     assert (await client.request(sub)).response_code == ResponseCode.OK
     records = 0
     while records < 50:

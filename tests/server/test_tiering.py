@@ -276,7 +276,7 @@ async def test_tiering_start_failure_is_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tierlog.server.app as app_module
-    from tierlog.storage.faults import FaultyObjectStore
+    from tests.faults.object_store import FaultyObjectStore
 
     stores: list[FaultyObjectStore] = []
 

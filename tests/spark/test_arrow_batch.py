@@ -34,7 +34,7 @@ from tierlog.formats.errors import (
     TruncatedError,
     UnsupportedError,
 )
-from tierlog.formats.fragment import ChunkInfo, FragmentPlacement, encode_fragment
+from tierlog.formats.fragment import FragmentChunkInfo, FragmentPlacement, encode_fragment
 from tierlog.spark.arrow_batch import (
     APPLICATION_PROPERTIES_TYPE,
     PROPERTIES_TYPE,
@@ -133,7 +133,9 @@ class Log:
         infos = []
         for c in self.chunks:
             _, ctype, n_entries, n_records, ts, epoch, cid, crc, *_ = OSIRIS_HEADER.unpack_from(c)
-            infos.append(ChunkInfo(cid, ts, epoch, len(c), n_records, crc, ctype, n_entries))
+            infos.append(
+                FragmentChunkInfo(cid, ts, epoch, len(c), n_records, crc, ctype, n_entries)
+            )
         parts, _ = encode_fragment(FragmentPlacement(0, 0, 0), self.chunks, infos)
         return b"".join(parts)
 

@@ -13,9 +13,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 
 from tests.plugins.spark import TieredBucket, TieredStream
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.spark import connections
-from tierlog.spark.errors import OffsetExpiredError
 from tierlog.spark.options import parse_options
 from tierlog.spark.streaming import TierlogStreamReader, limit_bytes, limit_rows
 from tierlog.tiering.retention import RetentionPolicy
@@ -163,7 +163,7 @@ def test_reader_offsets_and_retention_overtaking(tiered_bucket: TieredBucket) ->
     stream.tierer.set_retention(RetentionPolicy(max_bytes=20_000))
     first = stream.tierer.apply_retention()
     assert first is not None and first > 0
-    with pytest.raises(OffsetExpiredError, match="removed by retention"):
+    with pytest.raises(OffsetOvertakenError, match="removed by retention"):
         reader.partitions({"kept": 0}, {"kept": 640})
     skipping = TierlogStreamReader(parse_options({**opts, "onExpired": "skip"}))
     tasks = [p.value for p in skipping.partitions({"kept": 0}, {"kept": 640})]

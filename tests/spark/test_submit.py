@@ -17,8 +17,9 @@ from tests.plugins.spark import TieredBucket
 from tierlog.cli import EXIT_CONFIG, EXIT_STORE, main
 from tierlog.errors import ConfigError
 from tierlog.spark import connections
+from tierlog.spark.errors import StoreMissingError
 from tierlog.spark.jobs.common import RemoteTier, check_cluster, parse_conf, resolve_master
-from tierlog.spark.stores import StoreMissingError, check_master, require_existing
+from tierlog.spark.stores import check_master, require_existing
 from tierlog.storage.meta_store import open_meta_store
 
 pytestmark = pytest.mark.spark

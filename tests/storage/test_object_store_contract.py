@@ -11,6 +11,8 @@ import pytest
 from tierlog.storage.errors import (
     AlreadyExistsError,
     InvalidKeyError,
+    InvalidMetadataError,
+    InvalidRangeError,
     NotFoundError,
     PermanentError,
 )
@@ -18,8 +20,6 @@ from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
     MAX_SEGMENT_BYTES,
     MIN_PART_SIZE,
-    InvalidMetadataError,
-    InvalidRangeError,
     ObjectStore,
 )
 

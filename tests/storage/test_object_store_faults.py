@@ -8,13 +8,13 @@ import time
 
 import pytest
 
+from tests.faults.object_store import FaultyObjectStore, InjectedFault, OpRecord
 from tierlog.storage.errors import (
     AlreadyExistsError,
     NotFoundError,
     PermanentError,
     TransientError,
 )
-from tierlog.storage.faults import FaultyObjectStore, InjectedFault, OpRecord
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.retry import RetryPolicy
 

@@ -10,9 +10,9 @@ import pytest
 from tests.log_events import events
 from tierlog.errors import ConfigError
 from tierlog.server.config import load_config
-from tierlog.storage.errors import PermanentError, TransientError
+from tierlog.storage.errors import PermanentError, StoreStartupTimeoutError, TransientError
 from tierlog.storage.retry import RetryLog, RetryPolicy, error_kind
-from tierlog.storage.startup import StoreStartupTimeoutError, _until
+from tierlog.storage.startup import _until
 
 
 def test_store_settings_from_file_and_environment(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierlog.formats.fragment import (
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentPlacement,
     decode_index,
     decode_trailer,
@@ -42,7 +42,7 @@ def fragment(
     """A fragment of one chunk per entry of ``records`` (records per chunk)."""
     infos, chunks, at = [], [], first
     for n in records:
-        infos.append(ChunkInfo(at, 1000 + at, epoch, CHUNK, n, crc=at * 7 + 1))
+        infos.append(FragmentChunkInfo(at, 1000 + at, epoch, CHUNK, n, crc=at * 7 + 1))
         chunks.append(bytes(CHUNK))
         at += n
     parts, _ = encode_fragment(FragmentPlacement(seq, segment, 8), chunks, infos)

@@ -177,10 +177,10 @@ def test_stream_deletion_survives_a_crash_mid_cleanup(
 
 
 def test_grace_period_then_overtaken_reader_gets_the_signal(world: World) -> None:
-    from tierlog.read.errors import OffsetOvertakenError
     from tierlog.read.manifest_source import ManifestSource
     from tierlog.read.strategies import ReadStrategy
     from tierlog.read.tiered_reader import TieredReader
+    from tierlog.remote.errors import OffsetOvertakenError
     from tierlog.tiering.deletion import DeletionQueue
 
     world.deletions = DeletionQueue(world.meta, grace_seconds=0.5)

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.faults.object_store import FaultyObjectStore
 from tests.plugins.tiering_world import LOG, SMALL, World
 from tierlog.log.writer import StreamLog
 from tierlog.remote.fragments import RemoteFragment, RemoteStream
 from tierlog.storage.errors import TransientError
-from tierlog.storage.faults import FaultyObjectStore
 from tierlog.storage.object_store import ObjectMeta, ObjectStore
 from tierlog.tiering.tierer import StreamTierer
 

@@ -5,7 +5,7 @@ monotonic clock). The cluster shell feeds MetaStore outcomes, replication messag
 local fsyncs, and carries out the effects. Tests drive any interleaving of appends,
 acks, crashes, pauses and partitions deterministically.
 
-Rules (seed 000's Osiris replication, with leases from the MetaStore):
+Rules (Osiris-style replication, with leases from the MetaStore; docs/cluster.md):
 
 * **Epochs only go up.** A new leader's epoch is ``max(leader-record epoch, manifest
   pointer epoch, highest epoch on any member's disk) + 1`` (``next_leader_epoch``),

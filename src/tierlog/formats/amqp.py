@@ -17,15 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tierlog.formats.errors import FormatError, TruncatedError
-
-
-class AmqpError(FormatError):
-    """Bytes are not a valid AMQP 1.0 message."""
-
-
-class AmqpTruncatedError(AmqpError, TruncatedError):
-    """An AMQP value ends past the end of the input."""
+from tierlog.formats.errors import AmqpError, AmqpTruncatedError
 
 
 class Symbol(str):

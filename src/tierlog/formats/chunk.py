@@ -32,6 +32,7 @@ from tierlog.formats.errors import (
     CrcMismatchError,
     FormatError,
     InvalidSizeError,
+    RecordSizeError,
     TruncatedError,
     UnsupportedError,
 )
@@ -87,10 +88,6 @@ _U32 = struct.Struct(">I")
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 assert HEADER_DTYPE.fields is not None
 assert HEADER_DTYPE.fields["data_length"][1] == DATA_LENGTH_POS
-
-
-class RecordSizeError(InvalidSizeError):
-    """An entry is over a configured size limit (the data itself is well-formed)."""
 
 
 class ChunkType(IntEnum):

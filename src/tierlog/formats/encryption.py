@@ -31,21 +31,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tierlog.formats.errors import (
+    AuthenticationError,
     BadMagicError,
-    FormatError,
     InvalidSizeError,
     TruncatedError,
+    UnknownKeyError,
     UnsupportedError,
 )
-
-
-class AuthenticationError(FormatError):
-    """A sealed frame or wrapped key does not authenticate: tampered, moved or wrong key."""
-
-
-class UnknownKeyError(UnsupportedError):
-    """The object was sealed under a key-encryption key that is not configured."""
-
 
 KEY_SIZE = 32
 TAG_SIZE = 16

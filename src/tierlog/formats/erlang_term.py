@@ -15,21 +15,13 @@ import struct
 import zlib
 from typing import Any, NamedTuple
 
-from tierlog.formats.errors import FormatError, TruncatedError, UnsupportedError
+from tierlog.formats.errors import (
+    ErlangTermError,
+    TruncatedTermError,
+    UnsupportedTermError,
+)
 
 VERSION_MAGIC = 131
-
-
-class ErlangTermError(FormatError):
-    """Bytes are not a valid term in Erlang's external term format."""
-
-
-class TruncatedTermError(ErlangTermError, TruncatedError):
-    """A term ends past the end of its buffer."""
-
-
-class UnsupportedTermError(ErlangTermError, UnsupportedError):
-    """A term uses a tag this decoder does not handle."""
 
 
 class Atom(str):

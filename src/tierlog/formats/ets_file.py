@@ -20,8 +20,12 @@ import hashlib
 import struct
 from typing import Any, NamedTuple
 
-from tierlog.formats.erlang_term import Atom, ErlangTermError, decode
-from tierlog.formats.errors import FormatError, TruncatedError
+from tierlog.formats.erlang_term import Atom, decode
+from tierlog.formats.errors import (
+    ErlangTermError,
+    EtsFileError,
+    TruncatedEtsFileError,
+)
 
 LOG_MAGIC = b"\x01\x02\x03\x04"
 CLOSED = b"\x63\x58\x4d\x0b"
@@ -31,14 +35,6 @@ OLD_ITEM_MAGIC = b"\x0c\x21\x2c\x37"
 MIN_MD5_TERM = 65528
 
 _ITEM_HEAD = struct.Struct(">I4s")
-
-
-class EtsFileError(FormatError):
-    """A file is not a complete, closed ``ets:tab2file`` dump of the expected table."""
-
-
-class TruncatedEtsFileError(EtsFileError, TruncatedError):
-    """The dump ends inside an item (or without its end-of-table marker)."""
 
 
 class MsgLocation(NamedTuple):

@@ -42,7 +42,7 @@ FRAGMENT_VERSION = 1
 HEADER = struct.Struct(">4sI")
 HEADER_SIZE = HEADER.size  # 8
 FRAGMENT_INDEX_HEADER = struct.Struct(">4sI")
-INDEX_HEADER_SIZE = FRAGMENT_INDEX_HEADER.size  # 8
+FRAGMENT_INDEX_HEADER_SIZE = FRAGMENT_INDEX_HEADER.size  # 8
 
 # chunk id, timestamp, epoch, position in the fragment, chunk size, num records,
 # chunk data CRC, num entries, chunk type, 1 reserved byte.
@@ -80,7 +80,7 @@ MAX_U64 = 0xFFFFFFFFFFFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkInfo:
+class FragmentChunkInfo:
     """What the fragment index records about one chunk (taken from its Osiris header).
 
     ``size`` is the whole chunk: 48-byte header + bloom filter + data + trailer.
@@ -127,7 +127,7 @@ class FragmentTrailer:
         """Size of the whole fragment object."""
         return (
             self.index_start
-            + INDEX_HEADER_SIZE
+            + FRAGMENT_INDEX_HEADER_SIZE
             + self.chunk_count * INDEX_RECORD_SIZE
             + (TRAILER_SIZE)
         )
@@ -136,7 +136,7 @@ class FragmentTrailer:
 def index_range(data_size: int, chunk_count: int) -> tuple[int, int]:
     """Byte range ``[start, end)`` of index header + records, from manifest facts alone."""
     start = HEADER_SIZE + data_size
-    return start, start + INDEX_HEADER_SIZE + chunk_count * INDEX_RECORD_SIZE
+    return start, start + FRAGMENT_INDEX_HEADER_SIZE + chunk_count * INDEX_RECORD_SIZE
 
 
 def fragment_size(data_size: int, chunk_count: int) -> int:
@@ -147,7 +147,7 @@ def fragment_size(data_size: int, chunk_count: int) -> int:
 def encode_fragment(
     placement: FragmentPlacement,
     chunks: Sequence[bytes | bytearray | memoryview],
-    infos: Sequence[ChunkInfo],
+    infos: Sequence[FragmentChunkInfo],
 ) -> tuple[list[bytes | bytearray | memoryview], FragmentTrailer]:
     """Build a fragment as a list of buffers to write in order (chunk buffers are not copied).
 
@@ -281,10 +281,10 @@ class FragmentIndex:
     def __len__(self) -> int:
         return len(self.records)
 
-    def chunk(self, i: int) -> tuple[ChunkInfo, int]:
+    def chunk(self, i: int) -> tuple[FragmentChunkInfo, int]:
         """The chunk at index ``i`` and its byte position in the fragment."""
         r = self.records[i]
-        info = ChunkInfo(
+        info = FragmentChunkInfo(
             chunk_id=int(r["chunk_id"]),
             timestamp=int(r["timestamp"]),
             epoch=int(r["epoch"]),
@@ -321,7 +321,7 @@ def decode_index(
     The CRC covers index and trailer, so this also authenticates the trailer.
     """
     view = memoryview(index_bytes)
-    length = INDEX_HEADER_SIZE + trailer.chunk_count * INDEX_RECORD_SIZE
+    length = FRAGMENT_INDEX_HEADER_SIZE + trailer.chunk_count * INDEX_RECORD_SIZE
     if view.nbytes < length:
         raise TruncatedError(f"fragment index needs {length} bytes, got {view.nbytes}")
     magic, version = FRAGMENT_INDEX_HEADER.unpack_from(view, 0)
@@ -410,7 +410,7 @@ def validate_fragment(
     return index
 
 
-def _check_chunk(chunk: memoryview, info: ChunkInfo) -> None:
+def _check_chunk(chunk: memoryview, info: FragmentChunkInfo) -> None:
     """Check one chunk's Osiris header against its index record, and its data CRC."""
     header = decode_chunk_header(chunk)
     fields = (

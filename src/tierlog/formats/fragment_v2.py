@@ -6,7 +6,7 @@ Layout (all integers big-endian)::
 
     header   "TLFR" + u32 version 2                                   8 bytes
     frames   one frame per chunk, back to back                        data_size bytes
-    index    index header (``INDEX_HEADER``, 36 bytes), key block (``key_block_size`` bytes,
+    index    index header (36 bytes), key block (``key_block_size`` bytes,
              the wrapped data key of an encrypted fragment, else empty), then the index body:
              one 64-byte record per chunk followed by the chunks' bloom filters back to back
              (sealed as the last frame when encrypted)
@@ -61,7 +61,7 @@ from tierlog.formats.fragment import (
     TRAILER,
     TRAILER_MAGIC,
     TRAILER_SIZE,
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentIndex,
     FragmentPlacement,
     FragmentTrailer,
@@ -82,8 +82,8 @@ DICTIONARY_ID_SIZE = 16
 NO_DICTIONARY = bytes(DICTIONARY_ID_SIZE)
 
 # magic, version, codec, flags, reserved, chunk count, dictionary id, key block size.
-INDEX_HEADER = struct.Struct(">4sIBBHI16sI")
-INDEX_HEADER_SIZE = INDEX_HEADER.size  # 36
+FRAGMENT_V2_INDEX_HEADER = struct.Struct(">4sIBBHI16sI")
+FRAGMENT_V2_INDEX_HEADER_SIZE = FRAGMENT_V2_INDEX_HEADER.size  # 36
 
 # chunk id, timestamp, epoch, frame position, chunk size, stored size, num records,
 # chunk data CRC, frame CRC, num entries, chunk type, bloom size, record CRC, reserved.
@@ -293,7 +293,13 @@ def index_tail_guess(chunk_count: int) -> int:
     """Bytes of a suffix GET that hold the trailer and the whole index of any v1 fragment and
     of a v2 fragment whose chunks carry no bloom filters (else the tail says what is missing:
     ``index_region``)."""
-    return INDEX_HEADER_SIZE + MAX_KEY_BLOCK + chunk_count * INDEX_RECORD_SIZE + 16 + TRAILER_SIZE
+    return (
+        FRAGMENT_V2_INDEX_HEADER_SIZE
+        + MAX_KEY_BLOCK
+        + chunk_count * INDEX_RECORD_SIZE
+        + 16
+        + TRAILER_SIZE
+    )
 
 
 def is_v2(index: FragmentIndex) -> bool:
@@ -311,7 +317,7 @@ def stored_sizes(index: FragmentIndex) -> np.ndarray:
 def encode_fragment_v2(
     placement: FragmentPlacement,
     chunks: Sequence[bytes | bytearray | memoryview],
-    infos: Sequence[ChunkInfo],
+    infos: Sequence[FragmentChunkInfo],
     coding: FrameCoding,
 ) -> tuple[list[bytes], FragmentTrailerV2]:
     """Build a v2 fragment as a list of buffers to write in order; return them and the
@@ -353,7 +359,7 @@ def encode_fragment_v2(
     if expected_id > MAX_U64:
         raise InvalidSizeError(f"next offset {expected_id} does not fit 64 bits")
     key_block = cipher.key_block if cipher is not None else b""
-    index_header = INDEX_HEADER.pack(
+    index_header = FRAGMENT_V2_INDEX_HEADER.pack(
         INDEX_MAGIC,
         FRAGMENT_VERSION_2,
         coding.codec,
@@ -365,7 +371,7 @@ def encode_fragment_v2(
     )
     body = bytes(records + blooms)
     overhead = cipher.overhead if cipher is not None else 0
-    index_size = INDEX_HEADER_SIZE + len(key_block) + len(body) + overhead
+    index_size = FRAGMENT_V2_INDEX_HEADER_SIZE + len(key_block) + len(body) + overhead
     if index_size > MAX_U32:
         raise InvalidSizeError(f"fragment index of {index_size} bytes does not fit 32 bits")
     timestamps = [i.timestamp for i in infos]
@@ -396,7 +402,12 @@ def encode_fragment_v2(
 
 
 def _pack_record(
-    info: ChunkInfo, position: int, stored: int, frame_crc: int, bloom_size: int, bloom: bytes
+    info: FragmentChunkInfo,
+    position: int,
+    stored: int,
+    frame_crc: int,
+    bloom_size: int,
+    bloom: bytes,
 ) -> bytes:
     fields = (
         info.chunk_id,
@@ -455,7 +466,7 @@ def _decode_trailer_v2(tail: bytes | bytearray | memoryview) -> FragmentTrailerV
         count < 1
         or index_start < HEADER_SIZE + count
         or data_size < count * CHUNK_HEADER_SIZE
-        or index_size < INDEX_HEADER_SIZE + count * INDEX_RECORD_SIZE
+        or index_size < FRAGMENT_V2_INDEX_HEADER_SIZE + count * INDEX_RECORD_SIZE
     ):
         raise InvalidSizeError(
             f"fragment trailer sizes impossible: {count} chunks, {data_size} bytes, "
@@ -511,7 +522,7 @@ def _decode_index_v2(
     if crc != trailer.crc:
         raise CrcMismatchError(f"fragment metadata CRC {crc:#010x} != stored {trailer.crc:#010x}")
     magic, version, codec, flags, reserved, count, dictionary_id, key_block_size = (
-        INDEX_HEADER.unpack_from(region, 0)
+        FRAGMENT_V2_INDEX_HEADER.unpack_from(region, 0)
     )
     if magic != INDEX_MAGIC:
         raise BadMagicError(f"not a fragment index: magic {magic!r}")
@@ -523,10 +534,10 @@ def _decode_index_v2(
         raise InvalidSizeError(f"index holds {count} chunks, trailer says {trailer.chunk_count}")
     if bool(flags & FLAG_ENCRYPTED) != bool(key_block_size):
         raise InvalidSizeError("encrypted flag and key block disagree")
-    body_at = INDEX_HEADER_SIZE + key_block_size
+    body_at = FRAGMENT_V2_INDEX_HEADER_SIZE + key_block_size
     if body_at > region.nbytes:
         raise InvalidSizeError(f"key block of {key_block_size} bytes overruns the index")
-    key_block = bytes(region[INDEX_HEADER_SIZE:body_at])
+    key_block = bytes(region[FRAGMENT_V2_INDEX_HEADER_SIZE:body_at])
     body: bytes | memoryview = region[body_at:]
     if key_block:
         if cipher_for is None:

@@ -10,8 +10,11 @@ Layout (all integers big-endian)::
     crc      u32, zlib CRC-32 of everything before it
 
 An entry covers ``[first_offset, next)`` where ``next`` is the next entry's first offset (or
-the node's next offset for the last one). Height 0 is a fragment (uid all zero: fragments are
-keyed by first offset), height h >= 1 a branch node of height h whose entries have height h-1.
+the node's next offset for the last one). Height 0 is a leaf: entry kind 0 a fragment (uid all
+zero: fragments are keyed by first offset), entry kind 1 an offloaded segment (uid = its
+offload attempt's UUID, which names its objects); height h >= 1 a branch node of height h whose
+entries have height h-1 (entry kind 0). The entry kind is byte 65 of an entry, formerly the
+first reserved byte, so manifests written before segments existed read unchanged.
 A root may hold entries of several heights, oldest (highest) first. Entries are kept in memory
 as a numpy structured array in native byte order (``ENTRY_DTYPE``) so whole nodes encode,
 decode and binary-search without per-entry Python work.
@@ -43,6 +46,8 @@ UID_SIZE = 16
 ZERO_UID = bytes(UID_SIZE)
 MAX_STREAM_DIR_BYTES = 1024
 EMPTY_TIMESTAMP = -1  # min/max timestamp of a node without entries
+ENTRY_FRAGMENT = 0  # entry kinds of height-0 entries (branch entries are kind 0 too)
+ENTRY_SEGMENT = 1
 
 # magic, version, kind, reserved, height, epoch, first offset, next offset, min ts, max ts,
 # total bytes, total chunks, total fragments, entry count, stream dir length, reserved.
@@ -59,19 +64,20 @@ _FIELDS = [
     "fragment_count",
     "uid",
     "height",
+    "entry_kind",
 ]
 ENTRY_DTYPE = np.dtype(
     {
         "names": _FIELDS,
-        "formats": ["u8", "i8", "i8", "u8", "u8", "u8", ("u1", (UID_SIZE,)), "u1"],
+        "formats": ["u8", "i8", "i8", "u8", "u8", "u8", ("u1", (UID_SIZE,)), "u1", "u1"],
     }
 )
 WIRE_DTYPE = np.dtype(
     {
         "names": _FIELDS,
-        "formats": [">u8", ">i8", ">i8", ">u8", ">u8", ">u8", ("u1", (UID_SIZE,)), "u1"],
-        "offsets": [0, 8, 16, 24, 32, 40, 48, 64],
-        "itemsize": 72,  # 7 reserved zero bytes at the end
+        "formats": [">u8", ">i8", ">i8", ">u8", ">u8", ">u8", ("u1", (UID_SIZE,)), "u1", "u1"],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 64, 65],
+        "itemsize": 72,  # 6 reserved zero bytes at the end
     }
 )
 ENTRY_SIZE = WIRE_DTYPE.itemsize
@@ -79,7 +85,8 @@ ENTRY_SIZE = WIRE_DTYPE.itemsize
 
 @dataclass(frozen=True, slots=True)
 class ManifestEntry:
-    """One node entry: a fragment (height 0) or a branch node (height >= 1)."""
+    """One node entry: a fragment or an offloaded segment (height 0, told apart by
+    ``entry_kind``) or a branch node (height >= 1)."""
 
     first_offset: int
     min_timestamp: int
@@ -89,6 +96,7 @@ class ManifestEntry:
     fragment_count: int = 1
     height: int = 0
     uid: bytes = ZERO_UID
+    entry_kind: int = ENTRY_FRAGMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +124,7 @@ class ManifestNode:
 def entries_array(entries: Sequence[ManifestEntry]) -> np.ndarray:
     """Entries as a structured array (``ENTRY_DTYPE``)."""
     arr = np.zeros(len(entries), dtype=ENTRY_DTYPE)
-    for name in [*_FIELDS[:6], "height"]:
+    for name in [*_FIELDS[:6], "height", "entry_kind"]:
         arr[name] = [getattr(e, name) for e in entries]
     for i, e in enumerate(entries):
         if len(e.uid) != UID_SIZE:
@@ -137,6 +145,7 @@ def entry_at(entries: np.ndarray, i: int) -> ManifestEntry:
         fragment_count=int(r["fragment_count"]),
         height=int(r["height"]),
         uid=r["uid"].tobytes(),
+        entry_kind=int(r["entry_kind"]),
     )
 
 
@@ -280,12 +289,18 @@ def check_node(header: NodeHeader, entries: np.ndarray) -> None:
             raise InvalidSizeError(f"branch of height {header.height} with other-height entries")
     elif not bool(np.all(heights[1:] <= heights[:-1])):
         raise InvalidSizeError("root entries must have non-increasing heights")
+    kinds = entries["entry_kind"]
+    if not bool(np.all((kinds == ENTRY_FRAGMENT) | ((kinds == ENTRY_SEGMENT) & (heights == 0)))):
+        raise UnsupportedError("manifest entry kind unknown (or a branch entry not of kind 0)")
     leaf = heights == 0
+    fragment = leaf & (kinds == ENTRY_FRAGMENT)
     zero_uid = ~entries["uid"].any(axis=1)
     fragments = entries["fragment_count"]
     chunks = entries["chunk_count"]
-    if not bool(np.all(zero_uid == leaf)) or not bool(np.all(fragments[leaf] == 1)):
-        raise InvalidSizeError("fragment entries need a zero uid, branch entries a non-zero one")
+    if not bool(np.all(zero_uid == fragment)) or not bool(np.all(fragments[leaf] == 1)):
+        raise InvalidSizeError(
+            "fragment entries need a zero uid, segment and branch entries a non-zero one"
+        )
     if not bool(np.all((fragments >= 1) & (chunks >= fragments) & (chunks <= nexts - firsts))):
         raise InvalidSizeError("manifest entry counts impossible")
     if not bool(np.all(entries["data_size"] >= chunks)) or not bool(

@@ -28,11 +28,15 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from tierlog.formats.errors import (
-    BadMagicError,
-    CrcMismatchError,
-    FormatError,
-    InvalidSizeError,
-    TruncatedError,
+    MsgIdMismatchError,
+    MsgStoreRecordSizeError,
+    NotAMessageError,
+    RecordChecksumError,
+    SegmentHeaderError,
+    TornRecordError,
+    UnknownRecordTypeError,
+    V1RecordError,
+    ZeroFilledRegionError,
 )
 
 MAGIC = b"TLMS"
@@ -85,46 +89,6 @@ def _pick_crc32_continue() -> Callable[[bytes | memoryview, int], int]:
 _crc32_continue = _pick_crc32_continue()
 
 _MIN_SIZE = {HOLE: HOLE_MIN, MESSAGE: MESSAGE_MIN, MESSAGE_WITH_CHECKSUM: CHECKSUM_MESSAGE_MIN}
-
-
-class MsgStoreFormatError(FormatError):
-    """Bytes of a message-store file do not form valid records."""
-
-
-class ZeroFilledRegionError(MsgStoreFormatError):
-    """A record starts with type 0: a zero-filled or uninitialised region where records belong."""
-
-
-class UnknownRecordTypeError(MsgStoreFormatError):
-    """A record starts with a type byte this version does not know (5..255)."""
-
-
-class RecordSizeError(MsgStoreFormatError, InvalidSizeError):
-    """A record's size field is below its type's minimum or not what the caller expected."""
-
-
-class TornRecordError(MsgStoreFormatError, TruncatedError):
-    """A record extends past the end of the file or buffer (a torn write)."""
-
-
-class RecordChecksumError(MsgStoreFormatError, CrcMismatchError):
-    """A MESSAGE_WITH_CHECKSUM's CRC does not match its msg id and body (a bit flip)."""
-
-
-class MsgIdMismatchError(MsgStoreFormatError):
-    """The record at an indexed position holds another message than the index says."""
-
-
-class NotAMessageError(MsgStoreFormatError):
-    """The record at an indexed position is a hole, not a message."""
-
-
-class SegmentHeaderError(MsgStoreFormatError, BadMagicError):
-    """A v2 segment header has the wrong magic or version."""
-
-
-class V1RecordError(MsgStoreFormatError):
-    """Bytes at a v1 (``.rdq``) position are not a complete record with its 255 trailer."""
 
 
 class Record(NamedTuple):
@@ -185,7 +149,7 @@ def encode_message(msg_id: bytes, body: bytes | memoryview, *, checksum: bool = 
     _check_msg_id(msg_id)
     size = message_size(len(body), checksum=checksum)
     if size > MAX_RECORD_SIZE:
-        raise RecordSizeError(f"message record of {size} bytes exceeds {MAX_RECORD_SIZE}")
+        raise MsgStoreRecordSizeError(f"message record of {size} bytes exceeds {MAX_RECORD_SIZE}")
     if checksum:
         return _CHECKSUM_HEAD.pack(
             MESSAGE_WITH_CHECKSUM, size, msg_id, message_crc(msg_id, body)
@@ -203,7 +167,7 @@ def hole_marker(gap: int) -> bytes:
     otherwise the 5-byte header of one HOLE record covering the whole gap (its inner bytes are
     left as they are). Every gap size >= 0 is representable."""
     if gap < 0 or gap > MAX_RECORD_SIZE:
-        raise RecordSizeError(f"gap of {gap} bytes cannot be a hole")
+        raise MsgStoreRecordSizeError(f"gap of {gap} bytes cannot be a hole")
     if gap < HOLE_MIN:
         return bytes([SMALL_HOLE]) * gap
     return _TYPE_SIZE.pack(HOLE, gap)
@@ -216,7 +180,7 @@ def encode_hole(gap: int, inner: bytes | None = None) -> bytes:
     if inner is None:
         return marker + bytes(rest)
     if len(inner) != rest:
-        raise RecordSizeError(f"hole inner bytes must be {rest} long, got {len(inner)}")
+        raise MsgStoreRecordSizeError(f"hole inner bytes must be {rest} long, got {len(inner)}")
     return marker + inner
 
 
@@ -235,7 +199,7 @@ def decode_message(
         raise NotAMessageError(f"record of type {rtype} is a hole, not a message")
     _check_type(rtype, 0)
     if size != len(view):
-        raise RecordSizeError(f"message record size field {size}, expected {len(view)}")
+        raise MsgStoreRecordSizeError(f"message record size field {size}, expected {len(view)}")
     if expected_id is not None and msg_id != expected_id:
         raise MsgIdMismatchError(
             f"record holds msg id {msg_id.hex()}, expected {expected_id.hex()}"
@@ -243,7 +207,9 @@ def decode_message(
     if rtype == MESSAGE:
         return msg_id, view[MESSAGE_MIN:]
     if size < CHECKSUM_MESSAGE_MIN:
-        raise RecordSizeError(f"checksummed message of {size} bytes < {CHECKSUM_MESSAGE_MIN}")
+        raise MsgStoreRecordSizeError(
+            f"checksummed message of {size} bytes < {CHECKSUM_MESSAGE_MIN}"
+        )
     body = view[CHECKSUM_MESSAGE_MIN:]
     if verify:
         (stored,) = struct.unpack_from(">I", view, MESSAGE_MIN)
@@ -295,7 +261,7 @@ def scan_block(
             return ScanStop(position, position + head, False)
         _, size = unpack_ts(view, rel)
         if size < _MIN_SIZE[rtype]:
-            raise RecordSizeError(
+            raise MsgStoreRecordSizeError(
                 f"record type {rtype} at position {position} has size {size} "
                 f"< minimum {_MIN_SIZE[rtype]}"
             )

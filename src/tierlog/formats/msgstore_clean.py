@@ -12,7 +12,7 @@ import struct
 from typing import NamedTuple
 
 from tierlog.formats.crc import crc32
-from tierlog.formats.errors import FormatError
+from tierlog.formats.errors import CleanFileError
 
 MAGIC = b"TLMC"
 VERSION = 1
@@ -20,10 +20,6 @@ VERSION = 1
 _HEAD = struct.Struct(">4sBqI")
 _ENTRY = struct.Struct(">16sIIQI")
 _CRC = struct.Struct(">I")
-
-
-class CleanFileError(FormatError):
-    """A clean-shutdown file is damaged (bad magic, cut off, CRC mismatch)."""
 
 
 class CleanEntry(NamedTuple):

@@ -68,9 +68,11 @@ import numpy as np
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import (
     BadMagicError,
+    BadPaddingError,
     CrcMismatchError,
     FormatError,
     InvalidSizeError,
+    LayoutMismatchError,
     TruncatedError,
     UnsupportedError,
 )
@@ -93,7 +95,7 @@ MAX_ENTRY_LENGTH = (1 << 31) - 1
 MAX_ENTRY_ID = (1 << 63) - 1
 
 INDEX_MAGIC = 0xDE47DE47
-INDEX_HEADER_SIZE = 32
+OFFLOAD_INDEX_HEADER_SIZE = 32
 MAPPING_SIZE = 20
 METADATA_MAGIC = b"OSSM"
 METADATA_VERSION = 1
@@ -104,23 +106,15 @@ MAX_INDEX_LENGTH = (1 << 31) - 1
 
 _BLOCK_HEADER = struct.Struct(">Iqqq")  # magic, header len, block len, first entry id
 _ENTRY_HEADER = struct.Struct(">iq")
-_INDEX_HEADER = struct.Struct(">Iiqqii")
+_OFFLOAD_INDEX_HEADER = struct.Struct(">Iiqqii")
 _MAPPING = struct.Struct(">qiq")
 _METADATA_HEADER = struct.Struct(">4sHHQQQI")
 _U32 = struct.Struct(">I")
 _BLOCK_HEADER_PAD = bytes(BLOCK_HEADER_SIZE - _BLOCK_HEADER.size)
 assert _ENTRY_HEADER.size == ENTRY_HEADER_SIZE
-assert _INDEX_HEADER.size == INDEX_HEADER_SIZE
+assert _OFFLOAD_INDEX_HEADER.size == OFFLOAD_INDEX_HEADER_SIZE
 assert _MAPPING.size == MAPPING_SIZE
 assert _METADATA_HEADER.size == METADATA_HEADER_SIZE
-
-
-class BadPaddingError(FormatError):
-    """Bytes that must be padding (header zeros or the FEDCDEAD pattern) are something else."""
-
-
-class LayoutMismatchError(FormatError):
-    """The index's block mappings or lengths disagree with the layout its records imply."""
 
 
 # -- block layout ---------------------------------------------------------------------------
@@ -456,13 +450,13 @@ def encode_index(index: OffloadIndex) -> bytes:
     records = np.ascontiguousarray(meta.records, dtype=INDEX_RECORD_DTYPE).tobytes()
     records += np.ascontiguousarray(meta.chunk_crcs, dtype=">u4").tobytes()
     metadata_len = METADATA_HEADER_SIZE + len(records) + METADATA_TRAILER_SIZE
-    total = INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * len(index.blocks)
+    total = OFFLOAD_INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * len(index.blocks)
     if total > MAX_INDEX_LENGTH:
         raise InvalidSizeError(f"index object of {total} bytes is too large")
     mappings = b"".join(
         _MAPPING.pack(b.first_entry_id, b.part_number, b.offset) for b in index.blocks
     )
-    head = _INDEX_HEADER.pack(
+    head = _OFFLOAD_INDEX_HEADER.pack(
         INDEX_MAGIC,
         total,
         index.data_object_length,
@@ -487,10 +481,10 @@ def decode_index(buf: bytes | bytearray | memoryview) -> OffloadIndex:
     corruption (bad magic or version, lengths, CRCs, records, or a block layout that does not
     follow from the records)."""
     view = memoryview(buf).cast("B")
-    if len(view) < INDEX_HEADER_SIZE:
-        raise TruncatedError(f"index object needs {INDEX_HEADER_SIZE} header bytes")
-    magic, index_len, data_len, header_len, block_count, metadata_len = _INDEX_HEADER.unpack_from(
-        view
+    if len(view) < OFFLOAD_INDEX_HEADER_SIZE:
+        raise TruncatedError(f"index object needs {OFFLOAD_INDEX_HEADER_SIZE} header bytes")
+    magic, index_len, data_len, header_len, block_count, metadata_len = (
+        _OFFLOAD_INDEX_HEADER.unpack_from(view)
     )
     if magic != INDEX_MAGIC:
         raise BadMagicError(f"index magic {magic:#010x}, expected {INDEX_MAGIC:#010x}")
@@ -503,9 +497,9 @@ def decode_index(buf: bytes | bytearray | memoryview) -> OffloadIndex:
         raise InvalidSizeError(f"block count {block_count} out of range")
     if metadata_len < METADATA_HEADER_SIZE + METADATA_TRAILER_SIZE:
         raise InvalidSizeError(f"segment metadata length {metadata_len} too small")
-    if INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * block_count != index_len:
+    if OFFLOAD_INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * block_count != index_len:
         raise InvalidSizeError("index length does not match metadata length and block count")
-    meta_end = INDEX_HEADER_SIZE + metadata_len
+    meta_end = OFFLOAD_INDEX_HEADER_SIZE + metadata_len
     crc_at = meta_end - 4
     (stored_crc,) = _U32.unpack_from(view, crc_at)
     actual = crc32(view[:crc_at])
@@ -516,13 +510,13 @@ def decode_index(buf: bytes | bytearray | memoryview) -> OffloadIndex:
     if crc32(mapping_bytes) != mappings_crc:
         raise CrcMismatchError("index mappings CRC mismatch")
     m_magic, version, reserved, first, next_offset, seg_size, count = _METADATA_HEADER.unpack_from(
-        view, INDEX_HEADER_SIZE
+        view, OFFLOAD_INDEX_HEADER_SIZE
     )
     if m_magic != METADATA_MAGIC:
         raise BadMagicError(f"segment metadata magic {m_magic!r}, expected {METADATA_MAGIC!r}")
     if version != METADATA_VERSION or reserved != 0:
         raise UnsupportedError(f"segment metadata version {version} (flags {reserved})")
-    records_at = INDEX_HEADER_SIZE + METADATA_HEADER_SIZE
+    records_at = OFFLOAD_INDEX_HEADER_SIZE + METADATA_HEADER_SIZE
     crcs_at = records_at + count * INDEX_RECORD_SIZE
     if crcs_at + count * CHUNK_CRC_SIZE + METADATA_TRAILER_SIZE != meta_end:
         raise InvalidSizeError(f"{count} index records do not fill the segment metadata")

@@ -17,7 +17,7 @@ import numpy as np
 from tierlog.formats.errors import BadMagicError, TruncatedError
 
 SEGMENT_HEADER = b"OSIL\x00\x00\x00\x01"
-INDEX_HEADER = b"OSII\x00\x00\x00\x01"
+INDEX_FILE_HEADER = b"OSII\x00\x00\x00\x01"
 FILE_HEADER_SIZE = 8
 INDEX_RECORD_SIZE = 29
 MAX_FILE_POSITION = 0xFFFFFFFF
@@ -69,7 +69,7 @@ def check_segment_header(buf: bytes | memoryview) -> None:
 
 def check_index_header(buf: bytes | memoryview) -> None:
     """Raise unless ``buf`` starts with the index file header."""
-    _check_header(buf, INDEX_HEADER, "index")
+    _check_header(buf, INDEX_FILE_HEADER, "index")
 
 
 def _check_header(buf: bytes | memoryview, expected: bytes, what: str) -> None:

@@ -22,14 +22,13 @@ from tierlog.formats.chunk import (
     MAX_ENTRIES_PER_CHUNK,
     SUB_BATCH_HEADER_SIZE,
     Entry,
-    RecordSizeError,
     SubBatch,
     count_entry_data,
     encode_entries,
     encode_records,
     encode_uniform_records,
 )
-from tierlog.formats.errors import FormatError
+from tierlog.formats.errors import FormatError, RecordSizeError
 from tierlog.formats.tracking import MAX_ID_BYTES
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import InvalidAppendError, RecordTooLargeError

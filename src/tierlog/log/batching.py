@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
 from tierlog.logs import get_logger
 

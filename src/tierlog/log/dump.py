@@ -9,33 +9,39 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
 from tierlog.log.offset_spec import OffsetSpec
-from tierlog.log.reader import LogReader, LogView
+from tierlog.log.reader import ChunkRead, LogReader, LogView
 
 
 def iter_dump(stream_dir: str) -> Iterator[dict[str, Any]]:
     """One dict per user record: offset, chunk_id, timestamp, epoch, body (base64)."""
     view = LogView(stream_dir)
     with LogReader(view, OffsetSpec.first()) as reader:
-        for chunk in reader.chunks():
-            header = chunk.header
-            for offset, record in chunk.records():
-                yield {
-                    "offset": offset,
-                    "chunk_id": header.chunk_id,
-                    "timestamp": header.timestamp,
-                    "epoch": header.epoch,
-                    "body": base64.b64encode(record).decode("ascii"),
-                }
+        yield from dump_chunks(reader.chunks())
 
 
-def dump(stream_dir: str, out: TextIO) -> int:
-    """Write the JSON lines to ``out``; return how many records were written."""
+def dump_chunks(chunks: Iterable[ChunkRead]) -> Iterator[dict[str, Any]]:
+    """The dump's dicts of every record of ``chunks`` (from any reader of either tier)."""
+    for chunk in chunks:
+        header = chunk.header
+        for offset, record in chunk.records():
+            yield {
+                "offset": offset,
+                "chunk_id": header.chunk_id,
+                "timestamp": header.timestamp,
+                "epoch": header.epoch,
+                "body": base64.b64encode(record).decode("ascii"),
+            }
+
+
+def dump(stream_dir: str, out: TextIO, items: Iterable[dict[str, Any]] | None = None) -> int:
+    """Write the JSON lines (of ``items``, default the directory's) to ``out``; return how
+    many records were written."""
     count = 0
-    for item in iter_dump(stream_dir):
+    for item in iter_dump(stream_dir) if items is None else items:
         out.write(json.dumps(item, separators=(",", ":")))
         out.write("\n")
         count += 1

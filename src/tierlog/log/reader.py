@@ -30,7 +30,7 @@ from tierlog.formats.chunk import (
 )
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import CorruptChunkError, LogClosedError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.recovery import recover

@@ -44,9 +44,9 @@ from tierlog.formats.segment import FILE_HEADER_SIZE, SEGMENT_HEADER, IndexRecor
 from tierlog.log.damage import refuse_quarantined
 from tierlog.log.errors import DamagedSegmentError, NotAStreamError
 from tierlog.log.segment_files import (
-    ChunkInfo,
     IndexView,
     ScanResult,
+    SegmentChunkInfo,
     SegmentRef,
     chunk_info,
     encode_index,
@@ -71,8 +71,8 @@ class SegmentState:
     ref: SegmentRef
     size: int
     num_chunks: int
-    first_chunk: ChunkInfo | None
-    last_chunk: ChunkInfo | None
+    first_chunk: SegmentChunkInfo | None
+    last_chunk: SegmentChunkInfo | None
 
 
 @dataclass
@@ -85,7 +85,7 @@ class RecoveredLog:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def last_chunk(self) -> ChunkInfo | None:
+    def last_chunk(self) -> SegmentChunkInfo | None:
         for seg in reversed(self.segments):
             if seg.last_chunk is not None:
                 return seg.last_chunk
@@ -214,7 +214,9 @@ def _damage(
     )
 
 
-def _check_chunk_types(ref: SegmentRef, chunks: list[ChunkInfo], next_segment: int | None) -> None:
+def _check_chunk_types(
+    ref: SegmentRef, chunks: list[SegmentChunkInfo], next_segment: int | None
+) -> None:
     """The chunk type is outside the CRC and no neighbour corroborates it: where the index
     names another type for the same chunk, neither copy can be trusted over the other."""
     by_position = {r.position: r for r in _index_records(ref) or []}
@@ -235,7 +237,7 @@ def _check_chunk_types(ref: SegmentRef, chunks: list[ChunkInfo], next_segment: i
             )
 
 
-def _check_last_chunk(ref: SegmentRef, last: ChunkInfo, next_segment: int | None) -> None:
+def _check_last_chunk(ref: SegmentRef, last: SegmentChunkInfo, next_segment: int | None) -> None:
     """Corroborate the header fields outside the CRC (timestamp, epoch, type) of a
     segment's last chunk. Its right neighbour is the next segment's first chunk; the last
     chunk of the log has none, so where its index record exists and disagrees, neither
@@ -383,7 +385,7 @@ def _records_in_order(index: IndexView, size: int) -> bool:
 
 
 def _repair_segment(
-    ref: SegmentRef, header_ok: bool, valid_end: int, chunks: list[ChunkInfo]
+    ref: SegmentRef, header_ok: bool, valid_end: int, chunks: list[SegmentChunkInfo]
 ) -> bool:
     """Truncate the segment to its good prefix and make its index match; True if changed."""
     changed = False

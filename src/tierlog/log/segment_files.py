@@ -26,7 +26,7 @@ from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError, TruncatedError
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
-    INDEX_HEADER,
+    INDEX_FILE_HEADER,
     INDEX_RECORD_SIZE,
     IndexRecord,
     check_index_header,
@@ -51,7 +51,7 @@ class SegmentRef(NamedTuple):
     index_path: str
 
 
-class ChunkInfo(NamedTuple):
+class SegmentChunkInfo(NamedTuple):
     """Where a chunk is and what it holds (what tiering needs per chunk).
 
     ``size`` is the whole chunk: header, bloom filter, data and trailer.
@@ -80,9 +80,9 @@ class ChunkInfo(NamedTuple):
         )
 
 
-def chunk_info(header: ChunkHeader, position: int) -> ChunkInfo:
-    """The ChunkInfo of a decoded header found at ``position``."""
-    return ChunkInfo(
+def chunk_info(header: ChunkHeader, position: int) -> SegmentChunkInfo:
+    """The SegmentChunkInfo of a decoded header found at ``position``."""
+    return SegmentChunkInfo(
         header.chunk_id,
         header.timestamp,
         header.epoch,
@@ -183,7 +183,7 @@ def read_segment_into(segment_path: str, position: int, buf: memoryview) -> None
 class ScanResult(NamedTuple):
     """The valid prefix of a segment file and why the scan stopped."""
 
-    chunks: list[ChunkInfo]
+    chunks: list[SegmentChunkInfo]
     valid_end: int
     file_size: int
     header_ok: bool
@@ -214,7 +214,7 @@ def scan_segment(
             check_segment_header(head)
         except FormatError as exc:
             return ScanResult([], 0, size, False, f"segment header: {exc}")
-        chunks: list[ChunkInfo] = []
+        chunks: list[SegmentChunkInfo] = []
         pos = FILE_HEADER_SIZE
         expected = first_offset
         epoch = 0
@@ -286,7 +286,7 @@ def read_header_at(fd: int, position: int) -> ChunkHeader:
     return decode_header(pread_exact(fd, HEADER_SIZE, position))
 
 
-def index_chunks(segment_path: str, index_path: str) -> list[ChunkInfo]:
+def index_chunks(segment_path: str, index_path: str) -> list[SegmentChunkInfo]:
     """All chunks of a segment, from its index plus one header read per chunk."""
     records = list(iter_index_records(read_file(index_path)))
     fd = os.open(segment_path, os.O_RDONLY)
@@ -296,9 +296,9 @@ def index_chunks(segment_path: str, index_path: str) -> list[ChunkInfo]:
         os.close(fd)
 
 
-def encode_index(chunks: list[ChunkInfo]) -> bytes:
+def encode_index(chunks: list[SegmentChunkInfo]) -> bytes:
     """A whole index file for ``chunks``."""
-    return INDEX_HEADER + b"".join(c.index_record().encode() for c in chunks)
+    return INDEX_FILE_HEADER + b"".join(c.index_record().encode() for c in chunks)
 
 
 class IndexView:

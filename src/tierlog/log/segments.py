@@ -24,14 +24,14 @@ from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader, ChunkType, make_head
 from tierlog.formats.crc import crc32
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
-    INDEX_HEADER,
+    INDEX_FILE_HEADER,
     SEGMENT_HEADER,
     encode_index_record,
 )
 from tierlog.log.errors import SegmentNotSealedError, SyncFailedError
 from tierlog.log.segment_files import (
     ASYNC_CRC_MIN_BYTES,
-    ChunkInfo,
+    SegmentChunkInfo,
     SegmentRef,
     crc32_in_background,
     fsync_dir,
@@ -321,7 +321,7 @@ class SegmentSet:
             for i, s in enumerate(self.segments)
         ]
 
-    def chunks(self, first_offset: int, up_to_chunk_id: int) -> list[ChunkInfo]:
+    def chunks(self, first_offset: int, up_to_chunk_id: int) -> list[SegmentChunkInfo]:
         """The chunk index of a segment, chunks up to ``up_to_chunk_id`` only."""
         ref = self.find(first_offset).ref
         return [
@@ -339,7 +339,7 @@ class SegmentSet:
 
 def create_segment_files(ref: SegmentRef) -> None:
     """Create a segment's index and segment files with their headers (fsynced)."""
-    for path, header in ((ref.index_path, INDEX_HEADER), (ref.segment_path, SEGMENT_HEADER)):
+    for path, header in ((ref.index_path, INDEX_FILE_HEADER), (ref.segment_path, SEGMENT_HEADER)):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, header)

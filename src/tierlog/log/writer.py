@@ -29,7 +29,7 @@ from tierlog.log.append import (
     tracking_id,
 )
 from tierlog.log.batching import CommitBatcher, CommitListener
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import (
     InvalidAppendError,
@@ -44,7 +44,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.recovery import RecoveredLog, recover
 from tierlog.log.segment_files import (
-    ChunkInfo,
+    SegmentChunkInfo,
     SegmentRef,
     fsync_dir,
     segment_ref,
@@ -455,7 +455,7 @@ class StreamLog:
         num_entries: int,
         num_records: int,
         trailer: bytes,
-    ) -> ChunkInfo:
+    ) -> SegmentChunkInfo:
         segments = self._segments
         active = segments.active
         if (
@@ -479,7 +479,7 @@ class StreamLog:
         self._commits.written = CommitPoint(
             chunk_id, header.next_offset, active.ref.first_offset, active.size
         )
-        return ChunkInfo(
+        return SegmentChunkInfo(
             chunk_id,
             timestamp,
             self._epoch,
@@ -490,7 +490,7 @@ class StreamLog:
             header.data_crc,
         )
 
-    def _write_snapshot_chunk(self) -> ChunkInfo:
+    def _write_snapshot_chunk(self) -> SegmentChunkInfo:
         floor = self.first_offset
         if self._stream_first is not None:
             floor = min(floor, self._stream_first)
@@ -544,7 +544,7 @@ class StreamLog:
         """All local segments, oldest first; the last one is active (not sealed)."""
         return self._segments.infos()
 
-    def segment_chunks(self, first_offset: int) -> list[ChunkInfo]:
+    def segment_chunks(self, first_offset: int) -> list[SegmentChunkInfo]:
         """The chunk index of a segment (committed chunks only for the active one)."""
         return self._segments.chunks(first_offset, self._commits.committed.chunk_id)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tierlog.formats import msgstore as fmt
+from tierlog.formats.errors import TornRecordError
 from tierlog.logs import get_logger
 from tierlog.msgstore.errors import MixedStoreError
 from tierlog.msgstore.files import file_format
@@ -82,7 +83,7 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
         at = 0
         for src, size, _m, _dst in group:
             if os.preadv(fd, [view[at : at + size]], src) != size:
-                raise fmt.TornRecordError(f"{store.path_of(file)}: record at {src} cut off")
+                raise TornRecordError(f"{store.path_of(file)}: record at {src} cut off")
             at += size
         view[moved:] = tail
         bytes_moved += moved

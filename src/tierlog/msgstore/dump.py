@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tierlog.formats import msgstore as fmt
-from tierlog.formats.msgstore_clean import CleanFileError, decode_clean
+from tierlog.formats.errors import CleanFileError, MsgStoreFormatError, RecordChecksumError
+from tierlog.formats.msgstore_clean import decode_clean
 from tierlog.logs import get_logger
 from tierlog.msgstore.errors import NotADirectoryStoreError
 from tierlog.msgstore.files import (
@@ -124,7 +125,7 @@ def _dump_v2(path: Path, file: int, clean: dict[bytes, tuple[int, int]] | None, 
     try:
         try:
             result = scan_v2_fd(fd, check=True)
-        except fmt.MsgStoreFormatError as exc:
+        except MsgStoreFormatError as exc:
             _line(out, {"file": name, "error": type(exc).__name__, "message": str(exc)})
             log.warning("msgstore_dump_file_unreadable", file=name, error=str(exc))
             return 1
@@ -155,7 +156,7 @@ def _dump_v2(path: Path, file: int, clean: dict[bytes, tuple[int, int]] | None, 
                 obj["body"] = base64.b64encode(data[head:]).decode()
                 try:
                     fmt.decode_message(data)
-                except fmt.RecordChecksumError as exc:
+                except RecordChecksumError as exc:
                     obj["error"] = str(exc)
             _line(out, obj)
         if result.torn:

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tierlog.formats import msgstore as fmt
-from tierlog.formats.ets_file import EtsFileError, MsgLocation, read_msg_locations
+from tierlog.formats.errors import EtsFileError, MsgStoreFormatError
+from tierlog.formats.ets_file import MsgLocation, read_msg_locations
 from tierlog.formats.msgstore_clean import decode_clean
 from tierlog.logs import get_logger
 from tierlog.msgstore.errors import CorruptSegmentError, MixedStoreError
@@ -85,7 +86,7 @@ def _recover_v2_file(store: MessageStore, file: int) -> int:
     fd = store._fd(file)
     try:
         result = scan_v2_fd(fd)
-    except fmt.MsgStoreFormatError as exc:
+    except MsgStoreFormatError as exc:
         raise CorruptSegmentError(f"{store.path_of(file)}: {exc}") from exc
     info = store.files[file]
     duplicates = 0

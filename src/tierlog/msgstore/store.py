@@ -25,11 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierlog.formats import msgstore as fmt
-from tierlog.formats.msgstore_clean import (
-    CleanEntry,
-    CleanFileError,
-    encode_clean,
-)
+from tierlog.formats.errors import CleanFileError, TornRecordError
+from tierlog.formats.msgstore_clean import CleanEntry, encode_clean
 from tierlog.logs import get_logger
 from tierlog.msgstore.compaction import CompactionResult, compact_file
 from tierlog.msgstore.errors import (
@@ -279,7 +276,7 @@ class MessageStore:
             raise MsgNotFoundError(f"msg id {msg_id.hex()} is not in {self.directory}")
         data = os.pread(self._fd(loc.file), loc.size, loc.offset)
         if len(data) != loc.size:
-            raise fmt.TornRecordError(
+            raise TornRecordError(
                 f"{self.path_of(loc.file)}: record at {loc.offset} is cut off "
                 f"({len(data)} of {loc.size} bytes)"
             )

@@ -25,3 +25,7 @@ class OffloadNotFoundError(OffloadError):
 
 class AttemptExistsError(OffloadError):
     """An offload attempt with this uuid is already recorded for the segment."""
+
+
+class OffloadRunningError(OffloadError):
+    """An offload requested by an operator is still running (the admin API answers 409)."""

@@ -9,28 +9,16 @@ class ReadError(TierlogError):
     """Base class of cross-tier reader errors."""
 
 
-class OffsetOvertakenError(ReadError):
-    """The reader's position was removed by retention; never skipped silently.
-
-    ``first_available`` is the stream's first offset now: re-attach there (or wherever the
-    application decides) to go on.
-    """
-
-    def __init__(self, position: int, first_available: int) -> None:
-        super().__init__(
-            f"offset {position} was removed by retention; the first available is {first_available}"
-        )
-        self.position = position
-        self.first_available = first_available
-
-
 class FragmentExpiredError(ReadError):
     """A fragment (or branch) the manifest named is gone (404): retention removed it after
     the reader looked it up. The reader re-checks the manifest; when its position is then
-    below the first offset it raises ``OffsetOvertakenError`` instead."""
+    below the first offset it raises ``OffsetOvertakenError`` instead. The Spark source
+    raises it too (with ``message`` saying how to go on) for a fragment its plan named."""
 
-    def __init__(self, key: str) -> None:
-        super().__init__(f"remote object {key!r} expired (404 after the manifest named it)")
+    def __init__(self, key: str, message: str = "") -> None:
+        super().__init__(
+            message or f"remote object {key!r} expired (404 after the manifest named it)"
+        )
         self.key = key
 
 

@@ -21,6 +21,7 @@ from tierlog.remote.dictionaries import DictionaryCache, frame_decoder
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.remote.fragments import read_known_fragment
 from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
+from tierlog.remote.segments import read_segment_index
 from tierlog.storage.errors import NotFoundError
 
 DEFAULT_INDEX_CACHE = 64
@@ -64,7 +65,7 @@ class ManifestSource:
 
     # -- lookups ----------------------------------------------------------------------------
     def locate_offset(self, tree: ManifestTree, offset: int) -> FragmentLocation:
-        """The fragment of ``tree`` holding ``offset`` (OffsetTrimmedError below the first)."""
+        """The fragment of ``tree`` holding ``offset`` (OffsetOvertakenError below the first)."""
         with self._lock:
             return tree.locate_offset(offset, self._load_branch)
 
@@ -88,15 +89,20 @@ class ManifestSource:
         return data
 
     def fragment_index(self, loc: FragmentLocation) -> FragmentIndex:
-        """The fragment's index: one ranged GET of index + trailer (CRC-checked), cached."""
+        """The fragment's index: one ranged GET of index + trailer (CRC-checked), cached.
+        For an offloaded segment: its index object (one GET), as a ``SegmentChunkIndex``."""
         key = loc.key
         with self._lock:
             cached = self._indexes.get(key)
             if cached is not None:
                 self._indexes.move_to_end(key)
                 return cached
+        index: FragmentIndex
         try:
-            index = read_known_fragment(self.store, loc.entry).index
+            if loc.entry.is_segment:
+                index = read_segment_index(self.store, loc.entry)
+            else:
+                index = read_known_fragment(self.store, loc.entry).index
         except NotFoundError:
             raise FragmentExpiredError(key) from None
         except CorruptFragmentError as exc:

@@ -31,6 +31,7 @@ from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.formats.fragment_v2 import stored_sizes
+from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
 from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead, LogReader, LogSource
@@ -38,7 +39,6 @@ from tierlog.log.segment_files import IndexView, SegmentRef, pread_exact
 from tierlog.read.errors import (
     FragmentExpiredError,
     NotHeldLocallyError,
-    OffsetOvertakenError,
     OffsetUnavailableError,
     ReadError,
     RemoteDataCorruptError,
@@ -52,8 +52,9 @@ from tierlog.read.strategies import (
     default_hot_bytes,
     hot_tail_start,
 )
-from tierlog.remote.errors import OffsetBeyondEndError, OffsetTrimmedError
+from tierlog.remote.errors import OffsetBeyondEndError, OffsetOvertakenError
 from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
+from tierlog.remote.segments import SegmentChunkIndex, entry_runs
 
 _U32 = struct.Struct(">I")
 Tier = Literal["local", "remote"]
@@ -123,6 +124,20 @@ def _aligned_spans(key: str, positions: list[int], end: int, step: int) -> Itera
     yield key, start, end
 
 
+def _index_spans(key: str, index: FragmentIndex, i: int, step: int) -> Iterator[Span]:
+    """The spans reading chunks ``i`` on of one fragment or offloaded segment: a fragment's
+    stored frames (v1: the chunks) end where its index starts; a segment's chunks come in
+    runs of entries, one run per block."""
+    positions: list[int] = index.records["position"][i:].astype(np.int64).tolist()
+    if not isinstance(index, SegmentChunkIndex):
+        yield from _aligned_spans(key, positions, index.trailer.index_start, step)
+        return
+    # one run of whole entries (entry header + chunk) per block; no block header or padding
+    for lo, hi, end in entry_runs(index, i):
+        starts = [p - ENTRY_HEADER_SIZE for p in positions[lo - i : hi - i]]
+        yield from _aligned_spans(key, starts, end, step)
+
+
 class _RemoteCursor:
     """Chunks of consecutive fragments of one manifest snapshot, from ``chunk_id`` up to
     (not including) ``until``."""
@@ -155,12 +170,15 @@ class _RemoteCursor:
         records = index.records
         self._loc = loc
         self.key = loc.key
-        self._data_end = index.trailer.index_start
         self._decoder = self._manifest.frame_decoder(loc, index)  # None: frames are chunks
         self._ids: list[int] = records["chunk_id"].astype(np.int64).tolist()
         self._sizes: list[int] = records["size"].astype(np.int64).tolist()
         self._stored: list[int] = stored_sizes(index).astype(np.int64).tolist()
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
+        # an offloaded segment: a 12-byte entry header precedes each chunk in the stream,
+        # and chunks are checked against the CRC-32 of their whole bytes from its index
+        self._segment = isinstance(index, SegmentChunkIndex)
+        self._crcs: list[int] = records["crc"].tolist() if self._segment else []
         self._i = 0
 
     def _spans(self, first: FragmentLocation, i: int) -> Iterator[Span]:
@@ -168,20 +186,20 @@ class _RemoteCursor:
         boundaries into spans of at most one request (so no chunk straddles two requests and
         every chunk is served as a slice of one buffer, without a copy)."""
         step = self._request_bytes
-        yield from _aligned_spans(first.key, self._positions[i:], self._data_end, step)
+        first_index = self._manifest.fragment_index(first)
+        yield from _index_spans(first.key, first_index, i, step)
         loc = first
         while loc.next_offset < self._until:
             loc = self._manifest.locate_offset(self._tree, loc.next_offset)
             try:
                 index = self._manifest.fragment_index(loc)  # cached: ``_enter`` reuses it
             except TierlogError:
-                # Where its frames end is unknown: stop reading ahead here. The reader loads
-                # the index again when it gets there (the error surfaces then, or it was
-                # transient) and opens a new stream from that fragment.
+                # Where its frames (or a segment's entries) end is unknown: stop reading
+                # ahead here. The reader loads the index again when it gets there (the error
+                # surfaces then, or it was transient) and opens a new stream from there.
                 self._spans_stopped_at = loc.entry.first_offset
                 return
-            positions: list[int] = index.records["position"].astype(np.int64).tolist()
-            yield from _aligned_spans(loc.key, positions, index.trailer.index_start, step)
+            yield from _index_spans(loc.key, index, 0, step)
 
     @property
     def stream(self) -> RangeStream:
@@ -205,9 +223,21 @@ class _RemoteCursor:
         if chunk_id >= self._until:
             return None
         size = self._sizes[i]
-        raw = self._stream.read(self._stored[i])
+        if self._segment:
+            entry = self._stream.read(ENTRY_HEADER_SIZE + size)
+            raw = entry[ENTRY_HEADER_SIZE:]
+        else:
+            raw = self._stream.read(self._stored[i])
         try:
-            if self._decoder is not None:
+            if self._segment:
+                length, entry_id = decode_entry_header(entry)
+                if (length, entry_id) != (size, chunk_id):
+                    raise RemoteDataCorruptError(
+                        f"{self.key}: entry ({length} bytes, id {entry_id}) at "
+                        f"{self._positions[i] - ENTRY_HEADER_SIZE}, the index says chunk "
+                        f"{chunk_id} of {size} bytes"
+                    )
+            elif self._decoder is not None:
                 raw = memoryview(self._decoder.decode(i, raw))
             header = decode_header(raw)
             if header.chunk_id != chunk_id or header.total_size != size:
@@ -215,7 +245,10 @@ class _RemoteCursor:
                     f"{self.key}: chunk at {self._positions[i]} is {header.chunk_id} "
                     f"({header.total_size} bytes), the index says {chunk_id} ({size} bytes)"
                 )
-            if self._verify:
+            if self._verify and self._segment:
+                if crc32(raw) != self._crcs[i]:
+                    raise CrcMismatchError(f"chunk {chunk_id}: CRC of its bytes does not match")
+            elif self._verify:
                 start = header.data_start
                 check_remote_crc(header, raw[start : start + header.data_length])
         except FormatError as exc:
@@ -437,8 +470,6 @@ class TieredReader:
                 until,
                 self._verify,
             )
-        except OffsetTrimmedError as exc:
-            raise OffsetOvertakenError(self._next, tree.first_offset) from exc
         except FragmentExpiredError as exc:
             self._expired(exc)
 
@@ -641,8 +672,6 @@ class TieredReader:
         tree = self._remote_tree(n)
         try:
             loc = self._manifest.locate_offset(tree, n)
-        except OffsetTrimmedError as exc:
-            raise OffsetOvertakenError(n, tree.first_offset) from exc
         except OffsetBeyondEndError as exc:
             raise OffsetUnavailableError(f"offset {n} is in neither tier") from exc
         index = self._manifest.fragment_index(loc)

@@ -24,29 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from tierlog.errors import TierlogError
 from tierlog.log.names import stream_dir_name
-from tierlog.remote.settings import StreamSettings
+from tierlog.remote.errors import CorruptPointerError, StreamExistsError, StreamNotFoundError
+from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
 
 CLEANUP_QUEUE = "stream-cleanup"
-
-
-class CorruptPointerError(TierlogError):
-    """A stream's manifest pointer in the MetaStore does not decode; rebuild it from the
-    root objects in the store (``tierlog recover-pointers``)."""
-
-
-class StreamExistsError(TierlogError):
-    """A stream of that name already exists in the vhost."""
-
-
-class StreamNotFoundError(TierlogError, KeyError):
-    """No live stream of that name in the vhost."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "stream not found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +139,7 @@ class Catalog:
         """Change settings with a version-checked write (retried on a racing update)."""
         for _ in range(16):
             record = self.require(vhost, name)
+            check_tier_mode_unchanged(record.settings, changes)
             settings = record.settings.updated(**changes)
             body = {
                 "vhost": vhost,

@@ -30,13 +30,9 @@ from tierlog.formats.fragment_v2 import (
 from tierlog.formats.zstd_dictionary import decode_dictionary, encode_dictionary
 from tierlog.remote import keys
 from tierlog.remote.encryption import Keyring, opener_for, process_keyring
-from tierlog.remote.errors import CorruptFragmentError
+from tierlog.remote.errors import CorruptFragmentError, MissingDictionaryError
 from tierlog.storage.errors import AlreadyExistsError
 from tierlog.storage.object_store import ObjectStore
-
-
-class MissingDictionaryError(CorruptFragmentError):
-    """A fragment names a dictionary that is not in the object store."""
 
 
 def dictionary_key(prefix: str, stream_dir: str, dictionary_id: bytes) -> str:

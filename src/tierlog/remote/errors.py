@@ -41,9 +41,43 @@ class OffsetOutOfRangeError(ManifestTreeError, LookupError):
     """The offset is outside the manifest's ``[first, next)``."""
 
 
-class OffsetTrimmedError(OffsetOutOfRangeError):
-    """The offset is below the first offset: retention removed it."""
+class OffsetOvertakenError(OffsetOutOfRangeError):
+    """The offset is below the stream's first offset: retention removed it; never skipped
+    silently. The one type for this in every tier (manifest lookups, the cross-tier reader,
+    the server's cursors, the Spark streaming source, which adds how to go on).
+
+    ``first_available`` is the stream's first offset now: re-attach there (or wherever the
+    application decides) to go on.
+    """
+
+    def __init__(self, position: int, first_available: int, message: str = "") -> None:
+        default = (
+            f"offset {position} was removed by retention; the first available is {first_available}"
+        )
+        super().__init__(message or default)
+        self.position = position
+        self.first_available = first_available
 
 
 class OffsetBeyondEndError(OffsetOutOfRangeError):
     """The offset is at or past the next offset: not in the remote tier (yet)."""
+
+
+class CorruptPointerError(TierlogError):
+    """A stream's manifest pointer in the MetaStore does not decode; rebuild it from the
+    root objects in the store (``tierlog recover-pointers``)."""
+
+
+class StreamExistsError(TierlogError):
+    """A stream of that name already exists in the vhost."""
+
+
+class StreamNotFoundError(TierlogError, KeyError):
+    """No live stream of that name in the vhost."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "stream not found"
+
+
+class MissingDictionaryError(CorruptFragmentError):
+    """A fragment names a dictionary that is not in the object store."""

@@ -3,10 +3,14 @@
 ``FragmentEntry`` is what every user of the remote tier knows about one fragment object:
 its key and the range, timestamps and sizes its manifest entry (and its trailer) record.
 The tierer commits them, the manifest walker yields them, Spark plans and jobs ship them.
+A leaf of the manifest may also be a whole offloaded segment (``is_segment``): its key is
+then the segment's data object, ``index_key`` its index object, ``uid`` the offload
+attempt's UUID and ``data_size`` the segment file's size.
 """
 
 from __future__ import annotations
 
+import uuid as uuid_module
 from dataclasses import dataclass
 
 from tierlog.formats.errors import FormatError
@@ -17,6 +21,7 @@ from tierlog.formats.fragment_v2 import (
     index_region,
     index_tail_guess,
 )
+from tierlog.formats.manifest import ENTRY_FRAGMENT, ENTRY_SEGMENT, ZERO_UID
 from tierlog.remote import keys
 from tierlog.remote.encryption import opener_for
 from tierlog.remote.errors import CorruptFragmentError
@@ -36,6 +41,56 @@ class FragmentEntry:
     max_timestamp: int
     data_size: int
     chunk_count: int
+    entry_kind: int = ENTRY_FRAGMENT
+    uid: bytes = ZERO_UID
+
+    @property
+    def is_segment(self) -> bool:
+        """A whole offloaded segment (data + index object) rather than a fragment."""
+        return self.entry_kind == ENTRY_SEGMENT
+
+    @property
+    def uuid(self) -> uuid_module.UUID:
+        """The offload attempt's UUID (segments only)."""
+        return uuid_module.UUID(bytes=self.uid)
+
+    @property
+    def object_keys(self) -> tuple[str, ...]:
+        """Every object this entry names: the fragment, or a segment's data and index."""
+        return (self.key, self.index_key) if self.is_segment else (self.key,)
+
+    @property
+    def index_key(self) -> str:
+        """The index object of an offloaded segment (ValueError for a fragment)."""
+        if not self.is_segment:
+            raise ValueError(f"{self.key} is a fragment: it has no index object")
+        return self.key[: -len(".data")] + ".index"
+
+
+def segment_entry(
+    prefix: str,
+    stream_dir: str,
+    first_offset: int,
+    next_offset: int,
+    uuid: uuid_module.UUID,
+    *,
+    min_timestamp: int,
+    max_timestamp: int,
+    segment_size: int,
+    chunk_count: int,
+) -> FragmentEntry:
+    """The manifest leaf of an offloaded segment."""
+    return FragmentEntry(
+        keys.segment_data_key(prefix, stream_dir, first_offset, uuid),
+        first_offset,
+        next_offset,
+        min_timestamp,
+        max_timestamp,
+        segment_size,
+        chunk_count,
+        ENTRY_SEGMENT,
+        uuid.bytes,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,16 +5,21 @@
     {prefix}/stream/{stream-dir}/data/{first:020d}.fragment
     {prefix}/stream/{stream-dir}/metadata/root.{uid}.manifest
     {prefix}/stream/{stream-dir}/metadata/{first:020d}.{uid}.{kind}
+    {prefix}/stream/{stream-dir}/segments/{first:020d}.{uuid}.data
+    {prefix}/stream/{stream-dir}/segments/{first:020d}.{uuid}.index
 
 ``uid`` is 16 random bytes written as 32 lowercase hex digits. ``kind`` names the branch
 height: 1 ``group``, 2 ``kgroup``, 3 ``mgroup``, h >= 4 ``h{h}group`` (no cap). An empty
 prefix drops the leading ``{prefix}/``. Zero-padded offsets keep a listing in offset order.
+The ``segments/`` objects are whole offloaded segments (the data object and its index object);
+``uuid`` is the offload attempt's UUID, so no two attempts ever write the same key.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import uuid as uuid_module
 from dataclasses import dataclass
 
 from tierlog.formats.manifest import UID_SIZE
@@ -26,6 +31,7 @@ _MAX_OFFSET = (1 << 64) - 1
 
 _DATA_RE = re.compile(r"(\d{20})\.fragment")
 _ROOT_RE = re.compile(r"root\.([0-9a-f]{32})\.manifest")
+_SEGMENT_RE = re.compile(r"(\d{20})\.([0-9a-f]{32})\.(data|index)")
 _BRANCH_RE = re.compile(r"(\d{20})\.([0-9a-f]{32})\.(group|kgroup|mgroup|h([1-9]\d*)group)")
 
 
@@ -49,7 +55,17 @@ class BranchKey:
     height: int
 
 
-ParsedKey = FragmentKey | RootKey | BranchKey
+@dataclass(frozen=True, slots=True)
+class SegmentKey:
+    """An offloaded segment's object: ``part`` is ``data`` or ``index``."""
+
+    stream_dir: str
+    first_offset: int
+    uuid: uuid_module.UUID
+    part: str
+
+
+ParsedKey = FragmentKey | RootKey | BranchKey | SegmentKey
 
 
 def new_uid() -> bytes:
@@ -99,6 +115,37 @@ def metadata_prefix(prefix: str, stream_dir: str) -> str:
     return stream_prefix(prefix, stream_dir) + "metadata/"
 
 
+def segments_prefix(prefix: str, stream_dir: str) -> str:
+    """``{prefix}/stream/{stream-dir}/segments/``: every offloaded segment of a stream."""
+    return stream_prefix(prefix, stream_dir) + "segments/"
+
+
+def segment_data_key(
+    prefix: str, stream_dir: str, first_offset: int, uuid: uuid_module.UUID
+) -> str:
+    """The data object (block format) of an offloaded segment."""
+    return (
+        f"{segments_prefix(prefix, stream_dir)}{_check_offset(first_offset):020d}.{uuid.hex}.data"
+    )
+
+
+def segment_index_key(
+    prefix: str, stream_dir: str, first_offset: int, uuid: uuid_module.UUID
+) -> str:
+    """The index object of an offloaded segment."""
+    return (
+        f"{segments_prefix(prefix, stream_dir)}{_check_offset(first_offset):020d}.{uuid.hex}.index"
+    )
+
+
+OFFLOAD_ATTEMPTS_PREFIX = "offload-attempts/"
+
+
+def offload_attempts_prefix(stream_dir: str) -> str:
+    """MetaStore keys of a stream's in-flight segment offloads (stream cleanup drops them)."""
+    return f"{OFFLOAD_ATTEMPTS_PREFIX}{_check_stream_dir(stream_dir)}/"
+
+
 def fragment_key(prefix: str, stream_dir: str, first_offset: int) -> str:
     return f"{data_prefix(prefix, stream_dir)}{_check_offset(first_offset):020d}.fragment"
 
@@ -136,6 +183,9 @@ def parse_key(key: str, prefix: str) -> ParsedKey:
     _check_stream_dir(stream_dir)
     if area == "data" and (m := _DATA_RE.fullmatch(name)):
         return FragmentKey(stream_dir, _check_offset(int(m.group(1))))
+    if area == "segments" and (m := _SEGMENT_RE.fullmatch(name)):
+        uuid = uuid_module.UUID(hex=m.group(2))
+        return SegmentKey(stream_dir, _check_offset(int(m.group(1))), uuid, m.group(3))
     if area == "metadata":
         if m := _ROOT_RE.fullmatch(name):
             return RootKey(stream_dir, _parse_uid(m.group(1)))
@@ -145,7 +195,7 @@ def parse_key(key: str, prefix: str) -> ParsedKey:
                 raise InvalidKeyError(f"key {key!r}: height {height} has a proper name")
             offset = _check_offset(int(m.group(1)))
             return BranchKey(stream_dir, offset, _parse_uid(m.group(2)), height)
-    raise InvalidKeyError(f"key {key!r} is not a fragment, root or branch key")
+    raise InvalidKeyError(f"key {key!r} is not a fragment, segment, root or branch key")
 
 
 def _parse_uid(text: str) -> bytes:

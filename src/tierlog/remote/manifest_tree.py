@@ -12,6 +12,7 @@ contiguous run, kept here as one numpy array per height.
 
 from __future__ import annotations
 
+import uuid as uuid_module
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import numpy as np
 
 from tierlog.formats.manifest import (
     ENTRY_DTYPE,
+    ENTRY_FRAGMENT,
+    ENTRY_SEGMENT,
     KIND_BRANCH,
     KIND_ROOT,
     ManifestEntry,
@@ -41,10 +44,10 @@ from tierlog.remote.errors import (
     ManifestCorruptError,
     ManifestGapError,
     OffsetBeyondEndError,
-    OffsetTrimmedError,
+    OffsetOvertakenError,
 )
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.keys import branch_key, fragment_key, new_uid
+from tierlog.remote.keys import branch_key, fragment_key, new_uid, segment_data_key
 from tierlog.remote.manifest_walk import Bounds, Loader, ManifestWalker, read_branch
 
 DEFAULT_M = 1024
@@ -227,6 +230,11 @@ class ManifestTree:
         arr["data_size"] = [f.data_size for f in fragments]
         arr["chunk_count"] = [f.chunk_count for f in fragments]
         arr["fragment_count"] = 1
+        for i, f in enumerate(fragments):
+            kind = getattr(f, "entry_kind", ENTRY_FRAGMENT)
+            if kind != ENTRY_FRAGMENT:
+                arr["entry_kind"][i] = kind
+                arr["uid"][i] = np.frombuffer(f.uid, dtype=np.uint8)  # type: ignore[attr-defined]
         return self.append_array(arr, fragments[-1].next_offset)
 
     def append_array(self, entries: np.ndarray, next_offset: int) -> list[BranchWrite]:
@@ -248,9 +256,12 @@ class ManifestTree:
         if next_offset <= int(firsts[-1]) or not bool(np.all(firsts[1:] > firsts[:-1])):
             raise ManifestGapError("fragment offsets must be strictly ascending")
         chunks = entries["chunk_count"]
+        kinds = entries["entry_kind"]
+        fragment = kinds == ENTRY_FRAGMENT
         if not (
             bool(np.all(entries["height"] == 0))
-            and not bool(entries["uid"].any())
+            and bool(np.all(fragment | (kinds == ENTRY_SEGMENT)))
+            and bool(np.all(entries["uid"].any(axis=1) != fragment))
             and bool(np.all(entries["fragment_count"] == 1))
             and bool(np.all((chunks >= 1) & (chunks <= nexts - firsts)))
             and bool(np.all(entries["data_size"] >= chunks))
@@ -308,9 +319,7 @@ class ManifestTree:
     def locate_offset(self, offset: int, load: Loader) -> FragmentLocation:
         """The fragment holding ``offset``: binary search from the root down."""
         if offset < self.first_offset:
-            raise OffsetTrimmedError(
-                f"offset {offset} is below the first offset {self.first_offset}"
-            )
+            raise OffsetOvertakenError(offset, self.first_offset)
         if offset >= self._next_offset:
             raise OffsetBeyondEndError(f"offset {offset} is at or past {self._next_offset}")
         entries, node_next, loads = self.root_entries(), self._next_offset, 0
@@ -362,14 +371,22 @@ class ManifestTree:
         )
 
     def _fragment(self, entry: ManifestEntry, next_offset: int) -> FragmentEntry:
+        if entry.entry_kind == ENTRY_SEGMENT:
+            key = segment_data_key(
+                self.prefix, self.stream_dir, entry.first_offset, uuid_module.UUID(bytes=entry.uid)
+            )
+        else:
+            key = fragment_key(self.prefix, self.stream_dir, entry.first_offset)
         return FragmentEntry(
-            key=fragment_key(self.prefix, self.stream_dir, entry.first_offset),
+            key=key,
             first_offset=entry.first_offset,
             next_offset=next_offset,
             min_timestamp=entry.min_timestamp,
             max_timestamp=entry.max_timestamp,
             data_size=entry.data_size,
             chunk_count=entry.chunk_count,
+            entry_kind=entry.entry_kind,
+            uid=entry.uid,
         )
 
     def branch_key_of(self, entry: ManifestEntry) -> str:
@@ -451,7 +468,7 @@ class ManifestTree:
         self, entry: ManifestEntry, next_offset: int, load: Loader, result: TrimResult
     ) -> None:
         if entry.height == 0:
-            result.deletes.append(fragment_key(self.prefix, self.stream_dir, entry.first_offset))
+            result.deletes.extend(self._fragment(entry, next_offset).object_keys)
             return
         node, loaded = self._branch(entry, next_offset, load)
         result.loads += loaded
@@ -517,4 +534,5 @@ def _entry_row(entry: ManifestEntry) -> tuple[object, ...]:
         entry.fragment_count,
         np.frombuffer(entry.uid, dtype=np.uint8),
         entry.height,
+        entry.entry_kind,
     )

@@ -10,6 +10,7 @@ through here; a tolerant walk (the scrub and GC jobs) records what is wrong and 
 
 from __future__ import annotations
 
+import uuid as uuid_module
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from tierlog.formats.errors import FormatError
 from tierlog.formats.manifest import (
+    ENTRY_SEGMENT,
     KIND_BRANCH,
     ManifestEntry,
     ManifestNode,
@@ -26,7 +28,7 @@ from tierlog.formats.manifest import (
 )
 from tierlog.remote.errors import ManifestCorruptError
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.keys import branch_key, fragment_keys
+from tierlog.remote.keys import branch_key, fragment_keys, segment_data_key
 from tierlog.storage.errors import NotFoundError
 
 Loader = Callable[[str], bytes]
@@ -170,9 +172,20 @@ class ManifestWalker:
         max_ts = entries["max_timestamp"][rows].tolist()
         sizes = entries["data_size"][rows].tolist()
         chunks = entries["chunk_count"][rows].tolist()
+        kinds = entries["entry_kind"][rows].tolist()
         names = fragment_keys(self.prefix, self.stream_dir, firsts)
         for j, i in enumerate(rows.tolist()):
             if heights[j] == 0:
+                if kinds[j] == ENTRY_SEGMENT:
+                    uid = entries["uid"][i].tobytes()
+                    key = segment_data_key(
+                        self.prefix, self.stream_dir, firsts[j], uuid_module.UUID(bytes=uid)
+                    )
+                    yield FragmentEntry(
+                        key, firsts[j], ends[j], min_ts[j], max_ts[j], sizes[j], chunks[j],
+                        ENTRY_SEGMENT, uid,
+                    )  # fmt: skip
+                    continue
                 yield FragmentEntry(
                     names[j], firsts[j], ends[j], min_ts[j], max_ts[j], sizes[j], chunks[j]
                 )

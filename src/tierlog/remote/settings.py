@@ -9,6 +9,7 @@ from tierlog.errors import ConfigError
 
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
+DEFAULT_OFFLOAD_DELETION_LAG_SECONDS = 4 * 3600.0
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
 SYNC_MODES = ("fsync", "os")
 COMPRESSIONS = ("none", "zstd")
@@ -25,10 +26,17 @@ class StreamSettings:
     confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
     follows the server.
 
+    ``tier_mode`` is fixed at creation. In ``segments`` mode sealed segments are offloaded
+    whole once the local bytes not offloaded exceed ``offload_threshold_bytes`` or once a
+    segment has been sealed ``offload_threshold_age_seconds`` (each lower than the matching
+    retention limit), in blocks of ``offload_block_size``; a local copy goes
+    ``offload_deletion_lag_seconds`` after its offload was committed.
+
     ``compression`` / ``compression_level`` / ``dictionary`` / ``encryption`` choose how
     fragments are stored from now on: any of them set makes the tierer write fragment
     format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
-    fragments already written keep their format and stay readable.
+    fragments already written keep their format and stay readable. They apply to
+    ``fragments`` mode only: a ``segments`` stream setting one is refused.
     """
 
     max_bytes: int | None = None
@@ -45,6 +53,10 @@ class StreamSettings:
     max_lag_bytes: int = 1 << 30
     read_strategy: str = "NOT_IN_DISK"
     manifest_fanout: int = 1024
+    offload_threshold_bytes: int | None = None
+    offload_threshold_age_seconds: float | None = None
+    offload_deletion_lag_seconds: float = DEFAULT_OFFLOAD_DELETION_LAG_SECONDS
+    offload_block_size: int = 64 * MIB
     sync: str | None = None
     compression: str = "none"
     compression_level: int = 3
@@ -57,6 +69,7 @@ class StreamSettings:
         return self.compression != "none" or self.encryption != "none"
 
     def __post_init__(self) -> None:
+        self._check_offload()
         for name in ("max_bytes", "local_max_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
@@ -99,6 +112,51 @@ class StreamSettings:
             raise ConfigError("dictionary needs compression zstd")
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
+        if self.tier_mode == "segments" and (
+            self.cold_coding or self.dictionary or self.compression_level != 3
+        ):
+            # offloaded segments are the local segment files byte for byte (the protocol
+            # reader and the cross-tier reader serve their chunks as stored): a coding
+            # setting would be accepted and do nothing
+            raise ConfigError(
+                "compression, compression_level, dictionary and encryption apply to "
+                "tier_mode 'fragments' only (offloaded segments are stored as written)"
+            )
+
+    def _check_offload(self) -> None:
+        """The seed's rule: a threshold is only useful below the retention limit it races."""
+        size, age = self.offload_threshold_bytes, self.offload_threshold_age_seconds
+        if size is not None and (not isinstance(size, int) or size < 0):
+            raise ConfigError(f"offload_threshold_bytes must be an integer >= 0, got {size!r}")
+        if age is not None and age < 0:
+            raise ConfigError(f"offload_threshold_age_seconds must be >= 0, got {age!r}")
+        if size is not None and self.max_bytes is not None and size >= self.max_bytes:
+            raise ConfigError(
+                f"offload_threshold_bytes ({size}) must be lower than the retention limit "
+                f"max_bytes ({self.max_bytes}): data would be deleted before it is offloaded"
+            )
+        if age is not None and self.max_age_seconds is not None and age >= self.max_age_seconds:
+            raise ConfigError(
+                f"offload_threshold_age_seconds ({age}) must be lower than the retention limit "
+                f"max_age_seconds ({self.max_age_seconds}): data would be deleted before it "
+                "is offloaded"
+            )
+        if self.offload_deletion_lag_seconds < 0:
+            raise ConfigError("offload_deletion_lag_seconds must be >= 0")
+        if not 5 * MIB <= self.offload_block_size <= 5 * 1024 * MIB:
+            raise ConfigError(
+                f"offload_block_size must be between 5 MiB and 5 GiB, got {self.offload_block_size}"
+            )
+        if self.tier_mode != "segments" and (
+            size is not None
+            or age is not None
+            or self.offload_deletion_lag_seconds != DEFAULT_OFFLOAD_DELETION_LAG_SECONDS
+            or self.offload_block_size != 64 * MIB
+        ):
+            raise ConfigError(
+                "offload settings apply to tier_mode 'segments' only (this stream tiers "
+                f"in {self.tier_mode!r})"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,3 +171,14 @@ class StreamSettings:
 
     def updated(self, **changes: Any) -> StreamSettings:
         return self.from_dict({**self.to_dict(), **changes})
+
+
+def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) -> None:
+    """ConfigError when ``changes`` would change the tier mode: it is fixed at creation
+    (the remote tier of a stream holds fragments or whole segments, never both)."""
+    mode = changes.get("tier_mode", current.tier_mode)
+    if mode != current.tier_mode:
+        raise ConfigError(
+            f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
+            f"{mode!r}: create a new stream instead"
+        )

@@ -12,6 +12,11 @@ stream. Routes (``vhost`` is a query parameter, default ``/``):
 * ``PATCH /api/streams/{name}`` — ``{"arguments": {...}}`` / ``{"settings": {...}}``:
   change retention and tier settings
 * ``DELETE /api/streams/{name}``
+* ``PUT /api/streams/{name}/offload`` — ``{"before": offset}``: a segment-mode stream
+  offloads every sealed segment whose next offset is <= ``before`` (202; 409 while an
+  offload requested this way runs)
+* ``GET /api/streams/{name}/offload`` — that offload's status: ``not run``, ``running``,
+  ``success`` or ``error`` (with ``error``), and the first offset not offloaded
 * ``GET /metrics`` — Prometheus text format (OpenMetrics when the scraper asks for it)
 """
 
@@ -24,8 +29,10 @@ from aiohttp import web
 
 from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import StreamExistsError, StreamNotFoundError
-from tierlog.remote.settings import StreamSettings
+from tierlog.offload.errors import OffloadRunningError
+from tierlog.offload.service import SegmentOffloadService
+from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
+from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
@@ -144,6 +151,7 @@ def build_admin_app(
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
         try:
             changes = _changes(data)
+            check_tier_mode_unchanged(current.record.settings, changes)
             _check_log_limits(broker, current.record.settings.updated(**changes))
             broker.update_settings(vhost, name, changes)
         except (ConfigError, TypeError) as exc:
@@ -163,6 +171,48 @@ def build_admin_app(
             return _error(404, str(exc))
         return web.json_response({"deleted": name, "incarnation": record.incarnation})
 
+    def _offload_service(vhost: str, name: str) -> SegmentOffloadService | web.Response:
+        handle = broker.get(vhost, name)
+        if handle is None:
+            return _error(404, f"no stream {name!r} in vhost {vhost!r}")
+        if handle.record.settings.tier_mode != "segments":
+            return _error(
+                400,
+                f"stream {name!r} tiers in {handle.record.settings.tier_mode!r} mode: "
+                "offloading is for streams created with x-tierlog-tier-mode=segments",
+            )
+        lookup = getattr(broker.lifecycle, "offload_of", None)
+        service = lookup(handle.record) if lookup is not None else None
+        if service is None:
+            return _error(503, f"the offload service of {name!r} is not running (see the log)")
+        assert isinstance(service, SegmentOffloadService)
+        return service
+
+    async def put_offload(request: web.Request) -> web.Response:
+        vhost, name = _handle(request)
+        guard.require(request, vhost, "configure", name)
+        data = await _body(request)
+        before = data.get("before")
+        if isinstance(before, bool) or not isinstance(before, int) or before < 0:
+            return _error(400, "'before' must be a non-negative integer offset")
+        service = _offload_service(vhost, name)
+        if isinstance(service, web.Response):
+            return service
+        try:
+            service.request_offload(before)
+        except OffloadRunningError as exc:
+            return _error(409, str(exc))
+        return web.json_response(service.status().to_dict(), status=202)
+
+    async def get_offload(request: web.Request) -> web.Response:
+        vhost, name = _handle(request)
+        if not guard.may(request, vhost, "configure", name):
+            guard.require(request, vhost, "read", name)
+        service = _offload_service(vhost, name)
+        if isinstance(service, web.Response):
+            return service
+        return web.json_response(service.status().to_dict())
+
     async def prometheus(request: web.Request) -> web.Response:
         body, content_type = metrics.exposition(request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -173,5 +223,7 @@ def build_admin_app(
     app.router.add_get("/api/streams/{name}", get_stream)
     app.router.add_patch("/api/streams/{name}", patch_stream)
     app.router.add_delete("/api/streams/{name}", delete_stream)
+    app.router.add_put("/api/streams/{name}/offload", put_offload)
+    app.router.add_get("/api/streams/{name}/offload", get_offload)
     app.router.add_get("/metrics", prometheus)
     return app

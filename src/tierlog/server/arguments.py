@@ -47,6 +47,11 @@ def _float(text: str) -> float:
         raise ConfigError(f"{text!r} is not a number") from None
 
 
+def _lag(text: str) -> float:
+    """A duration that may be zero (delete the local copy as soon as it is offloaded)."""
+    return 0.0 if text.strip() in ("0", "0s") else parse_duration(text)
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("true", "1", "yes"):
@@ -81,6 +86,10 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-max-lag-bytes": ("max_lag_bytes", _int),
     "x-tierlog-read-strategy": ("read_strategy", str),
     "x-tierlog-manifest-fanout": ("manifest_fanout", _int),
+    "x-tierlog-offload-threshold-bytes": ("offload_threshold_bytes", _int),
+    "x-tierlog-offload-threshold-age": ("offload_threshold_age_seconds", parse_duration),
+    "x-tierlog-offload-deletion-lag": ("offload_deletion_lag_seconds", _lag),
+    "x-tierlog-offload-block-size": ("offload_block_size", _int),
     "x-tierlog-sync": ("sync", str),
     "x-tierlog-compression": ("compression", str),
     "x-tierlog-compression-level": ("compression_level", _int),

@@ -49,10 +49,12 @@ from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
-from tierlog.remote.catalog import Catalog, StreamExistsError, StreamRecord
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
-from tierlog.server.chunk_source import ChunkSource, CommitNotifier, LocalChunkSource
+from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
+from tierlog.server.tiered_source import StreamChunkSource
 
 log = get_logger("tierlog.server.broker")
 
@@ -88,12 +90,9 @@ def no_lag(record: StreamRecord) -> int:
     return 0
 
 
-class StreamUnavailableError(TierlogError):
-    """The stream is closed or being deleted."""
-
-
 if TYPE_CHECKING:
-    from tierlog.server.tiered_source import TieredChunkSource
+    from tierlog.remote.committed import CommittedManifest
+    from tierlog.tiering.tierer import StreamTierer
 
 
 class StreamLifecycle(Protocol):
@@ -175,15 +174,18 @@ class StreamHandle:
     listeners: set[StreamListener] = field(default_factory=set)
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    _source: LocalChunkSource | TieredChunkSource | None = None
+    _source: StreamChunkSource | None = None
 
     def __post_init__(self) -> None:
         self._idle.set()
-        self._source = LocalChunkSource(self.log, self.notifier)
+        self._source = StreamChunkSource(
+            self.log, self.notifier, lambda: self.record.settings.read_strategy
+        )
 
-    def use_source(self, source: TieredChunkSource) -> None:
-        """Serve subscriptions from ``source`` (the cross-tier reader) from now on."""
-        self._source = source
+    def tier_started(self, tierer: StreamTierer | CommittedManifest) -> None:
+        """Subscriptions attached from now on read across tiers through ``tierer``."""
+        assert self._source is not None
+        self._source.tier_started(tierer)
 
     @property
     def name(self) -> str:
@@ -199,7 +201,7 @@ class StreamHandle:
 
     @property
     def source(self) -> ChunkSource:
-        """Where subscriptions read from (the cross-tier reader replaces this later)."""
+        """Where subscriptions read from (local, and remote once tiering started)."""
         assert self._source is not None
         return self._source
 

@@ -4,11 +4,11 @@ A subscription attaches a ``ChunkSource`` at an offset spec and gets a ``ChunkCu
 The cursor hands out ``DeliverableChunk``s: the bytes a Deliver frame carries after its
 prefix (the 48-byte chunk header and the data section; bloom filter and trailer are
 skipped, as RabbitMQ does), either as buffers or as byte ranges of an open file for
-``sendfile``. The cross-tier reader (issue 5) implements the same protocol, so
+``sendfile``. The cross-tier reader (``server.tiered_source``) implements the same protocol, so
 connection code never changes when chunks come from the remote tier.
 
 Only user chunks are handed out. A cursor whose position was removed by retention
-raises ``OvertakenError`` (with the first offset still available) instead of skipping.
+raises ``OffsetOvertakenError`` (with the first offset still available) instead of skipping.
 """
 
 from __future__ import annotations
@@ -20,34 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from tierlog.errors import TierlogError
-from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogSource
-
-
-class OvertakenError(TierlogError):
-    """The cursor's position was removed by retention; ``first_offset`` is still available."""
-
-    def __init__(self, position: int, first_offset: int) -> None:
-        super().__init__(f"position {position} was removed by retention (first is {first_offset})")
-        self.position = position
-        self.first_offset = first_offset
-
-
-class SourceClosedError(TierlogError):
-    """The stream behind a cursor was closed or deleted."""
-
-
-class UnreadableDataError(TierlogError):
-    """The data at the cursor's position does not validate (a CRC mismatch in a local chunk
-    or a remote fragment) or vanished; it is never served and never skipped: the
-    subscription ends and the consumer is told. ``kind`` names the tier ("local",
-    "remote")."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+from tierlog.remote.errors import OffsetOvertakenError
+from tierlog.server.errors import SourceClosedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +43,32 @@ class DeliverableChunk:
     parts: tuple[bytes | memoryview, ...] | None = None
     file: BinaryIO | None = None
     ranges: tuple[tuple[int, int], ...] = ()
+
+
+def deliverable_from_raw(header: ChunkHeader, raw: bytes | memoryview) -> DeliverableChunk:
+    """The Deliver payload of a chunk held in memory (``raw`` starts at its header):
+    header and data section, without the bloom filter and trailer."""
+    wire = HEADER_SIZE + header.data_length
+    if header.bloom_size == 0:
+        parts: tuple[bytes | memoryview, ...] = (raw[:wire],)
+    else:
+        start = header.data_start
+        parts = (raw[:HEADER_SIZE], raw[start : start + header.data_length])
+    return DeliverableChunk(header.chunk_id, header.num_records, header.next_offset, wire, parts)
+
+
+def deliverable_from_file(header: ChunkHeader, file: BinaryIO, start: int) -> DeliverableChunk:
+    """The Deliver payload of a chunk at ``start`` in an open segment file, as the byte
+    ranges ``sendfile`` sends (header and data section, bloom filter skipped)."""
+    wire = HEADER_SIZE + header.data_length
+    ranges: tuple[tuple[int, int], ...]
+    if header.bloom_size:
+        ranges = ((start, HEADER_SIZE), (start + header.data_start, header.data_length))
+    else:
+        ranges = ((start, wire),)
+    return DeliverableChunk(
+        header.chunk_id, header.num_records, header.next_offset, wire, None, file, ranges
+    )
 
 
 class ChunkCursor(Protocol):
@@ -187,7 +190,7 @@ class LocalChunkCursor:
         position = self._reader.next_offset
         first = self._first_offset()
         if position < first:
-            raise OvertakenError(position, first)
+            raise OffsetOvertakenError(position, first)
 
     async def read(self) -> DeliverableChunk | None:
         if self._notifier.closed:
@@ -200,22 +203,7 @@ class LocalChunkCursor:
             header = chunk.header
             wire = HEADER_SIZE + header.data_length
             if wire >= self._sendfile_min:
-                file = self._open(chunk.segment_path)
-                start = chunk.position
-                ranges: tuple[tuple[int, int], ...]
-                if header.bloom_size:
-                    ranges = ((start, HEADER_SIZE), (start + header.data_start, header.data_length))
-                else:
-                    ranges = ((start, wire),)
-                return DeliverableChunk(
-                    header.chunk_id,
-                    header.num_records,
-                    header.next_offset,
-                    wire,
-                    None,
-                    file,
-                    ranges,
-                )
+                return deliverable_from_file(header, self._open(chunk.segment_path), chunk.position)
             fd = self._open(chunk.segment_path).fileno()
             raw = memoryview(os.pread(fd, header.total_size, chunk.position))
         else:
@@ -225,15 +213,7 @@ class LocalChunkCursor:
             header = loaded.header
             assert loaded.raw is not None
             raw = loaded.raw
-        wire = HEADER_SIZE + header.data_length
-        if header.bloom_size == 0:
-            parts: tuple[bytes | memoryview, ...] = (raw[:wire],)
-        else:
-            start = header.data_start
-            parts = (raw[:HEADER_SIZE], raw[start : start + header.data_length])
-        return DeliverableChunk(
-            header.chunk_id, header.num_records, header.next_offset, wire, parts
-        )
+        return deliverable_from_raw(header, raw)
 
     def _open(self, path: str) -> BinaryIO:
         if self._file is None or self._file_path != path:

@@ -11,13 +11,9 @@ from __future__ import annotations
 import fcntl
 import os
 
-from tierlog.errors import ConfigError
+from tierlog.server.errors import DataDirLockedError
 
 LOCK_FILE = ".lock"
-
-
-class DataDirLockedError(ConfigError):
-    """Another process holds the data directory."""
 
 
 class DataDirLock:

@@ -1,8 +1,9 @@
-"""Why a server could not start: each names what failed and the setting behind it."""
+"""Errors of the server: why it could not start (each names what failed and the setting
+behind it), and why a stream or a subscription's data cannot be served."""
 
 from __future__ import annotations
 
-from tierlog.errors import TierlogError
+from tierlog.errors import ConfigError, TierlogError
 
 
 class StartupError(TierlogError):
@@ -15,3 +16,22 @@ class ListenError(StartupError):
 
 class StoreUnavailableError(StartupError):
     """The data directory, object store or MetaStore could not be opened or reached."""
+
+
+class DataDirLockedError(ConfigError):
+    """Another process holds the data directory."""
+
+
+class SourceClosedError(TierlogError):
+    """The stream behind a cursor was closed or deleted."""
+
+
+class UnreadableDataError(TierlogError):
+    """The data at the cursor's position does not validate (a CRC mismatch in a local chunk
+    or a remote fragment) or vanished; it is never served and never skipped: the
+    subscription ends and the consumer is told. ``kind`` names the tier ("local",
+    "remote")."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind

@@ -21,14 +21,9 @@ from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
-from tierlog.server.chunk_source import (
-    ChunkCursor,
-    ChunkSource,
-    DeliverableChunk,
-    OvertakenError,
-    SourceClosedError,
-    UnreadableDataError,
-)
+from tierlog.remote.errors import OffsetOvertakenError
+from tierlog.server.chunk_source import ChunkCursor, ChunkSource, DeliverableChunk
+from tierlog.server.errors import SourceClosedError, UnreadableDataError
 
 log = get_logger("tierlog.server.subscriptions")
 
@@ -110,7 +105,7 @@ class Subscription:
                     await self._credit_event.wait()
                 try:
                     chunk = await self.cursor.read()
-                except OvertakenError as exc:
+                except OffsetOvertakenError as exc:
                     if not self._handle_overtaken(exc):
                         return
                     continue
@@ -153,7 +148,7 @@ class Subscription:
             log.exception("subscription_failed", stream=self.stream_name, subscription=self.id)
             self._sink.subscription_failed(self, repr(exc))
 
-    def _handle_overtaken(self, exc: OvertakenError) -> bool:
+    def _handle_overtaken(self, exc: OffsetOvertakenError) -> bool:
         """True to continue (skip), False when the subscription ends."""
         self._metrics.overtaken.labels(action=self.overtaken_action).inc()
         log.warning(
@@ -161,7 +156,7 @@ class Subscription:
             stream=self.stream_name,
             subscription=self.id,
             position=exc.position,
-            first_offset=exc.first_offset,
+            first_offset=exc.first_available,
             action=self.overtaken_action,
         )
         if self.overtaken_action == "skip":

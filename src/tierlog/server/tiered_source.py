@@ -1,9 +1,12 @@
-"""The ChunkSource of a tiered stream: subscriptions read any offset, local or remote.
+"""The one ChunkSource of a stream: subscriptions read any offset, local or remote.
 
-Wraps ``read.TieredReader`` (local log + the live tierer's manifest, with the stream's
-read strategy and the process-wide prefetcher) as a ``ChunkCursor``. Remote reads block
-on the object store, so they run on a thread pool; chunks held locally are read inline
-(a pread from the page cache), exactly like the local-only source.
+``StreamChunkSource`` is built once per open stream from its local log; when tiering
+starts it is told the stream's remote tier (the live tierer), and from then on every
+cursor it attaches reads across tiers through ``read.TieredReader`` (local log + the
+tierer's committed manifest, with the stream's read strategy and the process-wide
+prefetcher). Before that, cursors read the local log only. Remote reads block on the
+object store, so they run on a thread pool; chunks held locally are read inline (a pread
+from the page cache), exactly like the local-only cursor.
 """
 
 from __future__ import annotations
@@ -13,11 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from tierlog.formats.chunk import HEADER_SIZE
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
-from tierlog.read.errors import FragmentExpiredError, OffsetOvertakenError, ReadError
+from tierlog.read.errors import FragmentExpiredError, ReadError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import (
@@ -26,15 +28,16 @@ from tierlog.read.tiered_reader import (
     default_prefetcher,
     local_gap_resumes,
 )
+from tierlog.remote.committed import CommittedManifest
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.server.chunk_source import (
     CommitNotifier,
     DeliverableChunk,
     LocalChunkCursor,
     LocalChunkSource,
-    OvertakenError,
-    SourceClosedError,
-    UnreadableDataError,
+    deliverable_from_raw,
 )
+from tierlog.server.errors import SourceClosedError, UnreadableDataError
 from tierlog.tiering.tierer import StreamTierer
 
 _REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
@@ -45,34 +48,45 @@ of microseconds of the event loop and the GIL, a chunk can be a few hundred byte
 READ_AHEAD_CHUNKS = 256
 
 
-class TieredChunkSource:
+class StreamChunkSource:
+    """Where a stream's subscriptions read from: its local log, plus its remote tier once
+    tiering has started (the remote part is fixed from then on; cursors attached before
+    keep reading the local log, which holds everything they can reach)."""
+
     def __init__(
-        self,
-        log: LogSource,
-        tierer: StreamTierer,
-        notifier: CommitNotifier,
-        strategy: Callable[[], str],
+        self, log: LogSource, notifier: CommitNotifier, strategy: Callable[[], str]
     ) -> None:
         self._log = log
-        self._manifest = ManifestSource(tierer)
-        self._tierer = tierer
         self._notifier = notifier
         self._strategy = strategy
         self._local = LocalChunkSource(log, notifier)
+        self._tierer: StreamTierer | CommittedManifest | None = None
+        self._manifest: ManifestSource | None = None
+
+    def tier_started(self, tierer: StreamTierer | CommittedManifest) -> None:
+        """The stream's remote tier is resolved: attach across tiers from now on."""
+        self._manifest = ManifestSource(tierer)
+        self._tierer = tierer
 
     def first_offset(self) -> int:
-        tree = self._tierer.committed_tree()
-        if not tree.is_empty:
-            return tree.first_offset
+        if self._tierer is not None:
+            tree = self._tierer.committed_tree()
+            if not tree.is_empty:
+                return tree.first_offset
         return self._log.segment_refs()[0].first_offset
 
-    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> TieredChunkCursor:
+    def attach(
+        self, spec: OffsetSpec, *, want_file: bool = False
+    ) -> LocalChunkCursor | TieredChunkCursor:
+        if self._manifest is None:
+            return self._local.attach(spec, want_file=want_file)
         return TieredChunkCursor(self, spec, want_file)
 
     def strategy(self) -> ReadStrategy:
         return ReadStrategy.parse(self._strategy())
 
     def new_reader(self, spec: OffsetSpec) -> TieredReader:
+        assert self._manifest is not None
         return TieredReader(
             self._log,
             self._manifest,
@@ -87,7 +101,7 @@ class TieredChunkCursor:
     strategy reads local data) it hands over to a LocalChunkCursor, which can use
     sendfile, and takes over again if local retention frees the segment under it."""
 
-    def __init__(self, source: TieredChunkSource, spec: OffsetSpec, want_file: bool) -> None:
+    def __init__(self, source: StreamChunkSource, spec: OffsetSpec, want_file: bool) -> None:
         self._source = source
         self._spec = spec
         self._want_file = want_file
@@ -130,12 +144,10 @@ class TieredChunkCursor:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(_REMOTE_READS, fn)
-        except OffsetOvertakenError as exc:
-            raise OvertakenError(exc.position, exc.first_available) from exc
         except FragmentExpiredError as exc:
             first = self._source.first_offset()
             if self.next_offset < first:
-                raise OvertakenError(self.next_offset, first) from exc
+                raise OffsetOvertakenError(self.next_offset, first) from exc
             raise UnreadableDataError(f"remote data vanished: {exc}", "remote") from exc
         except CorruptChunkError as exc:
             raise UnreadableDataError(str(exc), "local") from exc
@@ -174,7 +186,7 @@ class TieredChunkCursor:
         if self._local is not None:
             try:
                 return await self._local.read()
-            except (OvertakenError, FileNotFoundError, CorruptChunkError):
+            except (OffsetOvertakenError, FileNotFoundError, CorruptChunkError):
                 # Local retention freed the segment, the local log jumps past offsets only
                 # the remote tier holds (OffsetGapError), or a local chunk does not
                 # validate: the cross-tier reader serves it from the remote tier or raises.
@@ -202,18 +214,8 @@ class TieredChunkCursor:
             return None
         if chunk.tier == "local" and not self._ready:
             self._go_local_if_held()
-        header = chunk.header
-        raw = chunk.raw
-        assert raw is not None
-        wire = HEADER_SIZE + header.data_length
-        if header.bloom_size == 0:
-            parts: tuple[bytes | memoryview, ...] = (raw[:wire],)
-        else:
-            start = header.data_start
-            parts = (raw[:HEADER_SIZE], raw[start : start + header.data_length])
-        return DeliverableChunk(
-            header.chunk_id, header.num_records, header.next_offset, wire, parts
-        )
+        assert chunk.raw is not None
+        return deliverable_from_raw(chunk.header, chunk.raw)
 
     async def wait(self, timeout: float | None = None) -> None:
         if self._local is not None:

@@ -22,18 +22,22 @@ from tierlog.errors import TierlogError
 from tierlog.log.errors import DamagedSegmentError
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
+from tierlog.offload.offloader import ObjectStoreOffloader
+from tierlog.offload.service import SegmentOffloadService
 from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.remote.catalog import Catalog, StreamRecord
-from tierlog.server.tiered_source import TieredChunkSource
+from tierlog.remote.fragments import RemoteStream
+from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.retry import RETRY_LOG
 from tierlog.tiering.backpressure import free_disk_below
 from tierlog.tiering.cleanup import run_stream_cleanups
+from tierlog.tiering.committer import ManifestCommitter
 from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.memory_budget import ByteBudget
-from tierlog.tiering.retention import RetentionPolicy
+from tierlog.tiering.retention import RetentionPolicy, remote_trim_offset
 from tierlog.tiering.runtime import RuntimeSizes, TieringRuntime
 from tierlog.tiering.segment_repair import repair_from_remote
 from tierlog.tiering.tierer import StreamTierer
@@ -65,6 +69,7 @@ class TieringService:
         self.catalog = catalog
         self.deletions = DeletionQueue(catalog.meta, grace_seconds=self.tier.delete_grace_seconds)
         self.tierers: dict[str, StreamTierer] = {}  # by incarnation
+        self.offloads: dict[str, SegmentOffloadService] = {}  # segment-mode streams
         self._handles: dict[str, StreamHandle] = {}
         self._not_started: dict[str, StreamHandle] = {}
         self._retry_at: dict[str, tuple[float, float]] = {}  # incarnation: (due, delay)
@@ -102,6 +107,9 @@ class TieringService:
             handle.unavailable = None
             return
         settings = handle.record.settings
+        if settings.tier_mode == "segments":
+            await self._open_segment_mode(handle)
+            return
         cfg = replace(
             tiering_config(settings),
             max_uploads=self.tier.max_uploads,
@@ -146,11 +154,7 @@ class TieringService:
         handle.unavailable = None
         self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer
-        handle.use_source(
-            TieredChunkSource(
-                handle.log, tierer, handle.notifier, lambda: handle.record.settings.read_strategy
-            )
-        )
+        handle.tier_started(tierer)
         log.info(
             "tiering_started",
             vhost=handle.vhost,
@@ -160,9 +164,73 @@ class TieringService:
             restarted_local=result.restarted_local,
         )
 
+    async def _open_segment_mode(self, handle: StreamHandle) -> None:
+        """Start the segment offload service of a ``tier_mode = segments`` stream (instead
+        of a fragment tierer): same committer and epoch fencing, its own triggers."""
+        incarnation = handle.record.incarnation
+        settings = handle.record.settings
+        stream_dir = handle.log.stream_dir.rstrip("/").rsplit("/", 1)[-1]
+        offloader = ObjectStoreOffloader(
+            self.store,
+            self.catalog.meta,
+            self.tier.prefix,
+            stream_dir,
+            block_size=settings.offload_block_size,
+        )
+        committer = ManifestCommitter(
+            RemoteStream(self.store, self.tier.prefix, stream_dir),
+            self.catalog,
+            self.deletions,
+            max(self.tier.epoch, handle.log.max_epoch),
+            m=settings.manifest_fanout,
+        )
+        committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
+
+        def trim(tree: ManifestTree) -> int | None:
+            current = handle.record.settings
+            policy = RetentionPolicy(current.max_bytes, current.max_age_seconds)
+            return remote_trim_offset(tree, self.store.get, policy, int(time.time() * 1000))
+
+        service = SegmentOffloadService(
+            handle.log,
+            offloader,
+            committer,
+            lambda: handle.record.settings,
+            min_free_disk_bytes=self.tier.min_free_disk_bytes,
+            retention_trim=trim,
+            run_deletions=lambda: self.deletions.run_due(self.store),
+            interval=max(0.05, min(1.0, self.tier.retention_interval_seconds)),
+            pool=self.runtime.uploads,
+            timer=self.runtime.timer,
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(handle.executor, service.start)
+        except (TierlogError, OSError) as exc:
+            log.error(
+                "offload_not_started", vhost=handle.vhost, stream=handle.name, error=repr(exc)
+            )
+            service.stop(timeout=1.0)
+            # as for fragments: no append until the remote tier is known (the local log may
+            # have to restart past it)
+            handle.unavailable = f"remote tier not resolved: {exc!r}"
+            self._not_started[incarnation] = handle
+            return
+        handle.unavailable = None
+        self._not_started.pop(incarnation, None)
+        self.offloads[incarnation] = service
+        handle.tier_started(service)
+        log.info("offload_started", vhost=handle.vhost, stream=handle.name)
+
+    def offload_of(self, record: StreamRecord) -> SegmentOffloadService | None:
+        return self.offloads.get(record.incarnation)
+
     async def closing(self, handle: StreamHandle, *, flush: bool) -> None:
         self._handles.pop(handle.record.incarnation, None)
         self._not_started.pop(handle.record.incarnation, None)
+        service = self.offloads.pop(handle.record.incarnation, None)
+        if service is not None:
+            await asyncio.get_running_loop().run_in_executor(None, service.stop)
         tierer = self.tierers.pop(handle.record.incarnation, None)
         if tierer is None:
             return
@@ -186,6 +254,13 @@ class TieringService:
         its limits for want of disk, so the broker throttles whatever the lag. The
         free-disk floor applies also while tiering is not running (resolution pending):
         it protects the disk either way."""
+        service = self.offload_of(record)
+        if service is not None:
+            # segment mode: the sealed bytes its thresholds want offloaded; under the disk
+            # floor publishers wait whatever the lag (the deletion lag is waived meanwhile)
+            if free_disk_below(service.log.stream_dir, self.tier.min_free_disk_bytes) is not None:
+                return HUGE_LAG
+            return service.lag_bytes
         tierer = self.tierer_of(record)
         if tierer is None:
             handle = self._handles.get(record.incarnation)
@@ -202,6 +277,20 @@ class TieringService:
         return lag
 
     def remote_status(self, record: StreamRecord) -> dict[str, Any]:
+        service = self.offload_of(record)
+        if service is not None:
+            tree = service.committed_tree()
+            header = tree.header()
+            return {
+                "tiering": "segments",
+                "bytes": header.total_bytes,
+                "fragments": header.total_fragments,
+                "first_offset": tree.first_offset,
+                "tiered_offset": tree.next_offset,
+                "manifest_depth": tree.height,
+                "upload_lag_bytes": service.lag_bytes,
+                "offload": service.status().to_dict(),
+            }
         tierer = self.tierer_of(record)
         if tierer is None:
             return {
@@ -253,6 +342,19 @@ class TieringService:
                     await self.opened(pending)
                     if incarnation not in self._not_started:
                         self._retry_at.pop(incarnation, None)
+            for incarnation, service in list(self.offloads.items()):
+                handle = self._handles.get(incarnation)
+                if handle is None or handle.closed:
+                    continue
+                try:
+                    freed = await loop.run_in_executor(
+                        handle.executor, service.apply_local_deletion
+                    )
+                except (TierlogError, OSError) as exc:
+                    log.warning("offload_deletion_failed", stream=handle.name, error=repr(exc))
+                    continue
+                if freed:
+                    log.info("local_segments_freed", stream=handle.name, segments=freed)
             for incarnation, tierer in list(self.tierers.items()):
                 handle = self._handles.get(incarnation)
                 if handle is None or handle.closed:
@@ -291,6 +393,19 @@ class TieringService:
 
             return read
 
+        def per_offload(value: Callable[[SegmentOffloadService], float]) -> Callable[[], list[Any]]:
+            def read() -> list[tuple[tuple[str, str], float]]:
+                out = []
+                for incarnation, service in list(self.offloads.items()):
+                    handle = self._handles.get(incarnation)
+                    if handle is not None:
+                        out.append(((handle.vhost, handle.name), float(value(service))))
+                return out
+
+            return read
+
+        metrics.offload_early_deletions.read = per_offload(lambda s: s.early_deletions)
+        metrics.offloaded_segments.read = per_offload(lambda s: s.offloaded_segments)
         metrics.tier_lag_bytes.read = per_stream(lambda t: t.lag_bytes)
         metrics.tier_backpressure.read = per_stream(lambda t: t.backpressure_active)
         metrics.tiering_halted.read = per_stream(lambda t: t.halted is not None)

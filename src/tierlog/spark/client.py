@@ -13,12 +13,11 @@ of unconfirmed messages is full and at the end.
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tierlog.errors import TierlogError
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import Command, OffsetType, ResponseCode
 from tierlog.formats.protocol.frames import FrameSplitter
@@ -29,37 +28,11 @@ from tierlog.formats.protocol.publish import (
     PublishError,
     encode_publish_columns,
 )
+from tierlog.spark.errors import PublishFailedError, ResponseError, StreamClientError
 
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_IN_FLIGHT = 10_000
 MAX_REFERENCE_BYTES = 255
-
-
-class StreamClientError(TierlogError):
-    """The server refused a request or the connection failed."""
-
-
-class ResponseError(StreamClientError):
-    """A request answered with a response code other than OK."""
-
-    def __init__(self, what: str, code: int) -> None:
-        try:
-            name = ResponseCode(code).name
-        except ValueError:
-            name = f"code {code:#x}"
-        super().__init__(f"{what}: {name}")
-        self.code = code
-
-
-class PublishFailedError(StreamClientError):
-    """The server answered some publishing ids with PublishError."""
-
-    def __init__(self, errors: Sequence[tuple[int, int]]) -> None:
-        first_id, code = errors[0]
-        super().__init__(
-            f"{len(errors)} messages not stored (first: publishing id {first_id}, code {code:#x})"
-        )
-        self.errors = list(errors)
 
 
 @dataclass
@@ -238,7 +211,7 @@ class StreamClient:
 
     def subscribe(self, subscription_id: int, stream: str, offset: int, credit: int) -> None:
         """Subscribe from ``offset`` (the chunk holding it is delivered first)."""
-        spec = c.OffsetSpec(OffsetType.OFFSET, offset)
+        spec = c.WireOffsetSpec(OffsetType.OFFSET, offset)
         request = c.SubscribeRequest(self._next_corr(), subscription_id, stream, spec, credit)
         self._request(request, f"subscribe to {stream!r} at {offset}")
 

@@ -1,44 +1,57 @@
-"""Typed errors of the Spark data source (``tierlog.spark``)."""
+"""Typed errors of ``tierlog.spark``: the data source, the stream client, the writer and the
+maintenance jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tierlog.errors import TierlogError
+from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.server.errors import StoreUnavailableError
 
 
 class SparkSourceError(TierlogError):
     """Base class of the Spark data source's errors."""
 
 
-class FragmentExpiredError(SparkSourceError):
-    """A fragment the plan named is gone (404): retention removed it after planning.
-
-    Raised by the task reading it unless the read was started with ``onExpired=skip``.
-    """
-
-    def __init__(self, stream: str, key: str, first_offset: int, next_offset: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: fragment [{first_offset}, {next_offset}) ({key}) was removed "
-            "after the read was planned (retention); re-run the query, or read with "
-            "option onExpired=skip to skip removed fragments"
-        )
-        self.stream = stream
-        self.key = key
-        self.first_offset = first_offset
-        self.next_offset = next_offset
-
-
-class OffsetExpiredError(SparkSourceError):
-    """A streaming query's position is below the stream's first offset (retention)."""
-
-    def __init__(self, stream: str, position: int, first_available: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: offset {position} was removed by retention; the first "
-            f"available offset is {first_available} (read with onExpired=skip to go on there)"
-        )
-        self.stream = stream
-        self.position = position
-        self.first_available = first_available
-
-
 class StreamUnavailableError(SparkSourceError):
     """A stream named in the options does not exist (or was deleted while reading)."""
+
+
+class StreamClientError(TierlogError):
+    """The server refused a request or the connection failed."""
+
+
+class ResponseError(StreamClientError):
+    """A request answered with a response code other than OK."""
+
+    def __init__(self, what: str, code: int) -> None:
+        try:
+            name = ResponseCode(code).name
+        except ValueError:
+            name = f"code {code:#x}"
+        super().__init__(f"{what}: {name}")
+        self.code = code
+
+
+class PublishFailedError(StreamClientError):
+    """The server answered some publishing ids with PublishError."""
+
+    def __init__(self, errors: Sequence[tuple[int, int]]) -> None:
+        first_id, code = errors[0]
+        super().__init__(
+            f"{len(errors)} messages not stored (first: publishing id {first_id}, code {code:#x})"
+        )
+        self.errors = list(errors)
+
+
+class WriterError(TierlogError):
+    """The writer cannot publish this DataFrame (bad options or schema)."""
+
+
+class JobError(TierlogError):
+    """A maintenance job cannot run (bad arguments, unreachable stores)."""
+
+
+class StoreMissingError(StoreUnavailableError):
+    """A store named by URI does not exist, or does not hold what it should."""

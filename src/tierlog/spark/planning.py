@@ -112,11 +112,18 @@ def coalesce(
     """Group consecutive fragments into tasks of about ``target_bytes`` (0: one each).
 
     A task closes once it reaches the target, so a task is at most one fragment over it.
+    An offloaded segment (hundreds of MB, read block by block) is always a task of its own.
     """
     tasks: list[ReadTask] = []
     run: list[FragmentEntry] = []
     size = 0
     for fragment in plan.fragments:
+        if fragment.is_segment:
+            if run:
+                tasks.append(ReadTask(plan.stream, plan.incarnation, tuple(run), bounds))
+                run, size = [], 0
+            tasks.append(ReadTask(plan.stream, plan.incarnation, (fragment,), bounds))
+            continue
         run.append(fragment)
         size += fragment.data_size
         if size >= target_bytes or len(run) >= max_fragments:

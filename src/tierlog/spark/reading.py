@@ -15,13 +15,15 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
+from tierlog.read.errors import FragmentExpiredError
 from tierlog.remote.dictionaries import DictionaryCache, as_v1_fragment
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.spark.arrow_batch import fragment_to_record_batch
+from tierlog.remote.segments import entry_runs, read_segment_index
+from tierlog.spark.arrow_batch import chunks_to_record_batch, fragment_to_record_batch
 from tierlog.spark.connections import object_store
-from tierlog.spark.errors import FragmentExpiredError
 from tierlog.spark.planning import ReadTask
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
@@ -47,6 +49,11 @@ def read_task(
     fragments = task.fragments
     if not fragments:
         return
+    if fragments[0].is_segment:  # planning gives an offloaded segment a task of its own
+        for batch in _read_segment(store, task, fragments[0], settings):
+            if batch.num_rows:
+                yield batch if schema is None else batch.cast(schema)
+        return
     dictionaries = DictionaryCache(store)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierlog-fetch") as pool:
         pending: Future[memoryview | None] = pool.submit(_fetch, store, fragments[0], dictionaries)
@@ -57,14 +64,72 @@ def read_task(
             if data is None:
                 if settings.skip_expired:
                     continue
-                raise FragmentExpiredError(
-                    task.stream, fragment.key, fragment.first_offset, fragment.next_offset
-                )
+                raise _expired(task, fragment)
             if settings.trace_dir:
                 _trace(settings.trace_dir, task.incarnation, fragment)
             batch = _decode(data, task, fragment, settings)
             if batch.num_rows:
                 yield batch if schema is None else batch.cast(schema)
+
+
+def _expired(task: ReadTask, entry: FragmentEntry) -> FragmentExpiredError:
+    """A fragment or segment the plan named is gone: say how to go on."""
+    return FragmentExpiredError(
+        entry.key,
+        f"stream {task.stream!r}: fragment [{entry.first_offset}, {entry.next_offset}) "
+        f"({entry.key}) was removed after the read was planned (retention); re-run the "
+        "query, or read with option onExpired=skip to skip removed fragments",
+    )
+
+
+def _read_segment(
+    store: ObjectStore, task: ReadTask, segment: FragmentEntry, settings: ReadSettings
+) -> Iterator[pa.RecordBatch]:
+    """An offloaded segment, one ranged GET and one batch per block (so a task holds one
+    block, not the segment); blocks outside the bounds are not fetched."""
+    try:
+        index = read_segment_index(store, segment)
+    except NotFoundError:
+        if settings.skip_expired:
+            return
+        raise _expired(task, segment) from None
+    if settings.trace_dir:
+        _trace(settings.trace_dir, task.incarnation, segment)
+    records = index.records
+    ids = records["chunk_id"].astype(np.int64)
+    stamps = records["timestamp"].astype(np.int64)
+    positions = records["position"].astype(np.int64)
+    sizes = records["size"].astype(np.int64)
+    b = task.bounds
+    for lo, hi, end in entry_runs(index, 0):
+        block_next = int(ids[hi]) if hi < len(ids) else segment.next_offset
+        if (b.min_offset is not None and block_next <= b.min_offset) or (
+            b.max_offset is not None and int(ids[lo]) > b.max_offset
+        ):
+            continue
+        if (b.min_ts is not None and int(stamps[hi - 1]) < b.min_ts) or (
+            b.max_ts is not None and int(stamps[lo]) > b.max_ts
+        ):
+            continue
+        start = int(positions[lo])
+        try:
+            data = store.get_view(segment.key, start, end)
+        except NotFoundError:
+            if settings.skip_expired:
+                return
+            raise _expired(task, segment) from None
+        yield chunks_to_record_batch(
+            data,
+            task.stream,
+            positions=positions[lo:hi] - start,
+            sizes=sizes[lo:hi],
+            include_amqp=settings.include_amqp,
+            min_offset=b.min_offset,
+            max_offset=b.max_offset,
+            min_ts=b.min_ts,
+            max_ts=b.max_ts,
+            verify_crc=settings.verify_crc,
+        )
 
 
 def _fetch(

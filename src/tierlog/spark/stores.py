@@ -15,13 +15,9 @@ import os
 from urllib.parse import unquote, urlsplit
 
 from tierlog.errors import ConfigError
-from tierlog.server.errors import StoreUnavailableError
+from tierlog.spark.errors import StoreMissingError
 
 HOST_LOCAL_SCHEMES = ("file", "sqlite")
-
-
-class StoreMissingError(StoreUnavailableError):
-    """A store named by URI does not exist, or does not hold what it should."""
 
 
 def _scheme(uri: str) -> str:

@@ -18,7 +18,7 @@ are there, or ``maxTriggerDelay`` has passed since the last one (``AvailableNow`
 it would wait forever at the end).
 
 Retention may remove a position before a micro-batch reads it: with ``onExpired=fail``
-(``failOnDataLoss=true``) planning raises ``OffsetExpiredError``; with ``skip`` the batch
+(``failOnDataLoss=true``) planning raises ``OffsetOvertakenError``; with ``skip`` the batch
 starts at the first offset still held and a ``spark_stream_data_lost`` warning says how
 many offsets were skipped.
 """
@@ -39,13 +39,14 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from tierlog.logs import get_logger
+from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark import connections
 from tierlog.spark.arrow_batch import fragment_to_record_batch
 from tierlog.spark.batch import TaskPartition, read_partition
-from tierlog.spark.errors import OffsetExpiredError, StreamUnavailableError
+from tierlog.spark.errors import StreamUnavailableError
 from tierlog.spark.options import EARLIEST, LATEST, SourceOptions, StreamName
 from tierlog.spark.planning import (
     coalesce,
@@ -177,7 +178,13 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tree = self._tree(stream)
             if lo < tree.first_offset:
                 if self.options.on_expired != "skip":
-                    raise OffsetExpiredError(name, lo, tree.first_offset)
+                    raise OffsetOvertakenError(
+                        lo,
+                        tree.first_offset,
+                        f"stream {name!r}: offset {lo} was removed by retention; the first "
+                        f"available offset is {tree.first_offset} (read with onExpired=skip "
+                        "to go on there)",
+                    )
                 log.warning(
                     "spark_stream_data_lost",
                     stream=name,

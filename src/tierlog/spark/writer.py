@@ -35,20 +35,17 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from tierlog.errors import ConfigError, TierlogError
+from tierlog.errors import ConfigError
 from tierlog.formats.amqp import Timestamp, encode_message
 from tierlog.logs import get_logger
 from tierlog.spark.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_S, StreamClient
+from tierlog.spark.errors import WriterError
 
 log = get_logger(__name__)
 
 PUBLISHER_ID = 0
 MAX_WRITE_ID_BYTES = 200  # leaves room for "-{partition id}" in a 255-byte reference
 MESSAGE_FORMATS = ("auto", "raw", "amqp")
-
-
-class WriterError(TierlogError):
-    """The writer cannot publish this DataFrame (bad options or schema)."""
 
 
 @dataclass(frozen=True, slots=True)

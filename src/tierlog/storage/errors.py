@@ -63,3 +63,15 @@ class LeaseHeldError(StorageError):
 
 class LeaseLostError(StorageError):
     """MetaStore: the lease expired or was taken over; the holder must stop."""
+
+
+class InvalidRangeError(StorageError, ValueError):
+    """A byte range or part number that can never be valid (negative, out of bounds)."""
+
+
+class InvalidMetadataError(StorageError, ValueError):
+    """User metadata that S3 would reject or alter (case, characters, size)."""
+
+
+class StoreStartupTimeoutError(StorageError):
+    """A store stayed unusable, failing transiently, for the whole start-up deadline."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from tierlog.storage.errors import (
     AlreadyExistsError,
     InvalidKeyError,
+    InvalidRangeError,
     NotFoundError,
     PermanentError,
     StorageError,
@@ -38,7 +39,6 @@ from tierlog.storage.errors import (
 from tierlog.storage.object_store import (
     MIN_PART_SIZE,
     Buffer,
-    InvalidRangeError,
     MultipartUpload,
     ObjectMeta,
     ObjectStore,

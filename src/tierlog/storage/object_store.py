@@ -15,7 +15,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tierlog.errors import ConfigError
-from tierlog.storage.errors import InvalidKeyError, StorageError, UnsupportedBackendError
+from tierlog.storage.errors import (
+    InvalidKeyError,
+    InvalidMetadataError,
+    InvalidRangeError,
+    UnsupportedBackendError,
+)
 
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_BYTES = 250  # between slashes: a file name (fs backend, SeaweedFS filer)
@@ -42,14 +47,6 @@ class PendingUpload:
     key: str
     upload_id: str
     initiated: float | None = None  # seconds since the epoch
-
-
-class InvalidRangeError(StorageError, ValueError):
-    """A byte range or part number that can never be valid (negative, out of bounds)."""
-
-
-class InvalidMetadataError(StorageError, ValueError):
-    """User metadata that S3 would reject or alter (case, characters, size)."""
 
 
 _METADATA_KEY = re.compile(r"[a-z0-9][a-z0-9-]*")

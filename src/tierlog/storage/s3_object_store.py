@@ -31,13 +31,13 @@ from tierlog.logs import get_logger
 from tierlog.storage.errors import (
     AlreadyExistsError,
     InvalidKeyError,
+    InvalidRangeError,
     NotFoundError,
     PermanentError,
 )
 from tierlog.storage.object_store import (
     MAX_KEY_BYTES,
     Buffer,
-    InvalidRangeError,
     MultipartUpload,
     ObjectMeta,
     ObjectStore,

@@ -14,14 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from tierlog.storage.errors import StorageError, TransientError
+from tierlog.storage.errors import StoreStartupTimeoutError, TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 from tierlog.storage.retry import RetryPolicy, retry_until
-
-
-class StoreStartupTimeoutError(StorageError):
-    """A store stayed unusable, failing transiently, for the whole start-up deadline."""
 
 
 def open_object_store_for_startup(uri: str, policy: RetryPolicy, deadline_s: float) -> ObjectStore:

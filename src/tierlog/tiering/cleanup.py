@@ -4,18 +4,21 @@
 MetaStore transaction. ``run_stream_cleanups`` (run on start and whenever woken) takes
 every pending item and, idempotently: deletes the incarnation's manifest pointer (so a
 writer still tiering it gets a typed "stream deleted" error), every remote object under
-the incarnation's prefix, and the local stream directory; then completes the item.
+the incarnation's prefix (offloaded segments included), its pending multipart uploads and
+in-flight offload records, and the local stream directory; then completes the item.
 A crash anywhere just means the next run repeats the remaining steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog
-from tierlog.remote.keys import stream_prefix
+from tierlog.remote.keys import offload_attempts_prefix, stream_prefix
+from tierlog.storage.errors import NotFoundError, UnsupportedBackendError
 from tierlog.storage.object_store import ObjectStore
 
 log = get_logger(__name__)
@@ -28,9 +31,16 @@ def clean_incarnation(
 ) -> int:
     """Delete everything of one incarnation; returns how many objects went."""
     catalog.delete_pointer(incarnation)
+    prefix_of_stream = stream_prefix(prefix, incarnation)
+    with contextlib.suppress(UnsupportedBackendError):  # a store without multipart uploads
+        for upload in list(store.list_multipart_uploads(prefix_of_stream)):
+            store.abort_multipart(upload.key, upload.upload_id)
+    for record in catalog.meta.list(offload_attempts_prefix(incarnation)):
+        with contextlib.suppress(NotFoundError):
+            catalog.meta.delete(record.key)
     removed = 0
     batch: list[str] = []
-    for meta in store.list(stream_prefix(prefix, incarnation)):
+    for meta in store.list(prefix_of_stream):
         batch.append(meta.key)
         if len(batch) >= DELETE_BATCH:
             store.delete_many(batch)

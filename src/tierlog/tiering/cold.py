@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from tierlog.formats.fragment import ChunkInfo, FragmentPlacement
+from tierlog.formats.fragment import FragmentChunkInfo, FragmentPlacement
 from tierlog.formats.fragment_v2 import (
     CODECS,
     FrameCoding,
@@ -27,7 +27,7 @@ from tierlog.remote.dictionaries import dictionary_key, put_dictionary
 from tierlog.remote.encryption import Keyring, process_keyring
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.settings import StreamSettings
-from tierlog.tiering.errors import TieringError
+from tierlog.tiering.errors import EncryptionKeyMissingError
 
 log = get_logger(__name__)
 
@@ -36,10 +36,6 @@ SAMPLE_BYTES = 2 << 20
 SAMPLE_PIECE = 1 << 10
 MIN_DICTIONARY_BYTES = 1 << 10
 RETRAIN_FACTOR = 1.25
-
-
-class EncryptionKeyMissingError(TieringError):
-    """The stream is encrypted and this process holds no key-encryption key."""
 
 
 class _Dictionary:
@@ -78,7 +74,7 @@ class FragmentCoder:
         key: str,
         placement: FragmentPlacement,
         chunks: Sequence[memoryview],
-        infos: Sequence[ChunkInfo],
+        infos: Sequence[FragmentChunkInfo],
     ) -> bytearray:
         """The whole v2 fragment object for ``key``."""
         settings = self._settings()

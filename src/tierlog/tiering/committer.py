@@ -1,4 +1,4 @@
-"""The manifest commit protocol with optimistic concurrency (DESIGN.md).
+"""The manifest commit protocol with optimistic concurrency.
 
 Order of a commit: new branch objects (create-only, fresh uids) → new root under a
 fresh uid (create-only) → conditional put of the pointer (version unchanged, stored
@@ -27,17 +27,13 @@ from tierlog.storage.errors import (
     TransientError,
 )
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import DeposedError, TieringError
+from tierlog.tiering.errors import CommitRetryError, DeposedError
 
 log = get_logger(__name__)
 
 
 def _ignore(seconds: float) -> None:
     pass
-
-
-class CommitRetryError(TieringError):
-    """The commit did not happen but may be retried (transient error, lost race)."""
 
 
 class ManifestCommitter:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from tierlog.errors import TierlogError
 from tierlog.formats.manifest import decode_node
 from tierlog.logs import get_logger
-from tierlog.remote.catalog import Catalog, CorruptPointerError, ManifestPointer, pointer_key
+from tierlog.remote.catalog import Catalog, ManifestPointer, pointer_key
+from tierlog.remote.errors import CorruptPointerError
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.keys import metadata_prefix
 from tierlog.remote.manifest_tree import ManifestTree

@@ -7,7 +7,7 @@ the local segment list), so they can be evaluated often and tested exhaustively.
   the front of the manifest; ``max_age`` compares a fragment's *max* timestamp with the
   cut-off, so a fragment goes only when all of its data is too old.
 * Local retention (``local_max_bytes`` / ``local_max_age``) frees the oldest sealed local
-  segments, but only those DESIGN.md allows: every offset in the segment is below the
+  segments, but only those whose data is safe elsewhere: every offset in the segment is below the
   durably committed manifest's next offset, or below the remote first offset (already
   trimmed by remote retention). Never earlier.
 """

@@ -6,7 +6,7 @@ commits, and carries out the effects it returns. Because the machine is pure, te
 drive any interleaving of uploads, failures, ambiguous results and restarts
 deterministically.
 
-Rules it enforces (DESIGN.md, seed 000):
+Rules it enforces (docs/design.md, docs/reliability.md):
 
 * Only committed chunks are tiered; fragments are whole consecutive chunks of one
   segment, cut by size, by segment roll and by age. Once cut, a fragment's range is

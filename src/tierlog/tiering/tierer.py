@@ -25,12 +25,12 @@ from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.fragment import (
     HEADER_SIZE,
-    ChunkInfo,
+    FragmentChunkInfo,
     FragmentPlacement,
     encode_fragment,
     fragment_size,
 )
-from tierlog.log.commit import CommitPoint
+from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
@@ -46,9 +46,14 @@ from tierlog.storage.errors import AlreadyExistsError, StorageError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import BackPressure
 from tierlog.tiering.cold import FragmentCoder
-from tierlog.tiering.committer import CommitRetryError, ManifestCommitter
+from tierlog.tiering.committer import ManifestCommitter
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import FragmentConflictError, TieringError
+from tierlog.tiering.errors import (
+    CommitRetryError,
+    FragmentConflictError,
+    LocalChunkCorruptError,
+    TieringError,
+)
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.rate_limit import RateLimiter
 from tierlog.tiering.resolution import (
@@ -122,11 +127,6 @@ def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFrag
         return remote.read_fragment(first_offset)
     except CorruptFragmentError as exc:
         raise FragmentConflictError(f"fragment {first_offset} is corrupt: {exc}") from exc
-
-
-class LocalChunkCorruptError(FragmentConflictError):
-    """A chunk cut into a fragment fails its CRC check: the fragment is not uploaded and
-    tiering of the stream halts (alarm) instead of making bit rot the remote copy."""
 
 
 class StreamTierer:
@@ -305,7 +305,7 @@ class StreamTierer:
         return self.task_health.lag_seconds()
 
     def deletable_segments(self) -> list[int]:
-        """Sealed local segments whose every offset is durable remotely (DESIGN.md)."""
+        """Sealed local segments whose every offset is in the committed manifest."""
         return self.local_segments_to_free(max_bytes=0, max_age_seconds=None)
 
     # -- resolution -----------------------------------------------------------------------
@@ -689,7 +689,8 @@ class StreamTierer:
     def local_segments_to_free(
         self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
     ) -> list[int]:
-        """Local segments that local retention may delete now (DESIGN.md's rule)."""
+        """Local segments that local retention may delete now: only those below the durably
+        committed manifest's next offset (``retention.local_segments_to_free``)."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
 
         # A sealed segment never changes once all its chunks are committed: its newest
@@ -772,7 +773,7 @@ class StreamTierer:
         raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
         self.log.read_segment_into(plan.segment, first.position, raw)
         buffers: list[memoryview] = []
-        infos: list[ChunkInfo] = []
+        infos: list[FragmentChunkInfo] = []
         for c in plan.chunks:
             at = c.position - first.position
             buf = raw[at : at + c.size]
@@ -790,7 +791,7 @@ class StreamTierer:
                 )
             buffers.append(buf)
             infos.append(
-                ChunkInfo(
+                FragmentChunkInfo(
                     chunk_id=c.chunk_id,
                     timestamp=c.timestamp,
                     epoch=c.epoch,

@@ -25,12 +25,12 @@ from tierlog.formats.protocol.consumers import (
     ConsumerUpdateResponse,
     CreditRequest,
     CreditResponse,
-    OffsetSpec,
     QueryOffsetRequest,
     QueryOffsetResponse,
     StoreOffsetRequest,
     SubscribeRequest,
     UnsubscribeRequest,
+    WireOffsetSpec,
 )
 from tierlog.formats.protocol.deliver import Deliver, decode_deliver
 from tierlog.formats.protocol.errors import ProtocolError
@@ -74,7 +74,7 @@ from tierlog.formats.protocol.schema import (
     UInt32,
 )
 from tierlog.formats.protocol.streams import (
-    Broker,
+    BrokerAddress,
     CreateRequest,
     DeleteRequest,
     MetadataRequest,
@@ -296,7 +296,7 @@ def decode_server_frame(body: memoryview | bytes) -> ServerCommand:
 
 
 __all__ = [
-    "Broker",
+    "BrokerAddress",
     "ClientCommand",
     "CloseRequest",
     "CommandVersion",
@@ -315,7 +315,6 @@ __all__ = [
     "MetadataRequest",
     "MetadataResponse",
     "MetadataUpdate",
-    "OffsetSpec",
     "OpenRequest",
     "OpenResponse",
     "PartitionsRequest",
@@ -345,6 +344,7 @@ __all__ = [
     "Tune",
     "UnknownCommand",
     "UnsubscribeRequest",
+    "WireOffsetSpec",
     "decode_client_frame",
     "decode_server_frame",
     "encode_error_response",

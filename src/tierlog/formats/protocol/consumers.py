@@ -28,7 +28,7 @@ from tierlog.formats.protocol.wire import I64, U16, U64, Reader
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetSpec:
+class WireOffsetSpec:
     """Where a subscription starts: ``value`` is the offset (OFFSET) or ms (TIMESTAMP)."""
 
     type: OffsetType
@@ -57,13 +57,13 @@ class OffsetSpecType:
     def decode(self, reader: Reader) -> Any:
         raw_type = reader.u16()
         if raw_type == OffsetType.OFFSET:
-            return OffsetSpec(OffsetType.OFFSET, reader.u64())
+            return WireOffsetSpec(OffsetType.OFFSET, reader.u64())
         if raw_type == OffsetType.TIMESTAMP:
-            return OffsetSpec(OffsetType.TIMESTAMP, reader.i64())
+            return WireOffsetSpec(OffsetType.TIMESTAMP, reader.i64())
         if raw_type in (OffsetType.FIRST, OffsetType.LAST, OffsetType.NEXT) or (
             self.allow_none and raw_type == OffsetType.NONE
         ):
-            return OffsetSpec(OffsetType(raw_type))
+            return WireOffsetSpec(OffsetType(raw_type))
         raise ProtocolError(f"unknown offset type {raw_type}")
 
 
@@ -79,7 +79,7 @@ class SubscribeRequest(Message):
     correlation_id: Annotated[int, UInt32]
     subscription_id: Annotated[int, UInt8]
     stream: Annotated[str, String]
-    offset_spec: Annotated[OffsetSpec, SubscribeOffset]
+    offset_spec: Annotated[WireOffsetSpec, SubscribeOffset]
     credit: Annotated[int, UInt16]
     properties: Annotated[Mapping[str, str], Trailing(StringMap, {})] = field(default_factory=dict)
 
@@ -150,4 +150,4 @@ class ConsumerUpdateResponse(Message):
 
     correlation_id: Annotated[int, UInt32]
     response_code: Annotated[int, UInt16]
-    offset_spec: Annotated[OffsetSpec, ConsumerUpdateOffset]
+    offset_spec: Annotated[WireOffsetSpec, ConsumerUpdateOffset]

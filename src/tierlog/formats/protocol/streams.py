@@ -45,7 +45,7 @@ class MetadataRequest(Message):
 
 @structure
 @dataclass(frozen=True, slots=True)
-class Broker:
+class BrokerAddress:
     """A node as a Metadata response names it."""
 
     reference: Annotated[int, UInt16]
@@ -70,7 +70,7 @@ class MetadataResponse(Message):
     """No top-level response code: each stream carries its own."""
 
     correlation_id: Annotated[int, UInt32]
-    brokers: Annotated[Sequence[Broker], Array(Broker)]
+    brokers: Annotated[Sequence[BrokerAddress], Array(BrokerAddress)]
     streams: Annotated[Sequence[StreamMetadata], Array(StreamMetadata)]
 
 

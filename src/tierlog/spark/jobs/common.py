@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from tierlog.errors import ConfigError, TierlogError
+from tierlog.errors import ConfigError
 from tierlog.formats.errors import FormatError
 from tierlog.formats.manifest import KIND_ROOT, decode_node
 from tierlog.remote import keys
@@ -25,7 +25,8 @@ from tierlog.remote.catalog import Catalog, ManifestPointer, StreamRecord
 from tierlog.remote.committed import read_committed_root
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.manifest_walk import ManifestWalker
-from tierlog.spark.stores import StoreMissingError, check_master, require_existing
+from tierlog.spark.errors import StoreMissingError
+from tierlog.spark.stores import check_master, require_existing
 from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
@@ -35,10 +36,6 @@ _S3_CREDENTIALS = (
     ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
     ("session_token", "AWS_SESSION_TOKEN"),
 )
-
-
-class JobError(TierlogError):
-    """A maintenance job cannot run (bad arguments, unreachable stores)."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +281,7 @@ class ManifestWalk:
         return not self.problems
 
     def referenced(self) -> set[str]:
-        out = {f.key for f in self.fragments}
+        out = {key for f in self.fragments for key in f.object_keys}  # segments: data + index
         out.update(self.branch_keys)
         if self.root_key:
             out.add(self.root_key)

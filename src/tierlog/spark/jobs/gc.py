@@ -55,6 +55,7 @@ class IncarnationGc:
     referenced: int = 0
     pending: int = 0
     protected_tail: int = 0
+    in_flight: int = 0
     young: int = 0
     unknown: list[str] = field(default_factory=list)
     garbage: list[str] = field(default_factory=list)
@@ -70,6 +71,7 @@ class IncarnationGc:
             "referenced": self.referenced,
             "pending_deletion": self.pending,
             "protected_tail": self.protected_tail,
+            "offload_in_flight": self.in_flight,
             "younger_than_grace": self.young,
             "unknown_keys": self.unknown,
             "garbage": self.garbage,
@@ -140,6 +142,11 @@ def gc_incarnation(tier: RemoteTier, task: GcTask) -> IncarnationGc:
             tail_from = walk.next_offset
         listed = list(store.list(keys.stream_prefix(tier.prefix, task.incarnation)))
         pending = {key for key, _due in DeletionQueue(meta).pending_keys()}
+        # objects of segment offloads in flight (recorded, not yet committed) are spared
+        in_flight = {
+            record.key.rsplit("/", 1)[-1]
+            for record in meta.list(keys.offload_attempts_prefix(task.incarnation))
+        }
         for meta_obj in listed:
             key = meta_obj.key
             result.objects += 1
@@ -152,6 +159,11 @@ def gc_incarnation(tier: RemoteTier, task: GcTask) -> IncarnationGc:
                 result.referenced += 1
             elif key in pending:
                 result.pending += 1
+            elif (
+                isinstance(parsed, keys.SegmentKey)
+                and f"{parsed.first_offset:020d}.{parsed.uuid.hex}" in in_flight
+            ):
+                result.in_flight += 1
             elif (
                 tail_from is not None
                 and isinstance(parsed, keys.FragmentKey)

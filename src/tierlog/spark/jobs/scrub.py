@@ -19,11 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tierlog.formats.chunk import decode_header
+from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError
+from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
 from tierlog.remote.catalog import Catalog
-from tierlog.remote.dictionaries import MissingDictionaryError, validate_stored_fragment
-from tierlog.remote.errors import CorruptFragmentError
+from tierlog.remote.dictionaries import validate_stored_fragment
+from tierlog.remote.errors import CorruptFragmentError, MissingDictionaryError
 from tierlog.remote.fragments import FragmentEntry, trailer_mismatch
+from tierlog.remote.segments import read_segment_index
 from tierlog.spark.jobs.common import (
     Progress,
     RemoteTier,
@@ -112,6 +116,8 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
 
 def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     """None if the fragment is intact and matches its manifest entry, else the problem."""
+    if ref.is_segment:
+        return check_segment(store, ref)
     try:
         data = store.get(ref.key)
     except NotFoundError:
@@ -129,6 +135,41 @@ def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     mismatch = trailer_mismatch(ref, index.trailer)
     if mismatch:
         return {"kind": "fragment-mismatch", "key": ref.key, "detail": mismatch}
+    return None
+
+
+def check_segment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
+    """None if an offloaded segment's index object matches its manifest entry and every
+    chunk of its data object is intact (entry header, chunk header, whole-chunk CRC)."""
+    try:
+        index = read_segment_index(store, ref)
+        data = store.get_view(ref.key)
+    except NotFoundError as exc:
+        return {"kind": "missing-fragment", "key": ref.key, "detail": f"referenced: {exc}"}
+    except StorageError as exc:
+        return {"kind": "unreadable-fragment", "key": ref.key, "detail": str(exc)}
+    except CorruptFragmentError as exc:
+        return {"kind": "corrupt-fragment", "key": ref.index_key, "detail": str(exc)}
+    if len(data) != index.trailer.index_start:
+        detail = f"data object of {len(data)} bytes, the index says {index.trailer.index_start}"
+        return {"kind": "corrupt-fragment", "key": ref.key, "detail": detail}
+    records = index.records
+    for chunk_id, position, size, crc in zip(
+        records["chunk_id"].tolist(),
+        records["position"].tolist(),
+        records["size"].tolist(),
+        records["crc"].tolist(),
+        strict=True,
+    ):
+        try:
+            if decode_entry_header(data, position - ENTRY_HEADER_SIZE) != (size, chunk_id):
+                raise FormatError(f"entry header of chunk {chunk_id} does not match the index")
+            if decode_header(data[position : position + size]).chunk_id != chunk_id:
+                raise FormatError(f"chunk at {position} is not chunk {chunk_id}")
+            if crc32(data[position : position + size]) != crc:
+                raise FormatError(f"chunk {chunk_id}: CRC of its bytes does not match")
+        except FormatError as exc:
+            return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
     return None
 
 

@@ -1,0 +1,1 @@
+"""The stream-protocol commands a Connection handles, one module per area."""

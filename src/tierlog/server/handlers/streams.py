@@ -1,0 +1,105 @@
+"""Stream commands: create, delete, metadata, stream stats, super-stream routing.
+
+Mixed into ``Connection``; methods run on the event loop with the connection as ``self``.
+"""
+
+from __future__ import annotations
+
+from tierlog.errors import ConfigError, TierlogError
+from tierlog.formats.protocol.commands import (
+    BrokerAddress,
+    CreateRequest,
+    DeleteRequest,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionsRequest,
+    RouteRequest,
+    SimpleResponse,
+    StreamMetadata,
+    StreamStatsRequest,
+    StreamStatsResponse,
+)
+from tierlog.formats.protocol.constants import (
+    Command,
+    ResponseCode,
+)
+from tierlog.logs import get_logger
+from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
+from tierlog.server.arguments import settings_from_arguments
+from tierlog.server.broker import OPENING
+from tierlog.server.connection_core import ConnectionCore
+
+log = get_logger("tierlog.server.connection")
+
+NO_LEADER = 0xFFFF
+
+
+class StreamHandlers(ConnectionCore):
+    """Commands about streams themselves."""
+
+    async def _on_create(self, cmd: CreateRequest) -> None:
+        if not self._permitted("configure", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
+            self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
+            return
+        try:
+            settings = settings_from_arguments(cmd.arguments)
+            await self.broker.create_stream(self.vhost, cmd.stream, settings)
+            code = ResponseCode.OK
+        except StreamExistsError:
+            code = ResponseCode.STREAM_ALREADY_EXISTS
+        except ConfigError as exc:
+            log.info("create_rejected", stream=cmd.stream, error=str(exc))
+            code = ResponseCode.PRECONDITION_FAILED
+        except (TierlogError, OSError) as exc:
+            log.error("create_failed", stream=cmd.stream, error=repr(exc))
+            code = ResponseCode.INTERNAL_ERROR
+        self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
+
+    async def _on_delete(self, cmd: DeleteRequest) -> None:
+        if not self._permitted("configure", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
+            self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
+            return
+        try:
+            await self.broker.delete_stream(self.vhost, cmd.stream)
+            code = ResponseCode.OK
+        except (StreamNotFoundError, ConfigError):
+            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        except (TierlogError, OSError) as exc:
+            log.error("delete_failed", stream=cmd.stream, error=repr(exc))
+            code = ResponseCode.INTERNAL_ERROR
+        self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
+
+    def _on_metadata(self, cmd: MetadataRequest) -> None:
+        host, port = self._advertised()
+        streams = []
+        for name in cmd.streams:
+            handle = self.broker.get(self.vhost, name)
+            if handle is None:
+                streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
+            elif handle.unavailable == OPENING:  # its first resolution runs
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+                streams.append(StreamMetadata(name, code, NO_LEADER, ()))
+            else:
+                streams.append(StreamMetadata(name, ResponseCode.OK, 0, ()))
+        self.send(
+            MetadataResponse(cmd.correlation_id, [BrokerAddress(0, host, port)], streams).encode()
+        )
+
+    def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
+        handle = self.broker.get(self.vhost, cmd.stream)
+        if handle is None or not self._permitted("read", cmd.stream):
+            refused = ResponseCode.ACCESS_REFUSED
+            code = self._missing(cmd.stream) if handle is None else refused
+            self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
+            return
+        stats = {
+            "first_chunk_id": handle.first_offset(),
+            "committed_chunk_id": handle.log.commit_point().chunk_id,
+        }
+        self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
+
+    def _on_super_stream(self, cmd: RouteRequest | PartitionsRequest) -> None:
+        code = ResponseCode.STREAM_DOES_NOT_EXIST  # super streams are not supported
+        self.send(SimpleResponse(cmd.command, cmd.correlation_id, code).encode())
