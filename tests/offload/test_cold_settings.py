@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_server_offload import SEGMENTS, Running, make_config
+from tests.server.test_offload import SEGMENTS, Running, make_config
 from tierlog.errors import ConfigError
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from tests.faults.object_store import FaultyObjectStore
-from tests.test_offload_service import Stream, local_records, read_all
+from tests.offload.test_service import Stream, local_records, read_all
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.fs_object_store import FsObjectStore

@@ -19,8 +19,8 @@ import pytest
 
 from tests.plugins.seaweed import SeaweedServer
 from tests.plugins.tierlog_server import TierlogServerProcess
-from tests.test_server_inprocess import AsyncRawClient
-from tests.test_server_tiering import publish, rstream_consume
+from tests.server.test_inprocess import AsyncRawClient
+from tests.server.test_tiering import publish, rstream_consume
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.server.app import Server
