@@ -301,7 +301,11 @@ class StreamTierer:
 
     @property
     def lag_seconds(self) -> float:
-        """Seconds since the remote tier last held everything committed locally."""
+        """Seconds since the remote tier last held everything committed locally (0 as
+        soon as the state machine has nothing left to tier, even before its next turn
+        notes it)."""
+        if self.lag_bytes == 0:
+            return 0.0
         return self.task_health.lag_seconds()
 
     def deletable_segments(self) -> list[int]:
@@ -554,6 +558,8 @@ class StreamTierer:
             if self._stopping and fn != self._commit:
                 return False
             token = self.task_health.started(name)
+            # the watchdog looks again once the task could be over its bound
+            self.runtime.timer.call_later(self.task_health.stall_seconds + 0.05, self._check_stalls)
 
             def run() -> None:
                 try:
@@ -576,6 +582,9 @@ class StreamTierer:
             self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return True
+
+    def _check_stalls(self) -> None:
+        self.task_health.check_stalls()
 
     def _task_done(self, task: Future[None]) -> None:
         with self._inbox_lock:
