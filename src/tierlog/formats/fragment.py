@@ -183,20 +183,7 @@ def encode_fragment(
     if expected_id > MAX_U64:
         raise InvalidSizeError(f"next offset {expected_id} does not fit 64 bits")
     data_size = position - HEADER_SIZE
-    timestamps = [i.timestamp for i in infos]
-    fields = (
-        infos[0].chunk_id,
-        expected_id,
-        min(timestamps),
-        max(timestamps),
-        max(i.epoch for i in infos),
-        placement.segment_first_offset,
-        placement.segment_position,
-        position,
-        data_size,
-        len(infos),
-        placement.seq_no,
-    )
+    fields = trailer_fields(infos, expected_id, placement, position, data_size)
     crc = _metadata_crc(records, fields)
     trailer_bytes = TRAILER.pack(*fields, 0, crc, FRAGMENT_VERSION, TRAILER_MAGIC)
     parts: list[bytes | bytearray | memoryview] = [HEADER.pack(FRAGMENT_MAGIC, FRAGMENT_VERSION)]
@@ -204,6 +191,35 @@ def encode_fragment(
     parts.append(bytes(records))
     parts.append(trailer_bytes)
     return parts, FragmentTrailer(*fields, crc=crc)
+
+
+TrailerFields = tuple[int, int, int, int, int, int, int, int, int, int, int]
+
+
+def trailer_fields(
+    infos: Sequence[FragmentChunkInfo],
+    next_offset: int,
+    placement: FragmentPlacement,
+    index_start: int,
+    data_size: int,
+) -> TrailerFields:
+    """The trailer's metadata fields, in trailer order (every fragment version has them):
+    first / next offset, min / max timestamp, max epoch, where the fragment sits in its
+    segment, where its index starts, data size, chunk count, sequence number."""
+    timestamps = [i.timestamp for i in infos]
+    return (
+        infos[0].chunk_id,
+        next_offset,
+        min(timestamps),
+        max(timestamps),
+        max(i.epoch for i in infos),
+        placement.segment_first_offset,
+        placement.segment_position,
+        index_start,
+        data_size,
+        len(infos),
+        placement.seq_no,
+    )
 
 
 def _metadata_crc(index: bytes | bytearray | memoryview, fields: tuple[int, ...]) -> int:

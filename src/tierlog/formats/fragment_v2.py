@@ -65,6 +65,7 @@ from tierlog.formats.fragment import (
     FragmentIndex,
     FragmentPlacement,
     FragmentTrailer,
+    trailer_fields,
 )
 from tierlog.formats.fragment import decode_index as decode_index_v1
 from tierlog.formats.fragment import decode_trailer as decode_trailer_v1
@@ -374,19 +375,8 @@ def encode_fragment_v2(
     index_size = FRAGMENT_V2_INDEX_HEADER_SIZE + len(key_block) + len(body) + overhead
     if index_size > MAX_U32:
         raise InvalidSizeError(f"fragment index of {index_size} bytes does not fit 32 bits")
-    timestamps = [i.timestamp for i in infos]
     fields = (
-        infos[0].chunk_id,
-        expected_id,
-        min(timestamps),
-        max(timestamps),
-        max(i.epoch for i in infos),
-        placement.segment_first_offset,
-        placement.segment_position,
-        position,
-        sum(i.size for i in infos),
-        len(infos),
-        placement.seq_no,
+        *trailer_fields(infos, expected_id, placement, position, sum(i.size for i in infos)),
         index_size,
     )
     if cipher is not None:
