@@ -14,6 +14,13 @@ READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
 SYNC_MODES = ("fsync", "os")
 COMPRESSIONS = ("none", "zstd")
 ENCRYPTIONS = ("none", "aes-256-gcm")
+ACK_MODES = ("replicas", "remote")
+
+
+class AckModeError(ConfigError):
+    """A stream's ack mode cannot be combined with its other settings (``segments``
+    offload with ``ack = remote``: whole sealed segments reach the remote tier hours
+    after a publish, so a confirm would wait that long)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,13 @@ class StreamSettings:
     may never free data that is not yet durable remotely. ``sync`` is the stream's
     confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
     follows the server.
+
+    ``ack`` says when a publish is confirmed (fixed at creation): ``"replicas"`` once
+    its chunk is committed locally (fsynced here, and on a majority of the stream's
+    members in a cluster), ``"remote"`` once its chunk is in a committed manifest of the
+    remote tier (fragments cut and committed every ``tier.remote_ack_interval_seconds``;
+    consumers read only below the remote-committed offset). ``remote`` needs ``tier_mode
+    = fragments``.
 
     ``tier_mode`` is fixed at creation. In ``segments`` mode sealed segments are offloaded
     whole once the local bytes not offloaded exceed ``offload_threshold_bytes`` or once a
@@ -62,6 +76,7 @@ class StreamSettings:
     compression_level: int = 3
     dictionary: bool = False
     encryption: str = "none"
+    ack: str = "replicas"
 
     @property
     def cold_coding(self) -> bool:
@@ -110,6 +125,13 @@ class StreamSettings:
             raise ConfigError(f"dictionary must be true or false, got {self.dictionary!r}")
         if self.dictionary and self.compression != "zstd":
             raise ConfigError("dictionary needs compression zstd")
+        if self.ack not in ACK_MODES:
+            raise ConfigError(f"ack must be one of {ACK_MODES}, got {self.ack!r}")
+        if self.ack == "remote" and self.tier_mode != "fragments":
+            raise AckModeError(
+                "ack 'remote' needs tier_mode 'fragments': offloaded segments reach the "
+                "remote tier only once sealed, so a confirm would wait for a whole segment"
+            )
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
         if self.tier_mode == "segments" and (
@@ -181,4 +203,10 @@ def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) 
         raise ConfigError(
             f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
             f"{mode!r}: create a new stream instead"
+        )
+    ack = changes.get("ack", current.ack)
+    if ack != current.ack:
+        raise ConfigError(
+            f"ack is fixed at creation ({current.ack!r}); it cannot become {ack!r}: "
+            "create a new stream instead"
         )

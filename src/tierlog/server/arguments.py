@@ -95,6 +95,7 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-compression-level": ("compression_level", _int),
     "x-tierlog-dictionary": ("dictionary", _bool),
     "x-tierlog-encryption": ("encryption", _encryption),
+    "x-tierlog-ack": ("ack", str),
 }
 """Argument name → (StreamSettings field, parser)."""
 

@@ -54,6 +54,7 @@ from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
+from tierlog.server.remote_ack import check_creatable
 from tierlog.server.tiered_source import StreamChunkSource
 
 log = get_logger("tierlog.server.broker")
@@ -92,6 +93,7 @@ def no_lag(record: StreamRecord) -> int:
 
 if TYPE_CHECKING:
     from tierlog.remote.committed import CommittedManifest
+    from tierlog.server.remote_ack import RemoteAckGate
     from tierlog.tiering.tierer import StreamTierer
 
 
@@ -175,6 +177,8 @@ class StreamHandle:
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _source: StreamChunkSource | None = None
+    remote_ack: RemoteAckGate | None = None
+    """Set for ``ack = remote`` streams: confirms wait for the remote tier's commit."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -336,9 +340,18 @@ class StreamHandle:
         metrics.group_commit_frames.observe(len(ops))
         metrics.chunks_written.inc(result.chunks)
         metrics.duplicate_messages.inc(result.duplicates)
-        for op, code in zip(ops, result.codes, strict=True):
-            if isinstance(op, _PublishOp):
-                op.done(code)
+        if self.remote_ack is not None:  # ack = remote: confirmed at the remote commit
+            self.remote_ack.after_group(
+                [
+                    (op.done, code)
+                    for op, code in zip(ops, result.codes, strict=True)
+                    if isinstance(op, _PublishOp)
+                ]
+            )
+        else:
+            for op, code in zip(ops, result.codes, strict=True):
+                if isinstance(op, _PublishOp):
+                    op.done(code)
         self.notifier.notify()
         self.activity += 1
         if result.sync_failed and self.unavailable is None and not self.closed:
@@ -708,6 +721,7 @@ class Broker:
         Creations of different streams run concurrently (the catalog's create-only put
         decides between racing creators of one name)."""
         await self.catalog_loaded.wait()
+        check_creatable(self.config, settings)
         key = (vhost, name)
         if key in self._streams or key in self._opening or key in self._creating:
             raise StreamExistsError(f"stream {name!r} already exists")

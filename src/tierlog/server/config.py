@@ -22,6 +22,7 @@ from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 from tierlog.storage.retry import RetryPolicy
+from tierlog.tiering.remote_ack import check_interval as check_remote_ack_interval
 
 DEFAULT_STREAM_PORT = 5552
 DEFAULT_ADMIN_PORT = 15552
@@ -258,6 +259,9 @@ class TierSection:
     has at most ``max_uploads`` uploads in flight)."""
     resolution_reads: int = 8
     """Threads reading fragment trailers while streams resolve (shared)."""
+    remote_ack_interval_seconds: float = 0.2
+    """``ack = remote`` streams cut and commit a fragment at least this often (their
+    confirms wait for the commit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +368,7 @@ class ServerConfig:
         ):
             if getattr(t, name) < 0:
                 raise ConfigError(f"tier.{name} must be >= 0")
+        check_remote_ack_interval(t.remote_ack_interval_seconds)
         self.store.validate()
         return self
 
