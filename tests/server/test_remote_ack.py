@@ -18,7 +18,8 @@ from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import OffsetType, ResponseCode
 from tierlog.formats.protocol.deliver import Deliver
 from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
-from tierlog.remote.settings import AckModeError, StreamSettings, check_tier_mode_unchanged
+from tierlog.remote.errors import AckModeError
+from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.app import Server
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.config import load_config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tierlog.errors import TierlogError
+from tierlog.errors import ConfigError, TierlogError
 
 
 class RemoteTierError(TierlogError):
@@ -81,3 +81,9 @@ class StreamNotFoundError(TierlogError, KeyError):
 
 class MissingDictionaryError(CorruptFragmentError):
     """A fragment names a dictionary that is not in the object store."""
+
+
+class AckModeError(ConfigError):
+    """A stream's ack mode cannot be combined with its other settings (``segments``
+    offload with ``ack = remote``: whole sealed segments reach the remote tier hours
+    after a publish, so a confirm would wait that long)."""

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tierlog.errors import ConfigError
+from tierlog.remote.errors import AckModeError
 
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
@@ -16,11 +17,6 @@ COMPRESSIONS = ("none", "zstd")
 ENCRYPTIONS = ("none", "aes-256-gcm")
 ACK_MODES = ("replicas", "remote")
 
-
-class AckModeError(ConfigError):
-    """A stream's ack mode cannot be combined with its other settings (``segments``
-    offload with ``ack = remote``: whole sealed segments reach the remote tier hours
-    after a publish, so a confirm would wait that long)."""
 
 
 @dataclass(frozen=True, slots=True)
