@@ -18,7 +18,6 @@ ENCRYPTIONS = ("none", "aes-256-gcm")
 ACK_MODES = ("replicas", "remote")
 
 
-
 @dataclass(frozen=True, slots=True)
 class StreamSettings:
     """Everything a stream can be configured with. ``None`` means "no limit".

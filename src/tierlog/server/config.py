@@ -312,6 +312,24 @@ class StoreSection:
 
 
 @dataclass(frozen=True, slots=True)
+class ReaderSection:
+    """Read anywhere. ``read_only``: this node is a member of no stream; it opens no local
+    log and serves every catalog stream read-only from the remote tier, following new
+    manifest commits by polling their pointers (each stream every
+    ``poll_interval_seconds``, at most ``max_pointer_reads_per_second`` in all)."""
+
+    read_only: bool = False
+    poll_interval_seconds: float = 0.5
+    max_pointer_reads_per_second: float = 200.0
+
+    def validate(self) -> None:
+        if not 0.01 <= self.poll_interval_seconds <= 60:
+            raise ConfigError("reader.poll_interval_seconds must be 0.01..60")
+        if self.max_pointer_reads_per_second <= 0:
+            raise ConfigError("reader.max_pointer_reads_per_second must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     storage: StorageSection = field(default_factory=StorageSection)
@@ -321,6 +339,7 @@ class ServerConfig:
     tls: TlsSection = field(default_factory=TlsSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     store: StoreSection = field(default_factory=StoreSection)
+    reader: ReaderSection = field(default_factory=ReaderSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -369,6 +388,7 @@ class ServerConfig:
             if getattr(t, name) < 0:
                 raise ConfigError(f"tier.{name} must be >= 0")
         check_remote_ack_interval(t.remote_ack_interval_seconds)
+        self.reader.validate()
         self.store.validate()
         return self
 
@@ -382,6 +402,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "tls": TlsSection,
     "limits": LimitsSection,
     "store": StoreSection,
+    "reader": ReaderSection,
 }
 
 

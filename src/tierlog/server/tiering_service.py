@@ -26,8 +26,10 @@ from tierlog.offload.offloader import ObjectStoreOffloader
 from tierlog.offload.service import SegmentOffloadService
 from tierlog.read.tiered_reader import default_prefetcher
 from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.server.meta_offsets import take_over_offsets
 from tierlog.server.remote_ack import install as install_remote_ack
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
@@ -69,6 +71,7 @@ class TieringService:
         self.metrics = metrics
         self.store = MeteredObjectStore(store, metrics)
         self.catalog = catalog
+        self.consumer_offsets = ConsumerOffsets(catalog.meta)
         self.deletions = DeletionQueue(catalog.meta, grace_seconds=self.tier.delete_grace_seconds)
         self.tierers: dict[str, StreamTierer] = {}  # by incarnation
         self.offloads: dict[str, SegmentOffloadService] = {}  # segment-mode streams
@@ -156,6 +159,8 @@ class TieringService:
             handle.unavailable = f"remote tier not resolved: {exc!r}"
             self._not_started[handle.record.incarnation] = handle
             return
+        # offsets stored in the MetaStore while no member could (read-only nodes)
+        await take_over_offsets(handle, self.consumer_offsets)
         handle.unavailable = None
         self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer

@@ -1,0 +1,58 @@
+"""A stream's writer takes over the consumer offsets stored in the MetaStore while no
+member could store them (``remote.consumer_offsets``: a read-only node served the stream).
+
+When the writer opens the stream (after resolution, before it accepts anything), every
+MetaStore offset of the incarnation is written into the log as a StoreOffset (a tracking
+chunk, tiered like any other) and fsynced, then its key is deleted if unchanged meanwhile.
+From then on the log answers QueryOffset, as for any consumer that stored through a member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from tierlog.errors import TierlogError
+from tierlog.log.errors import InvalidAppendError
+from tierlog.log.writer import StreamLog
+from tierlog.logs import get_logger
+from tierlog.remote.consumer_offsets import ConsumerOffsets
+
+if TYPE_CHECKING:
+    from tierlog.server.broker import StreamHandle
+
+log = get_logger("tierlog.server.meta_offsets")
+
+
+def take_over(stream_log: StreamLog, offsets: ConsumerOffsets, incarnation: str) -> int:
+    """Move the incarnation's MetaStore offsets into the log (writer thread); how many."""
+    stored = offsets.list(incarnation)
+    if not stored:
+        return 0
+    taken = []
+    for reference, value in stored.items():
+        try:
+            stream_log.store_offset(reference, value.offset)
+        except (InvalidAppendError, ValueError) as exc:
+            log.warning("meta_offset_not_taken", reference=reference, error=repr(exc))
+            continue
+        taken.append((reference, value.version))
+    stream_log.sync()  # durable in the log before the MetaStore copy goes
+    for reference, version in taken:
+        offsets.remove(incarnation, reference, version)
+    return len(taken)
+
+
+async def take_over_offsets(handle: StreamHandle, offsets: ConsumerOffsets) -> None:
+    """``take_over`` on the stream's writer lane; a failure is logged and retried at the
+    next open (the MetaStore keeps the offsets meanwhile)."""
+    loop = asyncio.get_running_loop()
+    try:
+        taken = await loop.run_in_executor(
+            handle.executor, take_over, handle.log, offsets, handle.record.incarnation
+        )
+    except (TierlogError, OSError) as exc:
+        log.warning("meta_offsets_take_over_failed", stream=handle.name, error=repr(exc))
+        return
+    if taken:
+        log.info("meta_offsets_taken_over", stream=handle.name, offsets=taken)
