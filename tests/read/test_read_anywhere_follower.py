@@ -1,0 +1,77 @@
+"""The manifest follower (one thread for every followed stream, bounded pointer reads)
+and the MetaStore consumer offsets of read-only nodes, on both MetaStore backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tierlog.remote.catalog import Catalog
+from tierlog.remote.consumer_offsets import ConsumerOffsets
+from tierlog.read.manifest_follower import ManifestFollower
+from tierlog.storage.fs_object_store import FsObjectStore
+from tierlog.storage.meta_store import MetaStore
+
+
+def test_offsets_only_go_up_within_an_epoch(meta_store: MetaStore) -> None:
+    offsets = ConsumerOffsets(meta_store)
+    inc = "vh_stream_1"
+    assert offsets.query(inc, "c/1") is None
+    assert offsets.store(inc, "c/1", 10, epoch=2)
+    assert offsets.store(inc, "c/1", 12, epoch=2)
+    assert not offsets.store(inc, "c/1", 11, epoch=2)  # older store arriving late
+    assert not offsets.store(inc, "c/1", 99, epoch=1)  # a node that saw an older writer
+    stored = offsets.query(inc, "c/1")
+    assert stored is not None and (stored.offset, stored.epoch) == (12, 2)
+    assert offsets.store(inc, "c/1", 3, epoch=3)  # a newer writer epoch replaces it
+    assert offsets.store(inc, "other", 1, epoch=3)
+    assert offsets.store("vh_stream_2", "c/1", 5, epoch=3)
+    listed = offsets.list(inc)
+    assert {k: v.offset for k, v in listed.items()} == {"c/1": 3, "other": 1}
+    assert not offsets.remove(inc, "c/1", listed["c/1"].version + 1000)  # changed meanwhile
+    assert offsets.remove(inc, "c/1", listed["c/1"].version)
+    assert sorted(offsets.remove_all(inc)) == ["other"]
+    assert offsets.list(inc) == {}
+    assert offsets.query("vh_stream_2", "c/1") is not None
+    with pytest.raises(ValueError):
+        offsets.store(inc, "x", -1, epoch=0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_follower_polls_each_stream_once_per_round_within_the_budget(
+    tmp_path: Path, meta_store: MetaStore
+) -> None:
+    catalog = Catalog(meta_store)
+    store = FsObjectStore(tmp_path / "objects")
+    records = [catalog.create("/", f"s{i}") for i in range(4)]
+    clock = Clock()
+    follower = ManifestFollower(
+        catalog, store, "", interval=1.0, max_reads_per_second=1000.0, clock=clock
+    )
+    changes: list[str] = []
+    for r in records:
+        follower.follow(r.incarnation, lambda r=r: changes.append(r.name))  # type: ignore[misc]
+    wait = follower.poll_due()
+    assert follower.reads == 4 and sorted(changes) == ["s0", "s1", "s2", "s3"]
+    assert 0.9 <= wait <= 1.0
+    assert follower.poll_due() > 0 and follower.reads == 4  # nobody is due yet
+    clock.now += 1.0
+    follower.poll_due()
+    assert follower.reads == 8 and len(changes) == 4  # pointers unchanged: no wake-up
+    # with many streams a round stretches to n / rate seconds
+    slow = ManifestFollower(catalog, store, "", interval=0.1, max_reads_per_second=2.0, clock=clock)
+    for r in records:
+        slow.follow(r.incarnation)
+    assert slow.poll_due() == pytest.approx(2.0, abs=0.3)  # 4 streams / 2 per second
+    follower.unfollow(records[0].incarnation)
+    assert len(follower.followed()) == 3
+    with pytest.raises(ValueError):
+        ManifestFollower(catalog, store, "", interval=0)
