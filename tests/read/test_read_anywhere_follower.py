@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tierlog.read.manifest_follower import ManifestFollower
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.consumer_offsets import ConsumerOffsets
-from tierlog.read.manifest_follower import ManifestFollower
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.meta_store import MetaStore
 
