@@ -75,3 +75,21 @@ def test_follower_polls_each_stream_once_per_round_within_the_budget(
     assert len(follower.followed()) == 3
     with pytest.raises(ValueError):
         ManifestFollower(catalog, store, "", interval=0)
+
+
+def test_deleting_a_stream_removes_its_metastore_offsets(
+    tmp_path: Path, meta_store: MetaStore
+) -> None:
+    from tierlog.tiering.cleanup import run_stream_cleanups
+
+    catalog = Catalog(meta_store)
+    store = FsObjectStore(tmp_path / "objects")
+    gone = catalog.create("/", "gone")
+    kept = catalog.create("/", "kept")
+    offsets = ConsumerOffsets(meta_store)
+    offsets.store(gone.incarnation, "c", 5, epoch=1)
+    offsets.store(kept.incarnation, "c", 6, epoch=1)
+    catalog.delete("/", "gone")
+    assert run_stream_cleanups(catalog, store) == [gone.incarnation]
+    assert offsets.list(gone.incarnation) == {}
+    assert offsets.query(kept.incarnation, "c") is not None
