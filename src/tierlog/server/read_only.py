@@ -60,7 +60,8 @@ READ_AHEAD_CHUNKS = 256
 CATALOG_REFRESH_SECONDS = 1.0
 
 LeaderTail = Callable[[StreamRecord], int | None]
-"""A stream's leader's committed next offset when a reachable leader is known."""
+"""A stream's leader's committed next offset when a reachable leader is known (called on
+the event loop at Subscribe: it must answer from what the node already knows)."""
 
 
 def no_leader(record: StreamRecord) -> int | None:
@@ -82,6 +83,11 @@ class RemoteChunkCursor:
 
     def __init__(self, handle: RemoteStreamHandle, spec: OffsetSpec) -> None:
         self._handle = handle
+        # ``next`` is where the stream ends now (at Subscribe), not when the first read runs
+        spec = resolve_spec(spec, handle.leader_next())
+        tree = handle.manifest_view.loaded_tree()
+        if spec.kind == "next" and tree is not None:
+            spec = OffsetSpec.offset(tree.next_offset)
         self._spec = spec
         self._reader: TieredReader | None = None
         self._ready: deque[TieredChunk] = deque()
@@ -93,11 +99,10 @@ class RemoteChunkCursor:
         return self._reader.next_offset if self._reader is not None else -1
 
     def _attach(self) -> None:
-        spec = resolve_spec(self._spec, self._handle.leader_next())
         self._reader = TieredReader(
             None,
             self._handle.manifest,
-            spec,
+            self._spec,
             strategy=ReadStrategy.NOT_IN_DISK,
             prefetcher=default_prefetcher(),
         )
