@@ -137,3 +137,44 @@ async def test_confirms_and_consumers_wait_for_the_commit(tmp_path: Path) -> Non
         consumer.close()
     finally:
         await server.stop()
+
+
+async def test_consumers_read_across_rolls_and_freed_segments(tmp_path: Path) -> None:
+    """Small segments, local retention freeing what is tiered: consumers from the first
+    offset and from ``next`` get every message once, in order, with confirms held for
+    the remote tier all along."""
+    from tests.server.test_tiering import publish
+
+    cfg = config(tmp_path)
+    server = Server(replace(cfg, tier=replace(cfg.tier, remote_ack_interval_seconds=0.05)))
+    await server.start()
+    try:
+        client = await AsyncRawClient.connect(server.stream_port)
+        args = {
+            **REMOTE_ACK,
+            "stream-max-segment-size-bytes": "65536",
+            "x-tierlog-local-max-bytes": "1",
+        }
+        await client.request(c.CreateRequest(client.next_corr(), "rolls", args))
+        consumer = await AsyncRawClient.connect(server.stream_port)
+        for sid, kind in ((1, OffsetType.FIRST), (2, OffsetType.NEXT)):
+            sub = c.SubscribeRequest(
+                consumer.next_corr(), sid, "rolls", c.WireOffsetSpec(kind), 1000
+            )
+            assert (await consumer.request(sub)).response_code == ResponseCode.OK
+        await publish(client, "rolls", 30)  # 600 messages of 1000 bytes, ~10 segments
+        seen: dict[int, list[int]] = {1: [], 2: []}
+        while min(len(v) for v in seen.values()) < 600:
+            frame = await consumer.expect(Deliver, timeout=10.0)
+            header = decode_header(bytes(frame.chunk))
+            seen[frame.subscription_id].extend(
+                range(header.chunk_id, header.chunk_id + header.num_records)
+            )
+        assert seen[1] == list(range(600)) and seen[2] == list(range(600))
+        s = await status(server, "rolls")
+        assert s["remote"]["tiered_offset"] >= 600
+        assert s["local"]["first_offset"] > 0  # local retention freed tiered segments
+        client.close()
+        consumer.close()
+    finally:
+        await server.stop()

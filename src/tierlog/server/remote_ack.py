@@ -178,7 +178,16 @@ class RemoteAckGate:
                 exact = None
             if exact is not None:
                 self.tail.set(exact)
-        if self.tail.visible.next_offset != before:
+        visible = self.tail.visible
+        if visible.next_offset != before:
+            # a point at the very end of a segment that has rolled since names the next
+            # segment's start instead (local retention may free the sealed one)
+            for ref in self.handle.log.segment_refs():
+                if ref.first_offset == visible.next_offset != visible.segment_first_offset:
+                    self.tail.visible = CommitPoint(
+                        visible.chunk_id, visible.next_offset, ref.first_offset, FILE_HEADER_SIZE
+                    )
+                    break
             self.handle.notifier.notify()
 
     def close(self) -> None:
