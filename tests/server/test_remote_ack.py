@@ -127,12 +127,14 @@ async def test_confirms_and_consumers_wait_for_the_commit(tmp_path: Path) -> Non
             await consumer.expect(Deliver, timeout=0.2)
         s = await status(server, "slow")
         assert s["local"]["next_offset"] >= 1 and s["remote"]["tiered_offset"] == 0
+        assert s["remote"]["confirms_held"] == 1 and s["remote"]["readable_next_offset"] == 0
         await client.expect(PublishConfirm, timeout=10.0)
         assert time.monotonic() - sent >= 1.5
         deliver = await consumer.expect(Deliver, timeout=5.0)
         assert decode_header(bytes(deliver.chunk)).chunk_id == 0
         s = await status(server, "slow")
-        assert s["remote"]["tiered_offset"] >= 1
+        assert s["remote"]["tiered_offset"] >= 1 and s["remote"]["confirms_held"] == 0
+        assert s["remote"]["readable_next_offset"] == s["remote"]["tiered_offset"]
         client.close()
         consumer.close()
     finally:

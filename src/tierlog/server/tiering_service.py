@@ -316,6 +316,10 @@ class TieringService:
                 "upload_lag_bytes": None,
             }
         status = tierer.status()
+        handle = self._handles.get(record.incarnation)
+        if handle is not None and handle.remote_ack is not None:  # ack = remote
+            status["confirms_held"] = handle.remote_ack.held
+            status["readable_next_offset"] = handle.remote_ack.tail.visible.next_offset
         return {
             "tiering": (
                 "halted" if tierer.halted else "degraded" if status["degraded"] else "running"
