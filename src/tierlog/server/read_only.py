@@ -217,7 +217,9 @@ class RemoteStreamHandle:
 
     def _changed(self) -> None:  # the follower's thread: a newer committed tree
         loop = self.streams.loop
-        with contextlib.suppress(RuntimeError):
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
             loop.call_soon_threadsafe(self.notifier.notify)
 
     def leader_next(self) -> int | None:
@@ -338,7 +340,7 @@ class RemoteStreams:
         self.leader_tail = leader_tail
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-only-meta")
         self._handles: dict[tuple[str, str], RemoteStreamHandle] = {}
-        self.loop: asyncio.AbstractEventLoop = asyncio.get_event_loop_policy().get_event_loop()
+        self.loop: asyncio.AbstractEventLoop | None = None  # set by ``start``
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
