@@ -14,13 +14,14 @@ local log wrote; remote chunks are CRC-checked before they are served.
 
 from __future__ import annotations
 
-import struct
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Literal
 
 from tierlog.errors import ConfigError
 from tierlog.formats.chunk import ChunkHeader, ChunkType
+from tierlog.formats.errors import FormatError
 from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead, LogReader, LogSource
@@ -52,8 +53,6 @@ from tierlog.read.strategies import (
 )
 from tierlog.remote.errors import OffsetOvertakenError
 
-_U32 = struct.Struct(">I")
-
 Tier = Literal["local", "remote"]
 
 
@@ -78,6 +77,14 @@ class TieredChunk(ChunkRead):
     ) -> None:
         super().__init__(header, segment_path, position, raw, skip_below)
         self.tier: Tier = tier
+
+    def corrupt_error(self, exc: FormatError) -> Exception:
+        """Remote damage is typed as such (the local copy may still be healthy)."""
+        if self.tier == "remote":
+            return RemoteDataCorruptError(
+                f"{self.segment_path} at {self.position}: chunk {self.header.chunk_id}: {exc}"
+            )
+        return super().corrupt_error(exc)
 
 
 class TieredReader:
@@ -179,34 +186,11 @@ class TieredReader:
             yield chunk
 
     def records(self) -> Iterator[tuple[int, memoryview]]:
-        """(offset, record bytes) of committed user records until caught up (does not wait)."""
-        unpack = _U32.unpack_from
-        while (chunk := self.read_chunk()) is not None:
-            header = chunk.header
-            raw = chunk.raw
-            assert raw is not None
-            pos = header.data_start
-            end = pos + header.data_length
-            offset = header.chunk_id
-            if offset < self._skip_below or header.num_entries != header.num_records:
-                yield from _records(chunk)
-                continue
-            while pos < end:
-                (length,) = unpack(raw, pos)
-                if length >= 0x80000000:  # a sub-batch after all: the general path
-                    rest = ChunkRead(header, chunk.segment_path, chunk.position, raw, 0)
-                    yield from _records(rest, pos, offset)
-                    offset = header.next_offset
-                    break
-                pos += 4
-                stop = pos + length
-                if stop > end:
-                    raise _corrupt(chunk, "bad entry length")
-                yield offset, raw[pos:stop]
-                offset += 1
-                pos = stop
-            if offset != header.next_offset:
-                raise _corrupt(chunk, "bad record count")
+        """(offset, record bytes) of committed user records until caught up (does not wait).
+
+        Each chunk's records come from ``ChunkRead.records`` (C iterators for chunks of
+        same-length entries, else the one entry walk of ``formats.chunk``)."""
+        return itertools.chain.from_iterable(map(TieredChunk.records, self.chunks()))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until a chunk at or after the reader's position is committed."""
@@ -431,25 +415,3 @@ class TieredReader:
             if remote is not None:
                 return max(remote, first), 0
         return (end if found is None else found), 0
-
-
-def _records(
-    chunk: ChunkRead, position: int | None = None, offset: int | None = None
-) -> Iterator[tuple[int, memoryview]]:
-    """The general record walk of ``ChunkRead`` with remote corruption typed as such."""
-    try:
-        if position is None or offset is None:
-            yield from chunk.records()
-        else:
-            yield from chunk.records_from(position, offset)
-    except CorruptChunkError as exc:
-        if isinstance(chunk, TieredChunk) and chunk.tier == "remote":
-            raise RemoteDataCorruptError(str(exc)) from exc
-        raise
-
-
-def _corrupt(chunk: TieredChunk, reason: str) -> Exception:
-    message = f"{chunk.segment_path} at {chunk.position}: chunk {chunk.header.chunk_id}: {reason}"
-    if chunk.tier == "remote":
-        return RemoteDataCorruptError(message)
-    return CorruptChunkError(message)

@@ -46,7 +46,7 @@ from tierlog.formats.chunk import (
     HEADER_DTYPE,
     MAGIC_VERSION,
     SECTION_SIZES,
-    SUB_BATCH_FLAG,
+    SUB_BATCH_BIT,
     SUB_BATCH_HEADER,
     SUB_BATCH_HEADER_SIZE,
     ChunkType,
@@ -69,7 +69,6 @@ IntArray = npt.NDArray[np.int64]
 
 _USER_CHUNK = int(ChunkType.USER)
 _CHUNK_TYPES = tuple(int(t) for t in ChunkType)
-_SIMPLE_MAX = SUB_BATCH_FLAG << 24  # an entry's first u32 at or above this is a sub-batch
 _INT64_MAX = (1 << 63) - 1
 _INT32_LIMIT = 1 << 31
 _U32 = struct.Struct(">I")
@@ -246,7 +245,9 @@ def _walk_positions(view: memoryview) -> IntArray:
     unpack = SECTION_SIZES.unpack_from
     while pos < end:
         if pos + CHUNK_HEADER_SIZE > end:
-            raise TruncatedError(f"chunk header at {pos} needs 48 bytes, buffer ends at {end}")
+            raise TruncatedError(
+                f"chunk header at {pos} needs {CHUNK_HEADER_SIZE} bytes, buffer ends at {end}"
+            )
         positions.append(pos)
         data_length, trailer_length, bloom = unpack(view, pos + DATA_LENGTH_POS)
         pos += CHUNK_HEADER_SIZE + bloom + data_length + trailer_length
@@ -272,7 +273,7 @@ def _check_layout(
         bad = int(np.argmin(headers["magic"] == MAGIC_VERSION))
         raise BadMagicError(
             f"chunk at {int(positions[bad])}: magic/version byte "
-            f"{int(headers['magic'][bad]):#04x}, expected 0x50"
+            f"{int(headers['magic'][bad]):#04x}, expected {MAGIC_VERSION:#04x}"
         )
     if not np.all(np.isin(headers["chunk_type"], _CHUNK_TYPES)):
         raise FormatError("unknown chunk type")
@@ -440,7 +441,7 @@ def _split_regions(
     first = np.full(count, -1, dtype=np.int64)
     has_word = region_len >= 4
     first[has_word] = _be32(src, region_start[has_word])
-    uniform = has_word & (first < _SIMPLE_MAX) & (region_len == region_count * (4 + first))
+    uniform = has_word & (first < SUB_BATCH_BIT) & (region_len == region_count * (4 + first))
     ok = uniform | ((region_count == 0) & (region_len == 0))
     region_of_row = np.repeat(np.arange(count), region_count)
     within = _within(region_count)
@@ -470,7 +471,7 @@ def _split_regions(
         following[np.cumsum(w_count) - 1] = w_end
         w_len = following - w_prefix - 4
         w_ok = np.array(finished, dtype=bool)
-        w_ok[w_region[(w_len < 0) | (w_len >= _SIMPLE_MAX)]] = False
+        w_ok[w_region[(w_len < 0) | (w_len >= SUB_BATCH_BIT)]] = False
         ok[w_idx] = w_ok
         w_rows = walk[region_of_row]
         prefix_at[w_rows] = w_prefix
@@ -541,7 +542,7 @@ class _EntryWalk:
             if pos + 4 > end:
                 raise TruncatedError("entry header runs past the chunk data")
             (word,) = _U32.unpack_from(view, pos)
-            if word < _SIMPLE_MAX:
+            if word < SUB_BATCH_BIT:
                 pos += 4
                 if pos + word > end:
                     raise TruncatedError("entry runs past the chunk data")
