@@ -32,7 +32,6 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +62,7 @@ from tierlog.formats.errors import (
     UnsupportedError,
 )
 from tierlog.formats.fragment import decode_fragment
+from tierlog.remote.manifest_walk import Bounds
 
 Buffer = bytes | bytearray | memoryview
 IntArray = npt.NDArray[np.int64]
@@ -116,16 +116,6 @@ def record_batch_schema(*, include_amqp: bool, dictionary_stream: bool = False) 
     return pa.schema(fields)
 
 
-@dataclass(frozen=True, slots=True)
-class RowFilter:
-    """Inclusive bounds on offset and (chunk) timestamp; None means unbounded."""
-
-    min_offset: int | None = None
-    max_offset: int | None = None
-    min_ts: int | None = None
-    max_ts: int | None = None
-
-
 def chunks_to_record_batch(
     buf: Buffer,
     stream: str,
@@ -156,7 +146,7 @@ def chunks_to_record_batch(
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
     headers = _decode_headers(src, pos)
     _check_layout(headers, pos, len(src), sizes)
-    rows = RowFilter(min_offset, max_offset, min_ts, max_ts)
+    rows = Bounds(min_offset, max_offset, min_ts, max_ts)
     keep = _select_chunks(headers, rows)
     kept_pos = pos[keep]
     kept = headers[keep]
@@ -304,7 +294,7 @@ def _check_layout(
     return ends
 
 
-def _select_chunks(headers: np.ndarray, rows: RowFilter) -> npt.NDArray[np.bool_]:
+def _select_chunks(headers: np.ndarray, rows: Bounds) -> npt.NDArray[np.bool_]:
     """User chunks with records that overlap the offset range and match the time range."""
     keep = (headers["chunk_type"] == _USER_CHUNK) & (headers["num_records"] > 0)
     ids = headers["chunk_id"].astype(np.int64)
@@ -578,7 +568,7 @@ class _EntryWalk:
             raise InvalidSizeError(f"{end - pos} bytes after the last entry of the chunk data")
 
 
-def _offset_mask(offsets: IntArray, rows: RowFilter) -> npt.NDArray[np.bool_] | None:
+def _offset_mask(offsets: IntArray, rows: Bounds) -> npt.NDArray[np.bool_] | None:
     mask: npt.NDArray[np.bool_] | None = None
     if rows.min_offset is not None and len(offsets) and offsets[0] < rows.min_offset:
         mask = offsets >= rows.min_offset

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from tierlog.formats.fragment import (
     fragment_size,
@@ -32,7 +32,7 @@ from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.errors import StreamDeletedError
-from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
+from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import AlreadyExistsError
@@ -49,14 +49,7 @@ from tierlog.tiering.errors import (
 from tierlog.tiering.fragment_build import adopt_existing, build_fragment
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.rate_limit import RateLimiter
-from tierlog.tiering.remote_tail import RemoteTail
-from tierlog.tiering.resolution import (
-    CommittedRange,
-    LocalLog,
-    needs_committed_tail,
-    resolve,
-    stream_first_offset,
-)
+from tierlog.tiering.resolution_io import ResolveResult, StartupResolver
 from tierlog.tiering.retention import (
     RetentionPolicy,
 )
@@ -83,13 +76,6 @@ from tierlog.tiering.task_health import TaskHealth
 from tierlog.tiering.tierer_retention import RetentionMixin
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ResolveResult:
-    next_offset: int
-    adopted: int
-    restarted_local: bool
 
 
 class StreamTierer(RetentionMixin):
@@ -276,72 +262,13 @@ class StreamTierer(RetentionMixin):
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self) -> ResolveResult:
-        """Fetch what resolution needs, let ``tiering.resolution`` decide, carry it out."""
-        tree = self.committer.load()
-        committed = CommittedRange(tree.first_offset, tree.next_offset, tree.is_empty)
-        chain = self._remote_tail().uncommitted_chain(tree.next_offset)
-        tail = None
-        if needs_committed_tail(committed, chain):
-            tail = self._remote_tail().last_fragment_position(tree)
-        self.log.set_stream_first_offset(stream_first_offset(committed))
-        local = LocalLog(self.log.first_offset, self.log.next_offset, self.log.max_epoch)
-        decision = resolve(committed, chain, local, self.epoch, tail)
-        if decision.restart_epoch is not None:
-            # timestamps stay monotonic across the restart: the remote tail may be newer
-            remote_max_ts = max(
-                [tree.header().max_timestamp] + [f.entry().max_timestamp for f in chain.fragments]
-            )
-            # the tracking replay reads the chain's tail
-            self._restart_local(
-                decision.next_offset, decision.restart_epoch, remote_max_ts, chain.fragments
-            )
-        adopted = list(decision.adopted)
-        pointer = self.committer.pointer
-        already_fenced = (
-            pointer is not None and pointer.root_uid is not None and pointer.epoch == self.epoch
+        """Fetch what resolution needs, let ``tiering.resolution`` decide, carry it out
+        (``tiering.resolution_io``); the state machine starts from its decision."""
+        resolver = StartupResolver(
+            self.log, self.remote, self.committer, self.runtime.reads, self.epoch, self.config
         )
-        if adopted or decision.restart_epoch is not None or not already_fenced:
-            # a restart under the epoch the pointer already carries changes no owner: the
-            # commit would only rewrite the same root (two MetaStore writes and a PUT per
-            # stream, the bulk of a restart of thousands of streams)
-            self._fencing_commit(adopted)
-        self.state = TieringState(
-            self.config, committed_next=decision.next_offset, last_fragment=decision.last_fragment
-        )
-        return ResolveResult(decision.next_offset, len(adopted), decision.restart_epoch is not None)
-
-    def _fencing_commit(self, adopted: list[FragmentEntry], attempts: int = 8) -> None:
-        """Commit our epoch (and what resolution adopted) before uploading anything."""
-        for attempt in range(attempts):
-            try:
-                self.committer.commit(adopted)
-                return
-            except CommitRetryError:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(min(self.config.retry_max, self.config.retry_base * 2**attempt))
-
-    def _remote_tail(self) -> RemoteTail:
-        return RemoteTail(self.log, self.remote, self.runtime.reads, self.epoch)
-
-    def _restart_local(
-        self,
-        next_offset: int,
-        epoch: int,
-        remote_max_timestamp: int,
-        uncommitted: tuple[RemoteFragment, ...],
-    ) -> None:
-        """The remote tier is ahead: continue the local log past it, with the tracking
-        state replayed from the remote tail's segment."""
-        tracking = self._remote_tail().tracking_at(self.committer.tree, next_offset, uncommitted)
-        log.warning(
-            "local_log_restarted_past_remote",
-            stream_dir=self.remote.stream_dir,
-            remote_next_offset=next_offset,
-            local_next_offset=self.log.next_offset,
-            epoch=epoch,
-        )
-        self.log.restart_at(next_offset, epoch, tracking.to_bytes(), remote_max_timestamp)
+        result, self.state = resolver.run()
+        return result
 
     # -- the event loop -------------------------------------------------------------------
     def _on_commit(self, point: CommitPoint) -> None:
