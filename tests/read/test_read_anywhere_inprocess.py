@@ -150,3 +150,42 @@ def test_reader_settings_are_validated(bad: str) -> None:
     with pytest.raises(ConfigError, match="reader"):
         load_config(environ={"TIERLOG_READER_MAX_POINTER_READS_PER_SECOND": bad})
     assert load_config(environ={"TIERLOG_READER_READ_ONLY": "true"}).reader.read_only
+
+
+async def _query(client: AsyncRawClient, reference: str) -> tuple[int, int]:
+    response = await client.request(
+        c.QueryOffsetRequest(client.next_corr(), reference, "s"), c.QueryOffsetResponse
+    )
+    return int(response.response_code), int(response.offset)
+
+
+async def test_offsets_between_a_writer_and_a_read_only_node(tmp_path: Path) -> None:
+    writer = Server(shared(tmp_path, "writer", read_only=False))
+    reader = Server(shared(tmp_path, "reader", read_only=True))
+    await writer.start()
+    await reader.start()
+    try:
+        w = await AsyncRawClient.connect(writer.stream_port)
+        await w.request(c.CreateRequest(w.next_corr(), "s", FAST))
+        await w.request(c.DeclarePublisherRequest(w.next_corr(), 1, "", "s"))
+        await publish(w, 1, range(1, 21))
+        w.send(c.StoreOffsetRequest("through-writer", "s", 12).encode())
+        assert await _query(w, "through-writer") == (ResponseCode.OK, 12)
+        r = await AsyncRawClient.connect(reader.stream_port)
+        deadline = time.monotonic() + 10
+        # the writer's log (tracking chunk, tiered) answers on the read-only node
+        while (got := await _query(r, "through-writer")) != (ResponseCode.OK, 12):
+            assert time.monotonic() < deadline, got
+            await asyncio.sleep(0.2)
+        # stored on the read-only node: the MetaStore; the live writer's log has none,
+        # so its QueryOffset looks there too
+        r.send(c.StoreOffsetRequest("through-reader", "s", 7).encode())
+        assert await _query(r, "through-reader") == (ResponseCode.OK, 7)
+        assert await _query(w, "through-reader") == (ResponseCode.OK, 7)
+        assert await _query(w, "nobody") == (ResponseCode.NO_OFFSET, 0)
+        assert await _query(r, "nobody") == (ResponseCode.NO_OFFSET, 0)
+        w.close()
+        r.close()
+    finally:
+        await reader.stop()
+        await writer.stop()

@@ -4,7 +4,8 @@ member could store them (``remote.consumer_offsets``: a read-only node served th
 When the writer opens the stream (after resolution, before it accepts anything), every
 MetaStore offset of the incarnation is written into the log as a StoreOffset (a tracking
 chunk, tiered like any other) and fsynced, then its key is deleted if unchanged meanwhile.
-From then on the log answers QueryOffset, as for any consumer that stored through a member.
+From then on the log answers QueryOffset, as for any consumer that stored through a member;
+until then a QueryOffset the log cannot answer looks in the MetaStore (``meta_offset``).
 """
 
 from __future__ import annotations
@@ -56,3 +57,18 @@ async def take_over_offsets(handle: StreamHandle, offsets: ConsumerOffsets) -> N
         return
     if taken:
         log.info("meta_offsets_taken_over", stream=handle.name, offsets=taken)
+
+
+async def meta_offset(handle: StreamHandle, reference: str) -> int | None:
+    """A consumer offset the MetaStore holds for the stream (stored on a read-only node
+    and not taken over yet), for a QueryOffset the log has no answer to."""
+    offsets = ConsumerOffsets(handle.broker.catalog.meta)
+    loop = asyncio.get_running_loop()
+    try:
+        stored = await loop.run_in_executor(
+            None, offsets.query, handle.record.incarnation, reference
+        )
+    except (TierlogError, OSError) as exc:
+        log.warning("meta_offset_query_failed", stream=handle.name, error=repr(exc))
+        return None
+    return None if stored is None else stored.offset

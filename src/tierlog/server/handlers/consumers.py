@@ -26,6 +26,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.meta_offsets import meta_offset
 from tierlog.server.read_only import RemoteStreamHandle
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
@@ -121,6 +122,8 @@ class ConsumerHandlers(ConnectionCore):
                     offset = await handle.query_offset_async(cmd.reference)
                 else:
                     offset = handle.log.query_offset(cmd.reference)
+                    if offset is None:  # stored on a read-only node, not taken over yet
+                        offset = await meta_offset(handle, cmd.reference)
             if offset is None:
                 response = QueryOffsetResponse(corr, ResponseCode.NO_OFFSET, 0)
             else:
