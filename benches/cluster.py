@@ -15,9 +15,10 @@ started here on free loopback ports and stopped at the end):
   (default 0.2 s), so the floor is about that interval plus one fragment PUT and one
   manifest commit (root PUT + etcd conditional put).
 
-The cluster parts are measured only when this build can run a cluster
-(``cluster_available``); otherwise they are refused with a message, never estimated, and
-the last line carries only what was measured. With every part measured the last line is
+The cluster parts run on the multi-node test harness (``tests/cluster/nodes.py``, see
+``benches/cluster_parts.py``); when the build has no harness or will not create a
+replicated stream they are refused with a message (exit code 3), never estimated, and the
+last line carries only what was measured. With every part measured the last line is
 exactly ``rf3_ratio=<x> failover_s=<y> ttl_s=<t> remote_ack_p99_ms=<z>``.
 
     .venv/bin/python benches/cluster.py [--seconds 10] [--in-flight 200] [--only remote_ack]
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import shutil
 import sys
 import tempfile
@@ -36,22 +36,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benches.cluster_parts import Refused, failover_s, rf3_ratio
 from tests.plugins.etcd import find_or_install_etcd, start_etcd, stop_process
 from tests.plugins.seaweed import SeaweedServer, start_seaweed, stop_seaweed
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tests.server.remote_ack_run import create, publish_for
 from tests.server.test_remote_ack_disk_loss import remote_config, s3_env
 
-from tierlog.server.config import ServerConfig
-
 PARTS = ("rf3", "failover", "remote_ack")
 EXIT_INCOMPLETE = 3
-
-
-def cluster_available() -> bool:
-    """Whether this build runs streams on several nodes (replication, leases, failover):
-    the server configuration then has a ``cluster`` section."""
-    return any(f.name == "cluster" for f in dataclasses.fields(ServerConfig))
 
 
 async def remote_ack_p99_ms(
@@ -96,23 +89,34 @@ def main() -> int:
     parts = args.only or list(PARTS)
     results: dict[str, str] = {}
     incomplete = False
-    for part in ("rf3", "failover"):
-        if part in parts:
-            # not written yet: it needs the multi-node harness (three ``tierlog serve``
-            # nodes with replication); a number is measured or refused, never estimated
-            reason = (
-                "the multi-node cluster harness is not in this build"
-                if cluster_available()
-                else "this build cannot run a multi-node cluster (no replication, leases "
-                "or failover)"
-            )
-            print(f"{part}: refused: {reason}; nothing is estimated", file=sys.stderr)
-            incomplete = True
     workdir = Path(tempfile.mkdtemp(prefix="tierlog-bench-cluster-"))
     seaweed = start_seaweed(workdir / "seaweed")
     (workdir / "etcd").mkdir()
     etcd_proc, etcd_port = start_etcd(find_or_install_etcd(), workdir / "etcd")
+    etcd = f"127.0.0.1:{etcd_port}"
     try:
+        if "rf3" in parts:
+            try:
+                ratio, lines = asyncio.run(
+                    rf3_ratio(workdir, etcd, seaweed, args.seconds, args.in_flight)
+                )
+            except Refused as exc:
+                print(f"rf3: refused: {exc}; nothing is estimated", file=sys.stderr)
+                incomplete = True
+            else:
+                print("\n".join(lines))
+                results["rf3_ratio"] = f"{ratio:.3f}"
+        if "failover" in parts:
+            try:
+                seconds, ttl, notes = asyncio.run(failover_s(workdir, etcd, seaweed))
+            except Refused as exc:
+                print(f"failover: refused: {exc}; nothing is estimated", file=sys.stderr)
+                incomplete = True
+            else:
+                print("\n".join(notes))
+                print(f"failover: first confirm on the new leader {seconds:.2f} s after SIGKILL")
+                results["failover_s"] = f"{seconds:.2f}"
+                results["ttl_s"] = f"{ttl:.1f}"
         if "remote_ack" in parts:
             p99, confirmed = asyncio.run(
                 remote_ack_p99_ms(
