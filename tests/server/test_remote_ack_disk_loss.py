@@ -99,7 +99,7 @@ async def test_confirmed_messages_survive_losing_the_data_directory(
     # the producer resumes after its stored sequence; resends are deduplicated
     published.next_seq = int(stored.sequence) + 1
     await publish_for(server.stream_port, STREAM, 1.0, producer=PRODUCER, state=published)
-    got = await read_all(server.stream_port, STREAM)
+    got = await read_all(server.stream_port, STREAM, quiet=2.0)
     assert check_oracle(published.confirmed, got) == []
     assert len(got) >= len(published.confirmed)
     print(f"remote-ack confirms: {len(published.confirmed)}, p99 {published.p99_ms():.0f} ms")
