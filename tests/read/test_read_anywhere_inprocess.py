@@ -21,7 +21,8 @@ from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encod
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.server.app import Server
 from tierlog.server.config import ReaderSection, ServerConfig, StorageSection
-from tierlog.server.read_only import ReadOnlyBroker, resolve_spec
+from tierlog.server.read_only import ReadOnlyBroker
+from tierlog.server.remote_stream import resolve_spec
 
 FAST = {
     "x-tierlog-max-fragment-age": "0.1s",

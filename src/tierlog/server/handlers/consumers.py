@@ -27,7 +27,7 @@ from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
 from tierlog.server.meta_offsets import meta_offset
-from tierlog.server.read_only import RemoteStreamHandle
+from tierlog.server.remote_stream import RemoteStreamHandle
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
     OVERTAKEN_PROPERTY,
