@@ -208,3 +208,8 @@ async def test_consumer_offsets_without_a_live_member(
     writer.start()
     assert await _query(writer.stream_port, "c1") == (ResponseCode.OK, 25)
     assert await _query(writer.stream_port, "c2") == (ResponseCode.OK, 7)
+    # stored through the writer again: the read-only node sees it once it is tiered
+    await _store(writer.stream_port, "c1", 40)
+    ok = (int(ResponseCode.OK), 40)
+    assert await _eventually(lambda: _query(reader.stream_port, "c1"), ok) == ok
+    assert await _query(reader.stream_port, "c2") == (ResponseCode.OK, 7)

@@ -29,6 +29,16 @@ def test_offsets_only_go_up_within_an_epoch(meta_store: MetaStore) -> None:
     assert offsets.store("vh_stream_2", "c/1", 5, epoch=3)
     listed = offsets.list(inc)
     assert {k: v.offset for k, v in listed.items()} == {"c/1": 3, "other": 1}
+    # a writer took c/1 over into its log at offset 500; a store here clears the mark
+    assert listed["c/1"].taken_at is None
+    assert offsets.mark_taken(inc, listed["c/1"], "c/1", 500)
+    assert not offsets.mark_taken(inc, listed["c/1"], "c/1", 600)  # changed meanwhile
+    taken = offsets.query(inc, "c/1")
+    assert taken is not None and (taken.offset, taken.taken_at) == (3, 500)
+    assert offsets.store(inc, "c/1", 4, epoch=3)
+    again = offsets.query(inc, "c/1")
+    assert again is not None and (again.offset, again.taken_at) == (4, None)
+    listed = offsets.list(inc)
     assert not offsets.remove(inc, "c/1", listed["c/1"].version + 1000)  # changed meanwhile
     assert offsets.remove(inc, "c/1", listed["c/1"].version)
     assert sorted(offsets.remove_all(inc)) == ["other"]

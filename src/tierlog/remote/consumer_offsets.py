@@ -6,6 +6,10 @@ read-only (read anywhere, a retired node's streams) keeps them here instead, und
 per stream incarnation and consumer reference, so consumers keep their place across a
 retirement and a later writer can take them over.
 
+When a writer opens the stream it takes the values over into its log and marks them
+``taken_at`` (the log's next offset after them): from the moment the remote tier holds that
+offset, the log's tracking state is the newer answer; a later store here clears the mark.
+
 Each value carries the writer epoch of the stream's committed manifest when it was stored.
 Offsets only go up within one epoch (a lower one is ignored: an older, reordered store),
 and a value stored under a newer epoch replaces one of an older epoch (the MetaStore's
@@ -45,11 +49,14 @@ class StoredOffset:
     offset: int
     epoch: int
     version: int
+    taken_at: int | None = None
+    """Set once a writer wrote the offset into its log: the log's next offset after it."""
 
 
 def _decode(value: bytes, version: int, epoch: int) -> StoredOffset:
     data = json.loads(value)
-    return StoredOffset(int(data["offset"]), epoch, version)
+    taken = data.get("taken_at")
+    return StoredOffset(int(data["offset"]), epoch, version, None if taken is None else int(taken))
 
 
 class ConsumerOffsets:
@@ -98,8 +105,20 @@ class ConsumerOffsets:
             for v in self.meta.list(prefix)
         }
 
+    def mark_taken(self, incarnation: str, stored: StoredOffset, reference: str, at: int) -> bool:
+        """Record that a writer took ``stored`` over into its log, whose next offset after
+        it is ``at``; False if the value changed meanwhile (a newer store: keep it)."""
+        value = json.dumps({"offset": stored.offset, "taken_at": at}).encode()
+        try:
+            self.meta.put_if(
+                offset_key(incarnation, reference), value, stored.version, stored.epoch
+            )
+            return True
+        except (VersionConflictError, KeyDeletedError, EpochFencedError):
+            return False
+
     def remove(self, incarnation: str, reference: str, version: int) -> bool:
-        """Delete a value taken over by a writer, unless it changed since (False then)."""
+        """Delete a value unless it changed since (False then)."""
         try:
             self.meta.delete(offset_key(incarnation, reference), expected_version=version)
             return True

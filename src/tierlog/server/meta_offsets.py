@@ -2,10 +2,12 @@
 member could store them (``remote.consumer_offsets``: a read-only node served the stream).
 
 When the writer opens the stream (after resolution, before it accepts anything), every
-MetaStore offset of the incarnation is written into the log as a StoreOffset (a tracking
-chunk, tiered like any other) and fsynced, then its key is deleted if unchanged meanwhile.
-From then on the log answers QueryOffset, as for any consumer that stored through a member;
-until then a QueryOffset the log cannot answer looks in the MetaStore (``meta_offset``).
+MetaStore offset of the incarnation not taken over yet is written into the log as a
+StoreOffset (a tracking chunk, tiered like any other) and fsynced, then marked taken at the
+log's next offset (unless it changed meanwhile). The key stays: a read-only node answers from
+it until the remote tier holds the tracking chunk, and from the remote tier's tracking state
+after. From then on the writer's log answers QueryOffset, as for any consumer that stored
+through a member; a QueryOffset the log cannot answer looks in the MetaStore (``meta_offset``).
 """
 
 from __future__ import annotations
@@ -26,22 +28,24 @@ log = get_logger("tierlog.server.meta_offsets")
 
 
 def take_over(stream_log: StreamLog, offsets: ConsumerOffsets, incarnation: str) -> int:
-    """Move the incarnation's MetaStore offsets into the log (writer thread); how many."""
-    stored = offsets.list(incarnation)
-    if not stored:
+    """Write the incarnation's MetaStore offsets not taken over yet into the log (writer
+    thread, before the stream accepts anything), fsync, then mark them taken at the log's
+    next offset; how many."""
+    pending = {r: v for r, v in offsets.list(incarnation).items() if v.taken_at is None}
+    if not pending:
         return 0
-    taken = []
-    for reference, value in stored.items():
+    written = []
+    for reference, value in pending.items():
         try:
             stream_log.store_offset(reference, value.offset)
         except (InvalidAppendError, ValueError) as exc:
             log.warning("meta_offset_not_taken", reference=reference, error=repr(exc))
             continue
-        taken.append((reference, value.version))
-    stream_log.sync()  # durable in the log before the MetaStore copy goes
-    for reference, version in taken:
-        offsets.remove(incarnation, reference, version)
-    return len(taken)
+        written.append(reference)
+    end = stream_log.sync().next_offset  # durable in the log before it is marked taken
+    for reference in written:
+        offsets.mark_taken(incarnation, pending[reference], reference, end)
+    return len(written)
 
 
 async def take_over_offsets(handle: StreamHandle, offsets: ConsumerOffsets) -> None:

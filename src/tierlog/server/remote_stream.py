@@ -271,12 +271,18 @@ class RemoteStreamHandle:
         return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
 
     def query_offset(self, reference: str) -> int | None:
-        """The consumer's offset: the MetaStore's when stored under the current writer
-        epoch or later (no live member took it over), else the remote tier's tracking
-        state (what the writer stored in the log), else an older MetaStore value."""
+        """The consumer's offset. A MetaStore value not taken over by a writer, stored under
+        the current writer epoch or later, is the newest; one a writer took over is, until the
+        remote tier holds the log beyond the take-over; otherwise the writer's log as the
+        remote tier holds it (its tracking state), else whatever the MetaStore has."""
         stored = self.streams.offsets.query(self.record.incarnation, reference)
-        if stored is not None and stored.epoch >= self.manifest_view.epoch:
-            return stored.offset
+        if stored is not None:
+            if stored.taken_at is None and stored.epoch >= self.manifest_view.epoch:
+                return stored.offset
+            if stored.taken_at is not None:
+                tree = self.manifest_view.committed_tree()
+                if tree.next_offset < stored.taken_at:
+                    return stored.offset
         try:
             tracked = self.tracking.consumer_offset(reference)
         except (TierlogError, OSError) as exc:
