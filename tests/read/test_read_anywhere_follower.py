@@ -81,6 +81,13 @@ def test_follower_polls_each_stream_once_per_round_within_the_budget(
     for r in records:
         slow.follow(r.incarnation)
     assert slow.poll_due() == pytest.approx(2.0, abs=0.3)  # 4 streams / 2 per second
+    # streams nobody reads here are not polled (a reader refreshes them itself)
+    reading = {"s1"}
+    for r in records:
+        follower.follow(r.incarnation, active=lambda r=r: r.name in reading)  # type: ignore[misc]
+    clock.now += 1.0
+    follower.poll_due()
+    assert follower.reads == 9
     follower.unfollow(records[0].incarnation)
     assert len(follower.followed()) == 3
     with pytest.raises(ValueError):

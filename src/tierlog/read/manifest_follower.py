@@ -2,8 +2,8 @@
 
 A node that reads a stream only from the remote tier (read anywhere) learns of new data
 when the stream's writer commits a manifest, i.e. when the MetaStore pointer moves. One
-``ManifestFollower`` thread polls the pointers of every followed stream, at most
-``max_reads_per_second`` pointer reads and once per ``interval`` per stream, loads a new
+``ManifestFollower`` thread polls the pointers of every followed stream that has readers,
+at most ``max_reads_per_second`` pointer reads and once per ``interval`` per stream, loads a new
 root when a pointer moved and tells the stream's listeners. Readers see the tree the
 follower last loaded (``FollowedManifest``: ``refresh_committed`` does no I/O), so the
 number of consumers never multiplies MetaStore reads.
@@ -109,6 +109,7 @@ class _Followed:
     manifest: FollowedManifest
     listeners: list[Callable[[], None]] = field(default_factory=list)
     due: float = 0.0
+    active: Callable[[], bool] = lambda: True
 
 
 class ManifestFollower:
@@ -141,16 +142,24 @@ class ManifestFollower:
         self._thread: threading.Thread | None = None
 
     def follow(
-        self, incarnation: str, on_change: Callable[[], None] | None = None, m: int = DEFAULT_M
+        self,
+        incarnation: str,
+        on_change: Callable[[], None] | None = None,
+        m: int = DEFAULT_M,
+        active: Callable[[], bool] | None = None,
     ) -> FollowedManifest:
         """Start following a stream (idempotent); ``on_change`` is called from the
-        follower's thread whenever a newer committed tree was loaded."""
+        follower's thread whenever a newer committed tree was loaded. While ``active``
+        answers False (nobody reads the stream here) its pointer is not polled; a reader
+        that starts loads the tree it needs itself."""
         with self._lock:
             entry = self._followed.get(incarnation)
             if entry is None:
                 manifest = FollowedManifest(self.catalog, self.store, self.prefix, incarnation, m)
                 entry = _Followed(manifest)
                 self._followed[incarnation] = entry
+            if active is not None:
+                entry.active = active
             if on_change is not None:
                 entry.listeners.append(on_change)
             return entry.manifest
@@ -180,7 +189,7 @@ class ManifestFollower:
         wait before the next turn."""
         now = self.clock()
         with self._lock:
-            entries = list(self._followed.values())
+            entries = [e for e in self._followed.values() if e.active()]
         # the budget spreads a round over interval or n / rate seconds, whichever is longer
         period = max(self.interval, len(entries) / self.max_reads_per_second)
         spacing = 1.0 / self.max_reads_per_second

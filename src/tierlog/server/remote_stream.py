@@ -83,8 +83,8 @@ class RemoteChunkCursor:
         # ``next`` is where the stream ends now (at Subscribe), not when the first read runs
         spec = resolve_spec(spec, handle.leader_next())
         tree = handle.manifest_view.loaded_tree()
-        if spec.kind == "next" and tree is not None:
-            spec = OffsetSpec.offset(tree.next_offset)
+        if spec.kind == "next" and tree is not None and handle.listeners:
+            spec = OffsetSpec.offset(tree.next_offset)  # polled: fresh within the interval
         self._spec = spec
         self._reader: TieredReader | None = None
         self._ready: deque[TieredChunk] = deque()
@@ -96,6 +96,7 @@ class RemoteChunkCursor:
         return self._reader.next_offset if self._reader is not None else -1
 
     def _attach(self) -> None:
+        self._handle.refresh_if_idle()
         self._reader = TieredReader(
             None,
             self._handle.manifest,
@@ -192,7 +193,10 @@ class RemoteStreamHandle:
         self.congested = False
         self.remote_ack = None
         self.manifest_view: FollowedManifest = streams.follower.follow(
-            record.incarnation, self._changed, m=record.settings.manifest_fanout
+            record.incarnation,
+            self._changed,
+            m=record.settings.manifest_fanout,
+            active=lambda: bool(self.listeners),  # polled while connections use it here
         )
         self.manifest = ManifestSource(self.manifest_view)
         self.tracking = RemoteTracking(self.manifest)
@@ -218,6 +222,12 @@ class RemoteStreamHandle:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
             loop.call_soon_threadsafe(self.notifier.notify)
+
+    def refresh_if_idle(self) -> None:
+        """Read the pointer now unless the follower polls it (someone reads the stream
+        here): an idle stream's tree may be old. Blocking: call it off the event loop."""
+        if not self.listeners:
+            self.manifest_view.poll()
 
     def leader_next(self) -> int | None:
         try:
@@ -246,12 +256,14 @@ class RemoteStreamHandle:
     def submit_store_offset(self, reference: str, offset: int) -> None:
         """StoreOffset with no live member here: into the MetaStore, under the writer
         epoch of the committed manifest this node follows."""
-        epoch = self.manifest_view.epoch
-        future = self.streams.io.submit(
-            self.streams.offsets.store, self.record.incarnation, reference, offset, epoch
-        )
+        future = self.streams.io.submit(self._store_offset, reference, offset)
         self._stores.add(future)
         future.add_done_callback(self._stored)
+
+    def _store_offset(self, reference: str, offset: int) -> bool:
+        self.refresh_if_idle()  # the epoch of the manifest as it is now
+        epoch = self.manifest_view.epoch
+        return self.streams.offsets.store(self.record.incarnation, reference, offset, epoch)
 
     def _stored(self, future: Future[bool]) -> None:
         self._stores.discard(future)
@@ -275,6 +287,7 @@ class RemoteStreamHandle:
         the current writer epoch or later, is the newest; one a writer took over is, until the
         remote tier holds the log beyond the take-over; otherwise the writer's log as the
         remote tier holds it (its tracking state), else whatever the MetaStore has."""
+        self.refresh_if_idle()
         stored = self.streams.offsets.query(self.record.incarnation, reference)
         if stored is not None:
             if stored.taken_at is None and stored.epoch >= self.manifest_view.epoch:
