@@ -183,6 +183,7 @@ class TieringService:
             self.deletions,
             max(self.tier.epoch, handle.log.max_epoch),
             m=settings.manifest_fanout,
+            settings=lambda: handle.record.settings,
         )
         committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
 

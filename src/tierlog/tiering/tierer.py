@@ -169,7 +169,9 @@ class StreamTierer:
             config = replace(config, segment_bytes=stream_log.config.max_segment_bytes)
         self.config = config
         self.clock = clock
-        self.committer = ManifestCommitter(self.remote, catalog, deletions, epoch, m=m)
+        self.committer = ManifestCommitter(
+            self.remote, catalog, deletions, epoch, m=m, settings=settings
+        )
         self.state: TieringState | None = None
         self._uncommitted: tuple[RemoteFragment, ...] = ()  # the chain while resolving
         self.halted: str | None = None
