@@ -1,21 +1,33 @@
-"""``tierlog spark key-index``: build the key index files of every complete time window.
+"""``tierlog spark key-index`` (alias ``index``): build the key index files of every
+complete time window and record them in each stream's key-index manifest.
 
 The driver walks each stream's committed manifest and plans one task per window of
 ``window_seconds`` (aligned to multiples of it) that is complete -- the manifest already
 holds a chunk stamped at or after the window's end, and timestamps never go backwards -- and
-has no index file yet. A task reads the window's fragments and writes the file with a
-create-only put. So the job is incremental (only new windows are built) and idempotent (a
-rerun, or a retried task, finds or writes the same file).
+is not in the stream's key-index manifest yet. A task reads the window's fragments and writes
+the file with a create-only put (sealed when the stream is encrypted). The driver then commits
+the new windows to the key-index manifest (compare-and-swap on the pointer under the stream's
+writer epoch) and, in the same commit, drops the windows whose records are all past the
+stream's retention; their files and the superseded manifest go through the grace-period
+deletion queue. So the job is incremental (only new windows are built) and idempotent (a
+rerun finds every window listed; a file left by a run that died before its commit is found
+and reused, its key block included).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from tierlog.errors import ConfigError
+from tierlog.formats.key_index_manifest import WindowEntry
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.key_index_files import build_window, list_index_files
+from tierlog.remote.key_index_files import build_window
+from tierlog.remote.key_index_manifest import KeyIndexManifestStore, add_windows, drop_expired
+from tierlog.remote.key_lookup import stream_hash_name
+from tierlog.remote.settings import StreamSettings
 from tierlog.spark.jobs.common import (
     Progress,
     RemoteTier,
@@ -23,6 +35,7 @@ from tierlog.spark.jobs.common import (
     select_streams,
     walk_manifest,
 )
+from tierlog.tiering.deletion import DEFAULT_GRACE_SECONDS, DeletionQueue
 
 
 @dataclass(frozen=True)
@@ -32,15 +45,25 @@ class WindowTask:
     window_start: int
     window_end: int
     fragments: list[FragmentEntry]
+    settings: StreamSettings = field(default_factory=StreamSettings)
+
+    @property
+    def next_offset(self) -> int:
+        return max(f.next_offset for f in self.fragments)
 
 
 @dataclass
 class KeyIndexReport:
     built: list[dict[str, Any]] = field(default_factory=list)
     skipped_existing: int = 0
+    expired: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"built": self.built, "skipped_existing": self.skipped_existing}
+        return {
+            "built": self.built,
+            "skipped_existing": self.skipped_existing,
+            "expired": self.expired,
+        }
 
 
 def plan_windows(
@@ -76,8 +99,27 @@ def build_task(tier: RemoteTier, task: WindowTask) -> dict[str, Any]:
             task.fragments,
             task.window_start,
             task.window_end,
+            settings=task.settings,
         )
-    return {"key": built.key, "items": built.item_count, "stream": task.stream}
+    return {
+        "key": built.key,
+        "items": built.item_count,
+        "stream": task.stream,
+        "incarnation": task.incarnation,
+        "window": WindowEntry(
+            task.window_start,
+            task.window_end,
+            built.slot_count,
+            built.item_count,
+            task.next_offset,
+            built.key_block,
+            built.frame_size,
+        ).to_json(),
+    }
+
+
+def _same(settings: StreamSettings) -> StreamSettings:
+    return settings
 
 
 def run_key_index(
@@ -87,25 +129,68 @@ def run_key_index(
     *,
     vhost: str = "/",
     window_seconds: float = 3600.0,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
     progress: Progress | None = None,
 ) -> KeyIndexReport:
     say = progress or Progress("key-index")
     window_ms = max(1, int(window_seconds * 1000))
     report = KeyIndexReport()
     tasks: list[WindowTask] = []
+    indexes: dict[str, tuple[KeyIndexManifestStore, int]] = {}
     with tier.open_meta() as meta, tier.open_store() as store:
         catalog = Catalog(meta)
         for record in select_streams(catalog, streams, vhost):
             walk = walk_manifest(store, catalog, tier.prefix, record.incarnation)
-            existing = {
-                f.window_start for f in list_index_files(store, tier.prefix, record.incarnation)
-            }
+            epoch = walk.pointer.epoch if walk.pointer is not None else 1
+            settings = record.settings
+            index = KeyIndexManifestStore(
+                meta,
+                store,
+                tier.prefix,
+                record.incarnation,
+                epoch=max(1, epoch),
+                settings=functools.partial(_same, settings),
+            )
+            committed = index.read().manifest
+            lengths = {w.end - w.start for w in committed.windows}
+            if lengths - {window_ms}:
+                raise ConfigError(
+                    f"{record.name}: its key index has windows of {sorted(lengths)} ms, "
+                    f"not {window_ms} (pass the same --window as before)"
+                )
+            existing = {w.start for w in committed.windows}
             report.skipped_existing += len(existing)
-            display = record.name if record.vhost == "/" else f"{record.vhost}/{record.name}"
-            tasks += plan_windows(display, record.incarnation, walk.fragments, window_ms, existing)
-    say(f"building {len(tasks)} window index file(s)")
-    report.built = run_distributed(
-        spark, tasks, lambda t: build_task(tier, t), "tierlog key-index: windows"
-    )
-    say(f"done: {len(report.built)} built")
+            indexes[record.incarnation] = (index, walk.first_offset or 0)
+            planned = plan_windows(
+                stream_hash_name(record), record.incarnation, walk.fragments, window_ms, existing
+            )
+            tasks += [
+                WindowTask(
+                    t.stream, t.incarnation, t.window_start, t.window_end, t.fragments, settings
+                )
+                for t in planned
+            ]
+        say(f"building {len(tasks)} window index file(s)")
+        report.built = run_distributed(
+            spark, tasks, lambda t: build_task(tier, t), "tierlog key-index: windows"
+        )
+        deletions = DeletionQueue(meta, grace_seconds)
+        for incarnation, (index, first_offset) in indexes.items():
+            new = [
+                WindowEntry.from_json(b["window"])
+                for b in report.built
+                if b["incarnation"] == incarnation
+            ]
+            before = len(index.read().manifest.windows) + len(new)
+
+            def change(
+                windows: tuple[WindowEntry, ...],
+                new: list[WindowEntry] = new,
+                first_offset: int = first_offset,
+            ) -> list[WindowEntry]:
+                return list(drop_expired(first_offset)(tuple(add_windows(new)(windows))))
+
+            after = index.commit(change, deletions.schedule)
+            report.expired += max(0, before - len(after.manifest.windows))
+    say(f"done: {len(report.built)} built, {report.expired} expired")
     return report

@@ -1,0 +1,83 @@
+"""Finding a stream's records by key through its key index: the Python entry point behind
+``tierlog lookup`` and the admin API's ``GET /api/streams/{s}/messages?key=``.
+
+Reads the key-index manifest once, then for each window overlapping the time range two
+ranged GETs of the window file (slot entry, the slot's items) and one per matching record
+(its chunk's frame; a v2 fragment's index once more, shared by the windows of one lookup).
+Records are returned as they were published, in offset order; only committed windows are
+searched (records newer than the last indexed window are not found until the index job
+has run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierlog.formats.fragment import FragmentIndex
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.key_index_files import (
+    KeyOf,
+    file_of_window,
+    lookup_records,
+    message_id_key,
+)
+from tierlog.remote.key_index_manifest import KeyIndexManifestStore
+from tierlog.storage.meta_store import MetaStore
+from tierlog.storage.object_store import ObjectStore
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLookup:
+    """The records found and what the lookup cost."""
+
+    records: list[tuple[int, bytes]]
+    windows: int  # window files searched
+
+
+def stream_hash_name(record: StreamRecord) -> str:
+    """The stream name keys are hashed with (as the index job writes them)."""
+    return record.name if record.vhost == "/" else f"{record.vhost}/{record.name}"
+
+
+def lookup_key(
+    meta: MetaStore,
+    store: ObjectStore,
+    prefix: str,
+    vhost: str,
+    stream: str,
+    key: bytes,
+    *,
+    from_timestamp: int | None = None,
+    to_timestamp: int | None = None,
+    key_of: KeyOf = message_id_key,
+) -> KeyLookup:
+    """Every indexed record of ``stream`` whose key is ``key`` (chunk timestamps, ms, in
+    ``[from_timestamp, to_timestamp]`` when given). StreamNotFoundError for an unknown
+    stream; KeyIndexManifestError / CorruptFragmentError when the index or a record is
+    damaged (never a wrong record)."""
+    record = Catalog(meta).require(vhost, stream)
+    index = KeyIndexManifestStore(
+        meta, store, prefix, record.incarnation, settings=lambda: record.settings
+    ).read()
+    fragment_indexes: dict[str, FragmentIndex] = {}
+    found: list[tuple[int, bytes]] = []
+    searched = 0
+    for window in index.manifest.windows:
+        if from_timestamp is not None and window.end <= from_timestamp:
+            continue
+        if to_timestamp is not None and window.start > to_timestamp:
+            continue
+        searched += 1
+        found += lookup_records(
+            store,
+            prefix,
+            record.incarnation,
+            stream_hash_name(record),
+            file_of_window(prefix, record.incarnation, window),
+            key,
+            key_of,
+            fragment_indexes,
+            from_timestamp,
+            to_timestamp,
+        )
+    return KeyLookup(sorted(found), searched)

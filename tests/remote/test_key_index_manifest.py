@@ -1,0 +1,307 @@
+"""The key-index manifest: its format (golden bytes, damage refused), commits fenced like the
+stream manifest (compare-and-swap retried under races, a higher epoch fences, nothing left
+behind by a lost commit), retention through the grace-period deletion queue, and lookups
+through it on plain and encrypted streams with the GETs per key per window counted."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.remote.test_key_index_files import CountingStore
+from tests.tiering.test_cold import ColdStream
+from tierlog.formats.amqp import encode_message
+from tierlog.formats.chunk import SubBatch
+from tierlog.formats.errors import FormatError
+from tierlog.formats.key_index_manifest import (
+    KeyIndexManifest,
+    WindowEntry,
+    decode_manifest,
+    encode_manifest,
+)
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import LogReader
+from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.key_index_files import build_window, message_id_key
+from tierlog.remote.key_index_manifest import (
+    KeyIndexFencedError,
+    KeyIndexManifestError,
+    KeyIndexManifestStore,
+    add_windows,
+    drop_expired,
+    manifest_key,
+    pointer_key,
+)
+from tierlog.remote.key_lookup import lookup_key
+from tierlog.remote.sealing import is_sealed
+from tierlog.remote.settings import StreamSettings
+from tierlog.storage.fs_object_store import FsObjectStore
+from tierlog.storage.sqlite_meta_store import SqliteMetaStore
+from tierlog.tiering.deletion import DeletionQueue
+
+W1 = WindowEntry(0, 1000, 3, 9, 120)
+W2 = WindowEntry(1000, 2000, 1, 0, 130, b"\x01\x02k1" + bytes(60), 4096)
+
+
+def test_golden_bytes() -> None:
+    data = encode_manifest(KeyIndexManifest("__s_1", 7, (W2, W1)))
+    body = (
+        b'{"stream_dir":"__s_1","windows":['
+        b'{"end":1000,"frame_size":0,"items":9,"key_block":"","next_offset":120,"slots":3,'
+        b'"start":0},'
+        b'{"end":2000,"frame_size":4096,"items":0,"key_block":"01026b31' + b"00" * 60 + b'",'
+        b'"next_offset":130,"slots":1,"start":1000}]}'
+    )
+    header = b"TLKM" + (1).to_bytes(4, "big") + (7).to_bytes(8, "big")
+    header += len(body).to_bytes(4, "big")
+    header += zlib.crc32(header + body).to_bytes(4, "big")
+    assert data == header + body
+    assert decode_manifest(data) == KeyIndexManifest("__s_1", 7, (W1, W2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(where=st.integers(min_value=0), bit=st.integers(min_value=0, max_value=7))
+def test_any_flipped_bit_is_refused(where: int, bit: int) -> None:
+    data = bytearray(encode_manifest(KeyIndexManifest("__s_1", 7, (W1, W2))))
+    data[where % len(data)] ^= 1 << bit
+    with pytest.raises(FormatError):
+        decode_manifest(bytes(data))
+
+
+def test_truncated_or_inconsistent_manifests_are_refused() -> None:
+    data = encode_manifest(KeyIndexManifest("__s_1", 7, (W1,)))
+    for cut in (0, 10, len(data) - 1):
+        with pytest.raises(FormatError):
+            decode_manifest(data[:cut])
+    body = json.dumps({"stream_dir": "s", "windows": [W1.to_json(), W1.to_json()]}).encode()
+    head = b"TLKM" + (1).to_bytes(4, "big") + bytes(8) + len(body).to_bytes(4, "big")
+    repeated = head + zlib.crc32(head + body).to_bytes(4, "big") + body
+    with pytest.raises(FormatError, match="repeated"):
+        decode_manifest(repeated)
+
+
+class Stores:
+    def __init__(self, root: Path) -> None:
+        self.meta = SqliteMetaStore(str(root / "meta.db"))
+        self.store = FsObjectStore(str(root / "objects"))
+        self.scheduled: list[str] = []
+
+    def index(self, epoch: int = 1, **settings: object) -> KeyIndexManifestStore:
+        s = StreamSettings(**settings)  # type: ignore[arg-type]
+        return KeyIndexManifestStore(
+            self.meta, self.store, "p", "__s_1", epoch=epoch, settings=lambda: s
+        )
+
+    def schedule(self, keys: Iterable[str]) -> None:
+        self.scheduled += list(keys)
+
+    def manifests(self) -> list[str]:
+        return sorted(m.key for m in self.store.list() if m.key.endswith(".kim"))
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[Stores]:
+    s = Stores(tmp_path)
+    yield s
+    s.meta.close()
+
+
+def test_commits_race_and_retry(stores: Stores) -> None:
+    a, b = stores.index(), stores.index()
+    assert a.read().uid is None and a.read().manifest.windows == ()
+    first = a.commit(add_windows([W1]), stores.schedule)
+    assert first.manifest.windows == (W1,) and stores.scheduled == []
+    calls = 0
+
+    def racing(windows: tuple[WindowEntry, ...]) -> list[WindowEntry]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # another writer commits between our read and our pointer put
+            b.commit(add_windows([W2]), stores.schedule)
+        return [w for w in windows if w.start != W1.start]
+
+    after = a.commit(racing, stores.schedule)
+    assert calls == 2 and a.conflicts == 1
+    assert after.manifest.windows == (W2,)  # re-applied to the winner's windows
+    assert a.read().manifest.windows == (W2,)
+    # the lost attempt's object is gone; superseded ones are only scheduled
+    live = {manifest_key("p", "__s_1", after.uid or "")}
+    assert set(stores.manifests()) - live <= set(stores.scheduled)
+    assert any(k.endswith(".kidx") for k in stores.scheduled)  # W1's file, dropped
+    unchanged = a.commit(add_windows([W2]), stores.schedule)
+    assert unchanged.uid == after.uid  # nothing to change: no commit
+
+
+def test_a_higher_epoch_fences_a_lower_one(stores: Stores) -> None:
+    stores.index(epoch=3).commit(add_windows([W1]), stores.schedule)
+    before = stores.manifests()
+    with pytest.raises(KeyIndexFencedError):
+        stores.index(epoch=2).commit(add_windows([W2]), stores.schedule)
+    assert stores.manifests() == before  # nothing left behind
+    stores.index(epoch=3).commit(add_windows([W2]), stores.schedule)
+    assert stores.index().read().manifest.windows == (W1, W2)
+
+
+def test_damaged_pointer_or_manifest_is_a_typed_error(stores: Stores) -> None:
+    index = stores.index()
+    committed = index.commit(add_windows([W1]), stores.schedule)
+    key = manifest_key("p", "__s_1", committed.uid or "")
+    good = stores.store.get(key)
+    stores.store.put(key, good[:-1] + bytes([good[-1] ^ 1]))
+    with pytest.raises(KeyIndexManifestError):
+        index.read()
+    stores.store.put(key, good)
+    stored = stores.meta.get(pointer_key("__s_1"))
+    assert stored is not None
+    stores.meta.put_if(pointer_key("__s_1"), b"{oops", stored.version, 1)
+    with pytest.raises(KeyIndexManifestError, match="pointer"):
+        index.read()
+
+
+def test_encrypted_stream_seals_its_index_manifest(stores: Stores) -> None:
+    set_process_keyring(Keyring([("k1", bytes(32))]))
+    try:
+        index = stores.index(encryption="aes-256-gcm")
+        committed = index.commit(add_windows([W1]), stores.schedule)
+        stored = stores.store.get(manifest_key("p", "__s_1", committed.uid or ""))
+        assert is_sealed(stored) and b"next_offset" not in stored
+        assert index.read().manifest.windows == (W1,)
+        set_process_keyring(Keyring([("k2", os.urandom(32))]))
+        with pytest.raises(KeyIndexManifestError, match="'k1'"):
+            index.read()
+    finally:
+        reset_process_keyring()
+
+
+def test_retention_drops_windows_through_the_grace_queue(tmp_path: Path) -> None:
+    stores = Stores(tmp_path)
+    try:
+        index = stores.index()
+        w3 = WindowEntry(2000, 3000, 1, 4, 200)
+        for w in (W1, W2, w3):
+            name = f"p/stream/__s_1/kindex/{w.start:020d}.{w.slots}.{w.items}.kidx"
+            stores.store.put(name, b"x")
+        queue = DeletionQueue(stores.meta, grace_seconds=0.0)
+        index.commit(add_windows([W1, W2, w3]), queue.schedule)
+        after = index.commit(drop_expired(125), queue.schedule)  # W1 (next 120) is past
+        assert [w.start for w in after.manifest.windows] == [1000, 2000]
+        pending = {k for k, _ in queue.pending_keys()}
+        assert "p/stream/__s_1/kindex/00000000000000000000.3.9.kidx" in pending
+        assert stores.store.head("p/stream/__s_1/kindex/00000000000000000000.3.9.kidx")
+        queue.run_due(stores.store)
+        kept = sorted(m.key for m in stores.store.list() if m.key.endswith(".kidx"))
+        assert kept == [
+            "p/stream/__s_1/kindex/00000000000000001000.1.0.kidx",
+            "p/stream/__s_1/kindex/00000000000000002000.1.4.kidx",
+        ]
+        assert len(stores.manifests()) == 1  # superseded manifests went too
+    finally:
+        stores.meta.close()
+
+
+# ----- lookups through the manifest on real fragments ------------------------------------
+
+
+def publish_keyed(s: ColdStream, batches: int = 40, per_batch: int = 25) -> None:
+    """Unique message ids, but every 50th message is ``hot`` (many records, many windows)."""
+    n = 0
+    for _batch in range(batches):
+        entries: list[bytes | SubBatch] = []
+        for _ in range(per_batch):
+            body = b'{"n":%d}' % n
+            key = "hot" if n % 50 == 0 else f"order-{n}"
+            entries.append(encode_message(body, properties={"message_id": key}))
+            n += 1
+        s.log.append(entries)
+    s.log.sync()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"compression": "zstd", "dictionary": True, "encryption": "aes-256-gcm"}],
+    ids=["v1", "v2-encrypted"],
+)
+def test_lookup_key_through_the_manifest(tmp_path: Path, settings: dict[str, object]) -> None:
+    set_process_keyring(Keyring([("k1", bytes(range(32)))]))
+    s = ColdStream(tmp_path, StreamSettings(**settings))  # type: ignore[arg-type]
+    s.catalog.update_settings("/", "s", **settings)
+    try:
+        publish_keyed(s)
+        with LogReader(s.log, OffsetSpec.first()) as reader:
+            local = [(o, bytes(r)) for o, r in reader.records()]
+        s.tier_and_free()
+        remote = s.tierer.remote
+        fragments = [loc.entry for loc in s.tierer.committer.tree.iter_fragments(remote.load)]
+        stamps = sorted({f.min_timestamp for f in fragments})
+        bounds = [0, stamps[len(stamps) // 3], stamps[2 * len(stamps) // 3], 1 << 62]
+        stream_settings = s.catalog.require("/", "s").settings
+        windows = []
+        for start, end in itertools.pairwise(bounds):
+            built = build_window(
+                s.store,
+                remote.prefix,
+                remote.stream_dir,
+                "s",
+                fragments,
+                start,
+                end,
+                settings=stream_settings,
+            )
+            assert is_sealed(s.store.get(built.key)) == bool(settings)
+            next_offset = max(f.next_offset for f in fragments)
+            windows.append(
+                WindowEntry(
+                    start,
+                    end,
+                    built.slot_count,
+                    built.item_count,
+                    next_offset,
+                    built.key_block,
+                    built.frame_size,
+                )
+            )
+        index = KeyIndexManifestStore(
+            s.meta, s.store, remote.prefix, remote.stream_dir, settings=lambda: stream_settings
+        )
+        index.commit(add_windows(windows), lambda keys: None)
+        counting = CountingStore(str(tmp_path / "objects"))
+        for key in (b"order-5", b"order-777", b"no-such-key", b"hot"):
+            CountingStore.gets = []
+            found = lookup_key(s.meta, counting, remote.prefix, "/", "s", key)
+            expected = [(o, r) for o, r in local if message_id_key(memoryview(r)) == key]
+            assert found.records == expected and found.windows == 3
+            kinds = [g[0].rpartition(".")[2] for g in CountingStore.gets]
+            assert kinds.count("kim") == 1  # the manifest: once per lookup, not per window
+            index_gets = kinds.count("kidx")
+            assert index_gets <= 2 * found.windows  # slot entry, then the slot's items
+            fragment_gets = kinds.count("fragment")
+            extra = kinds.count("dict")
+            if settings:
+                # a v2 fragment's index (trailer, index) once per fragment touched
+                touched = {g[0] for g in CountingStore.gets if g[0].endswith(".fragment")}
+                extra += 2 * len(touched)
+            records_read = fragment_gets - (extra - kinds.count("dict"))
+            assert records_read <= len(found.records)  # one GET per record at most
+            if key.startswith(b"order"):
+                per_window = (index_gets + records_read) / found.windows
+                assert per_window <= 3
+                assert index_gets + records_read <= 2 * found.windows + len(found.records)
+            if not settings:
+                assert extra == 0  # v1: the frame is the chunk, nothing else to read
+        # a time range narrows the windows searched and the records returned
+        lo = stamps[len(stamps) // 3]
+        everything = lookup_key(s.meta, s.store, remote.prefix, "/", "s", b"hot").records
+        ranged = lookup_key(s.meta, s.store, remote.prefix, "/", "s", b"hot", from_timestamp=lo)
+        assert ranged.windows == 2
+        assert ranged.records and set(ranged.records) < set(everything)
+    finally:
+        s.close()
+        reset_process_keyring()
