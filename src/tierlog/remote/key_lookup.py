@@ -11,8 +11,12 @@ has run).
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
+from tierlog.errors import ConfigError
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.key_index_files import (
@@ -32,6 +36,30 @@ class KeyLookup:
 
     records: list[tuple[int, bytes]]
     windows: int  # window files searched
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The records as ``tierlog dump`` prints them: offset and base64 record."""
+        return [
+            {"offset": offset, "body": base64.b64encode(record).decode("ascii")}
+            for offset, record in self.records
+        ]
+
+
+def parse_timestamp(text: str, what: str) -> int:
+    """A bound of a lookup's time range: milliseconds since the epoch, or an ISO-8601
+    date-time (UTC unless it names a zone)."""
+    value = text.strip()
+    if value.lstrip("-").isdigit():
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"{what} must be milliseconds since the epoch or an ISO-8601 time, got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
 
 
 def stream_hash_name(record: StreamRecord) -> str:
