@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tests.faults.cold_kinds
 import tests.faults.kinds  # noqa: F401  (registers the file kinds)
 from tests.faults.kinds import META_POINTER
 from tests.faults.registry import DAMAGES, FILE_KINDS, Target
@@ -32,6 +33,13 @@ OUTCOMES: collections.Counter[str] = collections.Counter()
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> CampaignStream:
     return build(str(tmp_path_factory.mktemp("matrix") / "pristine"))
+
+
+@pytest.fixture(scope="module")
+def pristine_encrypted(tmp_path_factory: pytest.TempPathFactory) -> CampaignStream:
+    """The same stream with cold settings (compressed, dictionary, encrypted) and a key
+    index, for the encrypted file kinds."""
+    return build(str(tmp_path_factory.mktemp("matrix") / "encrypted"), encrypted=True)
 
 
 def damage_file(target: Target, how: str, at: int, bit: int, stream: CampaignStream) -> None:
@@ -116,6 +124,12 @@ def judge(
     return "cut"
 
 
+def judge_lookup(stream: CampaignStream, outcome: Outcome) -> None:
+    """A key lookup that was not refused returns exactly the pristine stream's records."""
+    if stream.encrypted and outcome.error is None:
+        assert outcome.lookup == stream.lookup_expected, "a key lookup returned wrong records"
+
+
 @settings(
     max_examples=int(os.environ.get("MATRIX_EXAMPLES_PER_CELL", "3")),
     deadline=None,
@@ -126,11 +140,13 @@ def judge(
 @pytest.mark.parametrize("kind_name", sorted(FILE_KINDS))
 def test_corruption_matrix(
     tmp_path: Path,
-    pristine: CampaignStream,
+    request: pytest.FixtureRequest,
     kind_name: str,
     how: str,
     data: st.DataObject,
 ) -> None:
+    kind = FILE_KINDS[kind_name]
+    pristine = request.getfixturevalue("pristine_encrypted" if kind.encrypted else "pristine")
     stream = pristine.copy_to(str(tmp_path / "copy"))
     targets = FILE_KINDS[kind_name].locate(stream)
     assert targets, f"no {kind_name} in the campaign stream"
@@ -141,6 +157,7 @@ def test_corruption_matrix(
     damage_file(target, how, at, bit, stream)
     outcome = restart_and_read(stream)
     verdict = judge(stream, target, how, outcome, before)
+    judge_lookup(stream, outcome)
     OUTCOMES[f"{kind_name}/{how}/{verdict}"] += 1
     OUTCOMES[verdict] += 1
 

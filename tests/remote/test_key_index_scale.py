@@ -22,9 +22,7 @@ def test_lookup_gets_per_key_per_window_at_scale(seaweed: SeaweedServer, tmp_pat
     store = _open_s3(seaweed, f"scale/{uuid.uuid4().hex}")
     meta = SqliteMetaStore(str(tmp_path / "meta.db"))
     try:
-        result = run_scale(
-            store, meta, "", records=RECORDS, windows=60, per_chunk=1000, lookups=12
-        )
+        result = run_scale(store, meta, "", records=RECORDS, windows=60, per_chunk=1000, lookups=12)
         print(result.line())
         assert result.windows >= 50
         assert result.misses == []  # every key found, exactly its one record
