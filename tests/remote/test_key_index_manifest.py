@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tests.remote.test_key_index_files import CountingStore
 from tests.tiering.test_cold import ColdStream
+from tierlog.errors import ConfigError
 from tierlog.formats.amqp import encode_message
 from tierlog.formats.chunk import SubBatch
 from tierlog.formats.errors import FormatError
@@ -302,6 +303,64 @@ def test_lookup_key_through_the_manifest(tmp_path: Path, settings: dict[str, obj
         ranged = lookup_key(s.meta, s.store, remote.prefix, "/", "s", b"hot", from_timestamp=lo)
         assert ranged.windows == 2
         assert ranged.records and set(ranged.records) < set(everything)
+    finally:
+        s.close()
+        reset_process_keyring()
+
+
+def test_a_crash_between_window_files_and_the_commit_is_repaired_by_a_rerun(
+    tmp_path: Path,
+) -> None:
+    """The index job died after writing (sealed) window files and before committing them:
+    the rerun finds the files, reuses them with their own key blocks, and commits; an
+    orphaned manifest object from a lost commit is ignored."""
+    from tierlog.remote.catalog import Catalog
+    from tierlog.remote.key_index_build import (
+        build_task,
+        committed_fragments,
+        index_stream,
+        plan_stream,
+    )
+
+    set_process_keyring(Keyring([("k1", bytes(range(32)))]))
+    settings = {"compression": "zstd", "encryption": "aes-256-gcm"}
+    s = ColdStream(tmp_path, StreamSettings(**settings))  # type: ignore[arg-type]
+    s.catalog.update_settings("/", "s", **settings)
+    try:
+        publish_keyed(s, batches=30)
+        s.tier_and_free()
+        prefix, inc = s.tierer.remote.prefix, s.tierer.remote.stream_dir
+        catalog = Catalog(s.meta)
+        record = catalog.require("/", "s")
+        epoch, first, fragments = committed_fragments(catalog, s.store, prefix, inc)
+        stamps = sorted(f.min_timestamp for f in fragments)
+        window_ms = max(1, (stamps[-1] - stamps[0]) // 4)
+        plan = plan_stream(
+            s.meta,
+            s.store,
+            prefix,
+            record,
+            window_ms,
+            epoch=epoch,
+            first_offset=first,
+            fragments=fragments,
+        )
+        assert plan.tasks
+        crashed = [build_task(s.store, prefix, t) for t in plan.tasks]  # then the "crash"
+        orphan = manifest_key(prefix, inc, "0" * 32)
+        s.store.put(orphan, b"a manifest whose pointer put never happened")
+        committed, built, _ = index_stream(
+            s.meta, s.store, prefix, "/", "s", window_ms, lambda keys: None
+        )
+        assert built == len(crashed)
+        assert list(committed.manifest.windows) == crashed  # the same files, same key blocks
+        assert all(w.sealed for w in crashed)
+        found = lookup_key(s.meta, s.store, prefix, "/", "s", b"hot")
+        assert found.records and found.windows == len(crashed)
+        again = index_stream(s.meta, s.store, prefix, "/", "s", window_ms, lambda keys: None)
+        assert again[1] == 0 and again[0].uid == committed.uid  # idempotent
+        with pytest.raises(ConfigError, match="same window length"):
+            index_stream(s.meta, s.store, prefix, "/", "s", window_ms + 1, lambda keys: None)
     finally:
         s.close()
         reset_process_keyring()
