@@ -31,10 +31,9 @@ from tierlog.formats.key_index_manifest import (
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.errors import KeyIndexFencedError, KeyIndexManifestError
 from tierlog.remote.key_index_files import build_window, message_id_key
 from tierlog.remote.key_index_manifest import (
-    KeyIndexFencedError,
-    KeyIndexManifestError,
     KeyIndexManifestStore,
     add_windows,
     drop_expired,

@@ -18,9 +18,9 @@ from tierlog.formats.errors import AuthenticationError, FormatError, UnknownKeyE
 from tierlog.formats.manifest import decode_node
 from tierlog.remote.committed import read_committed_root
 from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.errors import SealingKeyMissingError
 from tierlog.remote.sealing import (
     RangedOpener,
-    SealingKeyMissingError,
     is_sealed,
     open_object,
     seal_object,

@@ -28,7 +28,7 @@ from tierlog.formats.key_index_manifest import (
     decode_manifest,
     encode_manifest,
 )
-from tierlog.remote.errors import RemoteTierError
+from tierlog.remote.errors import KeyIndexFencedError, KeyIndexManifestError
 from tierlog.remote.key_index_files import index_prefix, window_file_key
 from tierlog.remote.sealing import open_object, seal_object
 from tierlog.remote.settings import StreamSettings
@@ -45,14 +45,6 @@ COMMIT_ATTEMPTS = 8
 
 Change = Callable[[tuple[WindowEntry, ...]], Sequence[WindowEntry]]
 Schedule = Callable[[Iterable[str]], None]
-
-
-class KeyIndexManifestError(RemoteTierError):
-    """The key-index manifest is damaged or cannot be committed."""
-
-
-class KeyIndexFencedError(KeyIndexManifestError):
-    """A writer of a higher epoch committed the key-index manifest."""
 
 
 def pointer_key(incarnation: str) -> str:

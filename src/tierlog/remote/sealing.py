@@ -43,17 +43,13 @@ from tierlog.formats.errors import (
     AuthenticationError,
     InvalidSizeError,
     TruncatedError,
-    UnknownKeyError,
 )
 from tierlog.remote.encryption import Keyring, process_keyring
+from tierlog.remote.errors import SealingKeyMissingError
 from tierlog.remote.settings import StreamSettings
 
 RANGED_FRAME_SIZE = 4096
 """Plaintext bytes per frame of a ranged object: a slot entry costs one 4 KiB frame."""
-
-
-class SealingKeyMissingError(UnknownKeyError):
-    """A stream asks for encryption and the process holds no key-encryption key."""
 
 
 def is_encrypted(settings: StreamSettings) -> bool:

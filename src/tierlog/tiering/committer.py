@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, ManifestPointer
 from tierlog.remote.committed import read_committed_root
-from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.errors import SealingKeyMissingError, StreamDeletedError
 from tierlog.remote.fragments import FragmentEntry, RemoteStream
 from tierlog.remote.keys import new_uid
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
-from tierlog.remote.sealing import SealingKeyMissingError, seal_object
+from tierlog.remote.sealing import seal_object
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import (
     EpochFencedError,
