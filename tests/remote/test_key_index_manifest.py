@@ -30,6 +30,7 @@ from tierlog.formats.key_index_manifest import (
 )
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
+from tierlog.remote.catalog import pointer_key as stream_pointer_key
 from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
 from tierlog.remote.errors import KeyIndexFencedError, KeyIndexManifestError
 from tierlog.remote.key_index_files import build_window, message_id_key
@@ -93,6 +94,7 @@ class Stores:
         self.meta = SqliteMetaStore(str(root / "meta.db"))
         self.store = FsObjectStore(str(root / "objects"))
         self.scheduled: list[str] = []
+        self.meta.create(stream_pointer_key("__s_1"), b'{"root": null, "epoch": 1}', 1)
 
     def index(self, epoch: int = 1, **settings: object) -> KeyIndexManifestStore:
         s = StreamSettings(**settings)  # type: ignore[arg-type]
@@ -363,3 +365,18 @@ def test_a_crash_between_window_files_and_the_commit_is_repaired_by_a_rerun(
     finally:
         s.close()
         reset_process_keyring()
+
+
+def test_a_deleted_stream_gets_no_key_index(stores: Stores) -> None:
+    """Cleanup removes both pointers; a late index job never re-creates them."""
+    from tierlog.remote.catalog import Catalog
+    from tierlog.remote.errors import StreamDeletedError
+    from tierlog.tiering.cleanup import clean_incarnation
+
+    stores.index().commit(add_windows([W1]), stores.schedule)
+    clean_incarnation(Catalog(stores.meta), stores.store, "p", "__s_1", None)
+    assert stores.meta.get(pointer_key("__s_1")) is None
+    with pytest.raises(StreamDeletedError):
+        stores.index().commit(add_windows([W2]), stores.schedule)
+    assert stores.meta.get(pointer_key("__s_1")) is None
+    assert stores.manifests() == []

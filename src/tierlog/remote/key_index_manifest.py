@@ -28,7 +28,12 @@ from tierlog.formats.key_index_manifest import (
     decode_manifest,
     encode_manifest,
 )
-from tierlog.remote.errors import KeyIndexFencedError, KeyIndexManifestError
+from tierlog.remote.catalog import pointer_key as stream_pointer_key
+from tierlog.remote.errors import (
+    KeyIndexFencedError,
+    KeyIndexManifestError,
+    StreamDeletedError,
+)
 from tierlog.remote.key_index_files import index_prefix, window_file_key
 from tierlog.remote.sealing import open_object, seal_object
 from tierlog.remote.settings import StreamSettings
@@ -137,6 +142,9 @@ class KeyIndexManifestStore:
                 key, seal_object(self._settings(), key, encode_manifest(manifest))
             )
             value = json.dumps({"uid": uid, "epoch": epoch}).encode()
+            if current.version == 0 and self.meta.get(stream_pointer_key(self.stream_dir)) is None:
+                self._discard(key)  # the stream was deleted: never re-create its pointer
+                raise StreamDeletedError(f"stream {self.stream_dir} was deleted")
             try:
                 if current.version == 0:
                     version = self.meta.create(pointer_key(self.stream_dir), value, epoch).version
