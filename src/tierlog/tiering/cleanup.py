@@ -5,8 +5,8 @@ MetaStore transaction. ``run_stream_cleanups`` (run on start and whenever woken)
 every pending item and, idempotently: deletes the incarnation's manifest pointer (so a
 writer still tiering it gets a typed "stream deleted" error) and its key-index pointer,
 every remote object under the incarnation's prefix (offloaded segments included), its
-pending multipart uploads and in-flight offload records, and the local stream directory; then completes the item.
-A crash anywhere just means the next run repeats the remaining steps.
+pending multipart uploads and in-flight offload records, and the local stream directory;
+then completes the item. A crash anywhere just means the next run repeats the remaining steps.
 """
 
 from __future__ import annotations
