@@ -380,3 +380,64 @@ def test_a_deleted_stream_gets_no_key_index(stores: Stores) -> None:
         stores.index().commit(add_windows([W2]), stores.schedule)
     assert stores.meta.get(pointer_key("__s_1")) is None
     assert stores.manifests() == []
+
+
+def test_index_runs_drop_windows_past_the_streams_retention(tmp_path: Path) -> None:
+    """A rerun after remote retention moved the stream's first offset drops every window
+    whose records are all gone, in the commit that adds new windows; their files go through
+    the grace-period queue."""
+    from tierlog.remote.catalog import Catalog
+    from tierlog.remote.key_index_build import commit_windows, committed_fragments, plan_stream
+
+    s = ColdStream(tmp_path, StreamSettings())
+    try:
+        publish_keyed(s, batches=30)
+        s.tier_and_free()
+        prefix, inc = s.tierer.remote.prefix, s.tierer.remote.stream_dir
+        catalog = Catalog(s.meta)
+        record = catalog.require("/", "s")
+        epoch, first, fragments = committed_fragments(catalog, s.store, prefix, inc)
+        stamps = sorted(f.min_timestamp for f in fragments)
+        window_ms = max(1, (stamps[-1] - stamps[0]) // 4)
+        queue = DeletionQueue(s.meta, grace_seconds=0.0)
+        plan = plan_stream(
+            s.meta,
+            s.store,
+            prefix,
+            record,
+            window_ms,
+            epoch=epoch,
+            first_offset=first,
+            fragments=fragments,
+        )
+        from tierlog.remote.key_index_build import build_task
+
+        built = [build_task(s.store, prefix, t) for t in plan.tasks]
+        committed, dropped = commit_windows(plan, built, queue.schedule)
+        assert dropped == 0 and len(committed.manifest.windows) == len(built) >= 2
+        # retention moved the first offset past the first window's records
+        cut = committed.manifest.windows[0].next_offset
+        later = plan_stream(
+            s.meta,
+            s.store,
+            prefix,
+            record,
+            window_ms,
+            epoch=epoch,
+            first_offset=cut,
+            fragments=[f for f in fragments if f.first_offset >= cut] or fragments[-1:],
+        )
+        after, dropped = commit_windows(later, [], queue.schedule)
+        gone = [w for w in committed.manifest.windows if w.next_offset <= cut]
+        assert dropped == len(gone) >= 1
+        assert all(w.next_offset > cut for w in after.manifest.windows)
+        pending = {k for k, _ in queue.pending_keys()}
+        assert all(
+            any(k.endswith(".kidx") and f"{w.start:020d}" in k for k in pending) for w in gone
+        )
+        queue.run_due(s.store)
+        assert lookup_key(s.meta, s.store, prefix, "/", "s", b"hot").windows == len(
+            after.manifest.windows
+        )
+    finally:
+        s.close()
