@@ -49,16 +49,17 @@ from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 from tierlog.tiering.deletion import DeletionQueue
 
 W1 = WindowEntry(0, 1000, 3, 9, 120)
-W2 = WindowEntry(1000, 2000, 1, 0, 130, b"\x01\x02k1" + bytes(60), 4096)
+W2 = WindowEntry(1000, 2000, 1, 0, 130, b"\x01\x02k1" + bytes(60), 4096, "property:k")
 
 
 def test_golden_bytes() -> None:
     data = encode_manifest(KeyIndexManifest("__s_1", 7, (W2, W1)))
     body = (
         b'{"stream_dir":"__s_1","windows":['
-        b'{"end":1000,"frame_size":0,"items":9,"key_block":"","next_offset":120,"slots":3,'
-        b'"start":0},'
-        b'{"end":2000,"frame_size":4096,"items":0,"key_block":"01026b31' + b"00" * 60 + b'",'
+        b'{"end":1000,"frame_size":0,"items":9,"key":"message-id","key_block":"",'
+        b'"next_offset":120,"slots":3,"start":0},'
+        b'{"end":2000,"frame_size":4096,"items":0,"key":"property:k",'
+        b'"key_block":"01026b31' + b"00" * 60 + b'",'
         b'"next_offset":130,"slots":1,"start":1000}]}'
     )
     header = b"TLKM" + (1).to_bytes(4, "big") + (7).to_bytes(8, "big")
@@ -439,5 +440,53 @@ def test_index_runs_drop_windows_past_the_streams_retention(tmp_path: Path) -> N
         assert lookup_key(s.meta, s.store, prefix, "/", "s", b"hot").windows == len(
             after.manifest.windows
         )
+    finally:
+        s.close()
+
+
+def test_the_index_key_is_a_stream_setting(tmp_path: Path) -> None:
+    """``x-tierlog-index-key``: correlation-id, subject or an application property; each
+    window remembers the key it was built on, so a change applies to new windows only."""
+    from tierlog.remote.key_index_build import index_stream
+    from tierlog.server.arguments import settings_changes
+
+    assert settings_changes({"x-tierlog-index-key": "property:order"}) == {
+        "index_key": "property:order"
+    }
+    for bad in ("nope", "property:", "message_id"):
+        with pytest.raises(ConfigError, match="index_key"):
+            settings_changes({"x-tierlog-index-key": bad})
+    with pytest.raises(ConfigError, match="fragments' only"):
+        StreamSettings(tier_mode="segments", index_key="subject")
+
+    s = ColdStream(tmp_path, StreamSettings())
+    s.catalog.update_settings("/", "s", index_key="property:order")
+    try:
+        for n in range(400):
+            props = {"message_id": f"m-{n}", "correlation_id": f"c-{n % 7}"}
+            app = {"order": f"o-{n % 11}"}
+            s.log.append([encode_message(b"%d" % n, properties=props, application_properties=app)])
+        s.log.sync()
+        with LogReader(s.log, OffsetSpec.first()) as reader:
+            local = [(o, bytes(r)) for o, r in reader.records()]
+        stamps = {}
+        with LogReader(s.log, OffsetSpec.first()) as reader:
+            for chunk in reader.chunks():
+                for o, _ in chunk.records():
+                    stamps[o] = chunk.header.timestamp
+        s.tier_and_free()
+        prefix = s.tierer.remote.prefix
+        fragments = list(s.tierer.committer.tree.iter_fragments(s.tierer.remote.load))
+        span = fragments[-1].entry.max_timestamp - fragments[0].entry.min_timestamp
+        window_ms = max(1, span // 3)
+        committed, built, _ = index_stream(
+            s.meta, s.store, prefix, "/", "s", window_ms, lambda keys: None
+        )
+        assert built >= 2 and {w.key for w in committed.manifest.windows} == {"property:order"}
+        indexed = committed.manifest.windows[-1].end
+        found = lookup_key(s.meta, s.store, prefix, "/", "s", b"o-3").records
+        expected = [(o, r) for o, r in local if o % 11 == 3 and stamps[o] < indexed]
+        assert found and found == expected[: len(found)] and len(found) == len(expected)
+        assert lookup_key(s.meta, s.store, prefix, "/", "s", b"m-3").records == []
     finally:
         s.close()

@@ -11,7 +11,8 @@ start order, each ``{"start", "end", "slots", "items", "next_offset", "key_block
 counts (which name it), the offset after the last record of the fragments the window was
 built from (once the stream's first offset passes it, every record the window indexes is
 past retention), and for a sealed file its key block (hex) and frame size (``""`` / 0 when
-it is plaintext). A lookup reads the manifest once per stream and then, per window, only
+it is plaintext), and the record key it was built on (the stream's ``index_key`` then).
+A lookup reads the manifest once per stream and then, per window, only
 the file's ranges.
 """
 
@@ -44,6 +45,7 @@ class WindowEntry:
     next_offset: int
     key_block: bytes = b""
     frame_size: int = 0
+    key: str = "message-id"  # the stream's index_key when the window was built
 
     @property
     def sealed(self) -> bool:
@@ -58,6 +60,7 @@ class WindowEntry:
             "next_offset": self.next_offset,
             "key_block": self.key_block.hex(),
             "frame_size": self.frame_size,
+            "key": self.key,
         }
 
     @staticmethod
@@ -73,6 +76,7 @@ class WindowEntry:
                 int(data["next_offset"]),
                 bytes.fromhex(str(data["key_block"])),
                 int(data["frame_size"]),
+                str(data.get("key", "message-id")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSizeError(f"key-index window {data!r}: {exc}") from None

@@ -19,7 +19,7 @@ from tierlog.formats.key_index_manifest import WindowEntry
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.committed import read_committed_root
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.key_index_files import KeyOf, build_window, message_id_key
+from tierlog.remote.key_index_files import KeyOf, build_window, key_of_setting
 from tierlog.remote.key_index_manifest import (
     CommittedIndex,
     KeyIndexManifestStore,
@@ -78,9 +78,12 @@ def plan_windows(
 
 
 def build_task(
-    store: ObjectStore, prefix: str, task: WindowTask, key_of: KeyOf = message_id_key
+    store: ObjectStore, prefix: str, task: WindowTask, key_of: KeyOf | None = None
 ) -> WindowEntry:
-    """Build (or find, from an earlier run) the window file of ``task``."""
+    """Build (or find, from an earlier run) the window file of ``task``, keyed by the
+    stream's ``index_key`` unless ``key_of`` is given."""
+    if key_of is None:
+        key_of = key_of_setting(task.settings.index_key)
     built = build_window(
         store,
         prefix,
@@ -100,6 +103,7 @@ def build_task(
         task.next_offset,
         built.key_block,
         built.frame_size,
+        task.settings.index_key,
     )
 
 
@@ -155,6 +159,8 @@ def plan_stream(
             f"not {window_ms} (pass the same window length as before)"
         )
     existing = {w.start for w in committed.manifest.windows}
+    # the key index is built from fragments: a segment-mode stream has none to index
+    fragments = [f for f in fragments if not f.is_segment]
     tasks = plan_windows(
         stream_hash_name(record), record.incarnation, fragments, window_ms, existing, settings
     )
@@ -183,7 +189,7 @@ def index_stream(
     name: str,
     window_ms: int,
     schedule: Callable[[Iterable[str]], None],
-    key_of: KeyOf = message_id_key,
+    key_of: KeyOf | None = None,
 ) -> tuple[CommittedIndex, int, int]:
     """Build every missing complete window of one stream in this process and commit them;
     ``(committed index, windows built, windows dropped)``."""

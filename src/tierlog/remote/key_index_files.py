@@ -41,7 +41,7 @@ from tierlog.remote.encryption import opener_for
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.remote.fragments import FragmentEntry, RemoteStream
 from tierlog.remote.sealing import RangedOpener, is_sealed, key_block_of, seal_ranged
-from tierlog.remote.settings import StreamSettings
+from tierlog.remote.settings import StreamSettings, check_index_key
 from tierlog.storage.errors import AlreadyExistsError
 from tierlog.storage.object_store import ObjectStore
 
@@ -62,6 +62,42 @@ def message_id_key(record: memoryview) -> bytes | None:
     if isinstance(value, bytes):
         return value
     return str(value).encode()
+
+
+_PROPERTY_OF = {
+    "message-id": "message_id",
+    "correlation-id": "correlation_id",
+    "subject": "subject",
+}
+
+
+def _as_key(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode()
+
+
+def key_of_setting(index_key: str) -> KeyOf:
+    """The ``KeyOf`` of a stream's ``index_key`` setting (see ``StreamSettings``): an AMQP
+    property, or ``property:<name>`` for an application property. Records that are not
+    AMQP messages or lack the key are not indexed."""
+    if index_key == "message-id":
+        return message_id_key
+    check_index_key(index_key)
+    name = _PROPERTY_OF.get(index_key)
+
+    def key_of(record: memoryview) -> bytes | None:
+        try:
+            message = decode_message(record)
+        except FormatError:
+            return None
+        if name is not None:
+            return _as_key(message.properties.get(name))
+        return _as_key(message.application_properties.get(index_key[len("property:") :]))
+
+    return key_of
 
 
 def index_prefix(prefix: str, stream_dir: str) -> str:

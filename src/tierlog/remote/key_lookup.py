@@ -22,8 +22,8 @@ from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.key_index_files import (
     KeyOf,
     file_of_window,
+    key_of_setting,
     lookup_records,
-    message_id_key,
 )
 from tierlog.remote.key_index_manifest import KeyIndexManifestStore
 from tierlog.storage.meta_store import MetaStore
@@ -77,10 +77,11 @@ def lookup_key(
     *,
     from_timestamp: int | None = None,
     to_timestamp: int | None = None,
-    key_of: KeyOf = message_id_key,
+    key_of: KeyOf | None = None,
 ) -> KeyLookup:
     """Every indexed record of ``stream`` whose key is ``key`` (chunk timestamps, ms, in
-    ``[from_timestamp, to_timestamp]`` when given). StreamNotFoundError for an unknown
+    ``[from_timestamp, to_timestamp]`` when given), each window searched with the record
+    key it was built on (``key_of`` overrides it). StreamNotFoundError for an unknown
     stream; KeyIndexManifestError / CorruptFragmentError when the index or a record is
     damaged (never a wrong record)."""
     record = Catalog(meta).require(vhost, stream)
@@ -103,7 +104,7 @@ def lookup_key(
             stream_hash_name(record),
             file_of_window(prefix, record.incarnation, window),
             key,
-            key_of,
+            key_of if key_of is not None else key_of_setting(window.key),
             fragment_indexes,
             from_timestamp,
             to_timestamp,
