@@ -13,6 +13,7 @@ per window file and per record.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,13 +50,16 @@ class CountingStore:
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
         self.gets: Counter[str] = Counter()
+        self._lock = threading.Lock()  # lookups read windows from several threads
 
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        self.gets[key] += 1
+        with self._lock:
+            self.gets[key] += 1
         return self.inner.get(key, start, end)
 
     def get_suffix(self, key: str, length: int) -> bytes:
-        self.gets[key] += 1
+        with self._lock:
+            self.gets[key] += 1
         return self.inner.get_suffix(key, length)
 
     def __getattr__(self, name: str) -> Any:

@@ -282,6 +282,20 @@ def lookup_records(
     chunk timestamp is in ``[from_timestamp, to_timestamp]`` when given), in offset order:
     the index narrows to candidates, each candidate's frame is read and the record's own key
     checked (hash collisions never return a wrong record)."""
+    candidates = window_candidates(store, stream, index_file, key, from_timestamp, to_timestamp)
+    return read_candidates(store, prefix, stream_dir, candidates, key, key_of, fragment_indexes)
+
+
+def window_candidates(
+    store: ObjectStore,
+    stream: str,
+    index_file: KeyIndexFile,
+    key: bytes,
+    from_timestamp: int | None = None,
+    to_timestamp: int | None = None,
+) -> np.ndarray:
+    """The window's items whose hash is ``key``'s (and whose timestamp is in range): the
+    slot entry and the slot's items, two ranged GETs (one for an empty slot)."""
     try:
         candidates = lookup(index_file.reader(store), index_file.header, stream, key)
     except FormatError as exc:
@@ -290,6 +304,20 @@ def lookup_records(
         candidates = candidates[candidates["timestamp"] >= from_timestamp]
     if to_timestamp is not None:
         candidates = candidates[candidates["timestamp"] <= to_timestamp]
+    return candidates
+
+
+def read_candidates(
+    store: ObjectStore,
+    prefix: str,
+    stream_dir: str,
+    candidates: np.ndarray,
+    key: bytes,
+    key_of: KeyOf = message_id_key,
+    fragment_indexes: dict[str, FragmentIndex] | None = None,
+) -> list[tuple[int, bytes]]:
+    """The records of ``candidates`` whose own key is ``key``: one GET per chunk frame
+    (and a v2 fragment's index once, kept in ``fragment_indexes``)."""
     out: list[tuple[int, bytes]] = []
     frames: dict[tuple[int, int], bytes | memoryview] = {}
     indexes = fragment_indexes if fragment_indexes is not None else {}

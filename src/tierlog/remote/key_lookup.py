@@ -2,7 +2,8 @@
 ``tierlog lookup`` and the admin API's ``GET /api/streams/{s}/messages?key=``.
 
 Reads the key-index manifest once, then for each window overlapping the time range two
-ranged GETs of the window file (slot entry, the slot's items) and one per matching record
+ranged GETs of the window file (slot entry, the slot's items; up to ``WINDOW_READERS``
+windows at a time) and one per matching record
 (its chunk's frame; a v2 fragment's index once more, shared by the windows of one lookup).
 Records are returned as they were published, in offset order; only committed windows are
 searched (records newer than the last indexed window are not found until the index job
@@ -12,22 +13,30 @@ has run).
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+
 from tierlog.errors import ConfigError
 from tierlog.formats.fragment import FragmentIndex
+from tierlog.formats.key_index_manifest import WindowEntry
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.key_index_files import (
     KeyOf,
     file_of_window,
     key_of_setting,
-    lookup_records,
+    read_candidates,
+    window_candidates,
 )
 from tierlog.remote.key_index_manifest import KeyIndexManifestStore
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
+
+WINDOW_READERS = 8
+"""Window files whose slots are read at the same time by one lookup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,25 +97,38 @@ def lookup_key(
     index = KeyIndexManifestStore(
         meta, store, prefix, record.incarnation, settings=lambda: record.settings
     ).read()
-    fragment_indexes: dict[str, FragmentIndex] = {}
-    found: list[tuple[int, bytes]] = []
-    searched = 0
-    for window in index.manifest.windows:
-        if from_timestamp is not None and window.end <= from_timestamp:
-            continue
-        if to_timestamp is not None and window.start > to_timestamp:
-            continue
-        searched += 1
-        found += lookup_records(
+    windows = [
+        w
+        for w in index.manifest.windows
+        if (from_timestamp is None or w.end > from_timestamp)
+        and (to_timestamp is None or w.start <= to_timestamp)
+    ]
+
+    def candidates(window: WindowEntry) -> np.ndarray:
+        return window_candidates(
             store,
-            prefix,
-            record.incarnation,
             stream_hash_name(record),
             file_of_window(prefix, record.incarnation, window),
             key,
-            key_of if key_of is not None else key_of_setting(window.key),
-            fragment_indexes,
             from_timestamp,
             to_timestamp,
         )
+
+    # the windows' slot reads are independent: they go in parallel (the GETs are the same)
+    with ThreadPoolExecutor(min(WINDOW_READERS, max(1, len(windows)))) as pool:
+        per_window = list(pool.map(candidates, windows))
+    fragment_indexes: dict[str, FragmentIndex] = {}
+    found: list[tuple[int, bytes]] = []
+    for window, items in zip(windows, per_window, strict=True):
+        if len(items):
+            found += read_candidates(
+                store,
+                prefix,
+                record.incarnation,
+                items,
+                key,
+                key_of if key_of is not None else key_of_setting(window.key),
+                fragment_indexes,
+            )
+    searched = len(windows)
     return KeyLookup(sorted(found), searched)
