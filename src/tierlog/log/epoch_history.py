@@ -92,6 +92,4 @@ def _segment_ranges(index_path: str) -> list[EpochRangeTuple]:
     ids = records["chunk_id"]
     starts = np.flatnonzero(np.concatenate(([True], epochs[1:] != epochs[:-1])))
     ends = np.concatenate((starts[1:] - 1, [count - 1]))
-    return [
-        (int(epochs[s]), int(ids[s]), int(ids[e])) for s, e in zip(starts, ends, strict=True)
-    ]
+    return [(int(epochs[s]), int(ids[s]), int(ids[e])) for s, e in zip(starts, ends, strict=True)]

@@ -227,9 +227,7 @@ class SegmentSet:
         active.next_offset = header.next_offset
         return header
 
-    def append_raw(
-        self, chunks: list[memoryview], records: list[bytes], next_offset: int
-    ) -> None:
+    def append_raw(self, chunks: list[memoryview], records: list[bytes], next_offset: int) -> None:
         """Write whole chunks verbatim at the end of the active segment and their index
         records (the acceptor path: a replica copies its leader's bytes)."""
         with self._files_lock:
