@@ -44,7 +44,7 @@ GOLDEN = [
     ),
     (
         rp.Challenge(bytes(range(32))),
-        "0000002c" "0a" "00" "0000" "0000000000000000" + bytes(range(32)).hex(),
+        "0000002c0a0000000000000000000000" + bytes(range(32)).hex(),
     ),
     (
         rp.Adopted("s", 3, True, 3, 2, -1),

@@ -158,6 +158,8 @@ class FollowedStream:
                         and (before != session.leader_epoch or isinstance(item, wire.Adopt))
                     ):
                         self.leader = peer  # a newer leader (or one that adopted us)
+                        if isinstance(item, wire.Adopt):
+                            actions.append(Send(session.fetch()))  # follow it from now on
                 await self._execute(actions, peer)
         except Exception as exc:
             log.exception("replica_stream_failed", stream=self.stream, error=repr(exc))
