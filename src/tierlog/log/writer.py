@@ -643,8 +643,10 @@ class StreamLog:
         self._tiered_next = next_offset
 
     def read_member_epoch(self) -> int:
-        """The persisted highest epoch this member has seen for the stream (0: none)."""
-        return member_epoch.read_member_epoch(self._dir)
+        """The highest epoch this member has seen for the stream: the persisted one, and
+        never below the highest epoch in the log (a lost file cannot lower the fence
+        below what the chunks prove). ``MemberEpochCorruptError`` if the file is bad."""
+        return max(member_epoch.read_member_epoch(self._dir), self._history.tail()[0])
 
     def persist_member_epoch(self, epoch: int) -> None:
         """fsync ``epoch`` as the highest seen (atomic replace) before answering it."""
