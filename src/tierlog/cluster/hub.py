@@ -83,7 +83,7 @@ class ReplicationHub:
         workers: int = 4,
         fetch_bytes: int = 8 << 20,
         max_open_files: int = 1024,
-        heartbeat: float = 1.0,
+        heartbeat: float = 2.0,
         fetch_timeout: float | None = None,
         retry_delay: float = 0.2,
         server_ssl: ssl.SSLContext | None = None,
