@@ -6,6 +6,7 @@ frames, a wrong secret, and a new leader's catch-up."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -268,3 +269,30 @@ async def test_new_leader_catches_up_from_the_most_up_to_date_member(cluster, tm
     n2.unfollow(STREAM)
     member.close()
     lagging.close()
+
+
+def test_file_cache_is_bounded_and_never_serves_a_replaced_file(tmp_path):
+    from tierlog.cluster.link import FileCache
+
+    cache = FileCache(max_open=2)
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"{i}.segment"
+        path.write_bytes(b"old-%d" % i)
+        paths.append(str(path))
+    pinned = cache.acquire(paths[0])
+    for path in paths[1:]:
+        cache.acquire(path)
+        cache.release(path)
+    assert len(cache) == 2 and paths[0] in cache._files  # the pinned one stays
+    cache.release(paths[0])
+    assert pinned.read() == b"old-0"
+    f = cache.acquire(paths[3])
+    cache.release(paths[3])
+    os.unlink(paths[3])
+    with open(paths[3], "wb") as out:
+        out.write(b"new-3")
+    again = cache.acquire(paths[3])
+    assert again is not f and again.read() == b"new-3"
+    cache.release(paths[3])
+    cache.close()

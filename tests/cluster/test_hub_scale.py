@@ -7,10 +7,9 @@ import os
 import threading
 import time
 
-from tierlog.log.writer import StreamLog
-
 from tests.cluster.hub_helpers import Cluster, Recorder, until
 from tests.log.acceptor_helpers import SMALL, write_leader_chunks
+from tierlog.log.writer import StreamLog
 
 STREAMS = int(os.environ.get("HUB_SCALE_STREAMS", "200"))
 

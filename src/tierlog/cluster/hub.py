@@ -175,6 +175,8 @@ class ReplicationHub:
                 retry_delay=self.retry_delay,
             )
             self.followed[stream] = followed
+        elif on_commit is not None:
+            followed.on_commit = on_commit
         if leader is not None and epoch is not None:
             followed.follow(leader, epoch)
 

@@ -138,7 +138,16 @@ class FileCache:
         return len(self._files)
 
     def acquire(self, path: str) -> BinaryIO:
+        """The open file at ``path`` (pinned until ``release``). A cached file whose
+        path now names another file (a segment cut away and written again under the
+        same name) is reopened: a span is never sent from a stale inode."""
         f = self._files.get(path)
+        if f is not None and path not in self._pins:
+            current = os.stat(path)
+            opened = os.fstat(f.fileno())
+            if (current.st_ino, current.st_dev) != (opened.st_ino, opened.st_dev):
+                self._files.pop(path).close()
+                f = None
         if f is None:
             f = open(path, "rb")  # noqa: SIM115 - kept open in the cache
             self._files[path] = f
@@ -242,10 +251,16 @@ class Link:
                     await writer.drain()
                     continue
                 header, path, position, length = item
-                writer.write(header)
-                await writer.drain()
-                f = self._files.acquire(path)
                 try:
+                    f = self._files.acquire(path)
+                except OSError as exc:
+                    # gone since the fetch was answered (local retention): nothing was
+                    # sent for it, the member asks again
+                    log.info("replication_span_gone", peer=self.peer, path=path, error=str(exc))
+                    continue
+                try:
+                    writer.write(header)
+                    await writer.drain()
                     sent = await loop.sendfile(writer.transport, f, position, length)
                 finally:
                     self._files.release(path)
