@@ -296,3 +296,32 @@ def test_file_cache_is_bounded_and_never_serves_a_replaced_file(tmp_path):
     assert again is not f and again.read() == b"new-3"
     cache.release(paths[3])
     cache.close()
+
+
+async def test_links_over_mutual_tls(cluster, tmp_path):
+    import ssl
+
+    from tests.server.certificates import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(certs.server_cert), str(certs.server_key))
+    server.load_verify_locations(cafile=str(certs.ca))
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(cafile=str(certs.ca))
+    client.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+    options = {"server_ssl": server, "client_ssl": client}
+    n1 = await cluster.add("n1", **options)
+    n2 = await cluster.add("n2", **options)
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 20)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="replication over TLS")
+    leader.sync()
+    assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
