@@ -16,10 +16,10 @@ from tests.log.acceptor_helpers import (
     write_leader_chunks,
 )
 from tierlog.formats.chunk import HEADER_SIZE, encode_chunk
-from tierlog.log.acceptor import ChunkNotLocalError
 from tierlog.log.errors import (
     BadChunkError,
     ChunkGapError,
+    ChunkNotLocalError,
     ChunkOverlapError,
     LateJoinError,
     MemberEpochCorruptError,

@@ -27,7 +27,7 @@ from tierlog.formats import replication as wire
 from tierlog.formats.chunk import HEADER_SIZE, ChunkType, decode_header
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
-from tierlog.log.acceptor import ChunkNotLocalError
+from tierlog.log.errors import ChunkNotLocalError
 from tierlog.log.writer import StreamLog
 
 if TYPE_CHECKING:

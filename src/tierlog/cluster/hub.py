@@ -45,12 +45,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+from tierlog.cluster.errors import LinkAuthError
 from tierlog.cluster.fetch_server import LeaderListener, LedStream, answer, log_history
 from tierlog.cluster.link import (
     HANDSHAKE_TIMEOUT,
     FileCache,
     Link,
-    LinkAuthError,
     handshake_acceptor,
     handshake_dialer,
 )

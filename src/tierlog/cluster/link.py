@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
-from tierlog.cluster.errors import ClusterError
+from tierlog.cluster.errors import LinkAuthError, LinkClosedError, LinkError
 from tierlog.formats import replication as wire
 from tierlog.formats.errors import FormatError
 from tierlog.logs import get_logger
@@ -37,18 +37,6 @@ from tierlog.logs import get_logger
 log = get_logger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0
-
-
-class LinkError(ClusterError):
-    """A node-to-node link failed."""
-
-
-class LinkAuthError(LinkError):
-    """The peer did not prove it holds the cluster secret (or named another node)."""
-
-
-class LinkClosedError(LinkError):
-    """The link is closed."""
 
 
 def proof(secret: bytes, role: bytes, peer_nonce: bytes, dialer: str, acceptor: str) -> bytes:

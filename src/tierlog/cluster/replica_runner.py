@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from tierlog.cluster.errors import ClusterError, StaleEpochError
+from tierlog.cluster.errors import CatchUpError, StaleEpochError
 from tierlog.cluster.fetch_server import log_history
 from tierlog.cluster.log_history import History, Tail
 from tierlog.cluster.replication import (
@@ -46,10 +46,6 @@ from tierlog.logs import get_logger
 log = get_logger(__name__)
 
 SendFn = Callable[[str, wire.Frame], None]
-
-
-class CatchUpError(ClusterError):
-    """A new leader could not take the most up-to-date member's log."""
 
 
 class _Refetch:

@@ -44,9 +44,9 @@ from tierlog.log.errors import (
     AcceptError,
     BadChunkError,
     ChunkGapError,
+    ChunkNotLocalError,
     ChunkOverlapError,
     LateJoinError,
-    LogError,
     OlderEpochChunkError,
     StaleEpochError,
     TruncateBelowTieredError,
@@ -63,11 +63,6 @@ if TYPE_CHECKING:
 NO_CHUNK = -1
 SPAN_RECORDS = 4096  # index records read per chunk_span call at most
 _CURSORS = 64  # remembered "next chunk id -> index record" positions per log
-
-
-class ChunkNotLocalError(LogError):
-    """A fetch asked for a chunk id that is not a chunk of the local log (below its
-    first offset, or not a chunk boundary)."""
 
 
 class ChunkSpan(NamedTuple):

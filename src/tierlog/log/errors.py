@@ -147,3 +147,8 @@ class MemberEpochCorruptError(LogError):
 class TruncationIntentError(LogError):
     """A pending truncation intent does not decode: the log cannot tell which suffix
     was being cut, so it is refused until an operator looks at it."""
+
+
+class ChunkNotLocalError(LogError):
+    """A fetch asked for a chunk id that is not a chunk of the local log (below its
+    first offset, or not a chunk boundary)."""
