@@ -325,3 +325,30 @@ async def test_links_over_mutual_tls(cluster, tmp_path):
     n2.unfollow(STREAM)
     member.close()
     leader.close()
+
+
+async def test_a_failed_append_is_retried_from_what_is_on_disk(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 20)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    member = member_log(tmp_path, "n2")
+    real_accept = member.accept_chunks
+    failures = []
+
+    def failing_once(data):
+        if not failures:
+            failures.append(1)
+            raise OSError("disk hiccup")
+        return real_accept(data)
+
+    member.accept_chunks = failing_once
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="catch up after a failed append")
+    assert failures == [1]
+    leader.sync()
+    assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()

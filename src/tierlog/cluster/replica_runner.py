@@ -84,6 +84,7 @@ class FollowedStream:
         self.fetch_timeout = fetch_timeout
         self.retry_delay = retry_delay
         self.leader: str | None = None
+        self._epoch: int | None = None  # the leader epoch followed (survives a rebuild)
         self.session: ReplicaSession | None = None
         self.closed = False
         self.errors = 0  # refused appends (bad chunks from the leader)
@@ -137,9 +138,14 @@ class FollowedStream:
                         continue
                     self.leader = item.leader
                 elif item is _REFETCH:
-                    if session.leader_epoch is None or self.leader is None:
+                    if self.leader is None:
                         continue
-                    actions = [Send(session.fetch())]
+                    if session.leader_epoch is None:
+                        if self._epoch is None:
+                            continue
+                        actions = session.follow(self._epoch)  # a session rebuilt after a failure
+                    else:
+                        actions = [Send(session.fetch())]
                 elif isinstance(item, wire.Refused):
                     if peer == self.leader:
                         self._arm(self.retry_delay)
@@ -157,8 +163,14 @@ class FollowedStream:
                         if isinstance(item, wire.Adopt):
                             actions.append(Send(session.fetch()))  # follow it from now on
                 await self._execute(actions, peer)
+                self._epoch = session.leader_epoch
         except Exception as exc:
+            # the log failed under an action (disk, closed): start again from what is
+            # on disk, in the epoch we followed
             log.exception("replica_stream_failed", stream=self.stream, error=repr(exc))
+            if self.session is not None and self.session.leader_epoch is not None:
+                self._epoch = self.session.leader_epoch
+            self.session = None
             self._arm(self.retry_delay)
         finally:
             self._task = None
@@ -178,13 +190,24 @@ class FollowedStream:
                 history, next_offset = await self._run(self._state)
                 queue.extend(session.truncated(history, next_offset))
             elif isinstance(action, AppendChunks):
+                refused = False
                 try:
                     await self._run(self._append, action.chunks.data)
                 except AcceptError as exc:
                     self.errors += 1
+                    refused = True
                     log.warning("replica_chunks_refused", stream=self.stream, error=str(exc))
                 history, next_offset = await self._run(self._state)
-                queue.extend(session.written(history, next_offset))
+                follow_up = session.written(history, next_offset)
+                if refused:
+                    # ask again after a pause, not at once: the same bytes would come back
+                    follow_up = [
+                        a
+                        for a in follow_up
+                        if not (isinstance(a, Send) and isinstance(a.frame, wire.Fetch))
+                    ]
+                    self._arm(self.retry_delay)
+                queue.extend(follow_up)
                 self.after_written(session)
             elif isinstance(action, SetCommit):
                 if self.on_commit is not None:
