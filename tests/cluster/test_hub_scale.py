@@ -11,7 +11,7 @@ from tests.cluster.hub_helpers import Cluster, Recorder, until
 from tests.log.acceptor_helpers import SMALL, write_leader_chunks
 from tierlog.log.writer import StreamLog
 
-STREAMS = int(os.environ.get("HUB_SCALE_STREAMS", "200"))
+STREAMS = int(os.environ.get("HUB_SCALE_STREAMS", "100"))
 
 
 async def test_many_streams_share_one_link_and_a_bounded_pool(tmp_path):

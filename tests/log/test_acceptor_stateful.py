@@ -127,4 +127,4 @@ class ReplicaMachine(RuleBasedStateMachine):
 
 
 TestReplicaMachine = ReplicaMachine.TestCase
-TestReplicaMachine.settings = settings(settings.default, stateful_step_count=30)
+TestReplicaMachine.settings = settings(settings.default, stateful_step_count=25)
