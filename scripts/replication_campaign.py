@@ -3,7 +3,7 @@ test (random leader writes, replication spans, divergent writes, truncations, re
 with many examples, the kill-at-every-step tests, and the many-streams hub test with
 more streams.
 
-    python scripts/replication_campaign.py [--examples 2000] [--streams 2000]
+    python scripts/replication_campaign.py [--profile thorough] [--streams 2000]
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--examples", type=int, default=2000)
+    parser.add_argument("--profile", default="thorough", choices=("ci", "dev", "thorough"))
     parser.add_argument("--streams", type=int, default=2000)
     args = parser.parse_args()
     env = dict(
         os.environ,
         PYTHONPATH=str(ROOT / "src"),
-        HYPOTHESIS_PROFILE="thorough" if args.examples >= 2000 else "dev",
+        HYPOTHESIS_PROFILE=args.profile,
         HUB_SCALE_STREAMS=str(args.streams),
     )
     tests = [
