@@ -352,3 +352,26 @@ async def test_a_failed_append_is_retried_from_what_is_on_disk(cluster, tmp_path
     n2.unfollow(STREAM)
     member.close()
     leader.close()
+
+
+async def test_a_small_receive_budget_slows_links_but_loses_nothing(cluster, tmp_path):
+    n1 = await cluster.add("n1")
+    n2 = await cluster.add("n2", max_buffered_bytes=1000)
+    leaders, members = [], []
+    for i in range(4):
+        leader = StreamLog.create(str(tmp_path / "n1"), "v", f"b{i}", SMALL, created_ns=1)
+        write_leader_chunks(leader, 30)
+        name = os.path.basename(leader.stream_dir)
+        member = StreamLog.create_follower(str(tmp_path / "n2" / name), SMALL)
+        n1.lead(name, leader, 1, ("n2",), Recorder())
+        n1.serve(name)
+        n2.follow(name, member, "n1", 1)
+        leaders.append(leader)
+        members.append(member)
+    for leader, member in zip(leaders, members, strict=True):
+        await until(caught_up(member, leader), what="replication under a small budget")
+        leader.sync()
+        assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    await until(lambda: n2.budget.used == 0, what="budget given back")
+    for log in leaders + members:
+        log.close()

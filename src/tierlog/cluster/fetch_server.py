@@ -153,6 +153,8 @@ class LedStream:
     def on_fetch(self, link: Link, fetch: wire.Fetch) -> None:
         if self.closed:
             return
+        if fetch.epoch > self.epoch:
+            self.listener.member_refused(link.peer, fetch.epoch)  # a newer leader exists
         if fetch.epoch == self.epoch:
             tail = Tail(fetch.tail_epoch, fetch.tail_chunk_id)
             if holds(log_history(self.log), tail):

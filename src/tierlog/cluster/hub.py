@@ -55,7 +55,7 @@ from tierlog.cluster.link import (
     handshake_dialer,
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
-from tierlog.cluster.replica_runner import CatchUpRun, FollowedStream
+from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
 from tierlog.formats.errors import FormatError
@@ -83,6 +83,7 @@ class ReplicationHub:
         workers: int = 4,
         fetch_bytes: int = 8 << 20,
         max_open_files: int = 1024,
+        max_buffered_bytes: int = 256 << 20,
         heartbeat: float = 2.0,
         fetch_timeout: float | None = None,
         retry_delay: float = 0.2,
@@ -98,6 +99,7 @@ class ReplicationHub:
         self._lanes: dict[str, Executor] = {}
         self.fetch_bytes = min(fetch_bytes, wire.MAX_FRAME_BYTES - 4096)
         self.files = FileCache(max_open_files)
+        self.budget = ByteBudget(max_buffered_bytes)
         self.heartbeat = heartbeat
         self.fetch_timeout = fetch_timeout if fetch_timeout is not None else 4 * heartbeat
         self.retry_delay = retry_delay
@@ -173,6 +175,7 @@ class ReplicationHub:
                 fetch_bytes=self.fetch_bytes,
                 fetch_timeout=self.fetch_timeout,
                 retry_delay=self.retry_delay,
+                budget=self.budget,
             )
             self.followed[stream] = followed
         elif on_commit is not None:
@@ -432,7 +435,16 @@ class ReplicationHub:
                 writer.close()
                 return
             existing.close()
-        link = Link(peer, dialer, reader, writer, self.files, self._on_frame, self._closed)
+        link = Link(
+            peer,
+            dialer,
+            reader,
+            writer,
+            self.files,
+            self._on_frame,
+            self._closed,
+            self.budget.wait_for_room,
+        )
         self.links[peer] = link
         pending = self._pending.pop(peer, None)
         while pending:

@@ -168,7 +168,6 @@ class FileCache:
 
 
 Span = tuple[bytes, str, int, int]  # CHUNKS header, segment path, position, length
-FrameHandler = Callable[["Link", wire.Frame], Awaitable[None] | None]
 
 
 class Link:
@@ -184,8 +183,10 @@ class Link:
         files: FileCache,
         on_frame: Callable[[Link, wire.Frame], None],
         on_closed: Callable[[Link], None],
+        wait_for_room: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.peer = peer
+        self._wait_for_room = wait_for_room
         self.dialer = dialer
         self._reader = reader
         self._writer = writer
@@ -263,6 +264,8 @@ class Link:
     async def _receive_loop(self) -> None:
         try:
             while not self.closed:
+                if self._wait_for_room is not None:
+                    await self._wait_for_room()  # received chunks wait to be written
                 frame = await read_frame(self._reader)
                 self.frames_received += 1
                 try:

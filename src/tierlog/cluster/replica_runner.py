@@ -48,6 +48,31 @@ log = get_logger(__name__)
 SendFn = Callable[[str, wire.Frame], None]
 
 
+class ByteBudget:
+    """Chunk bytes received but not yet written, over all followed streams of a node.
+    Links stop reading while it is over ``limit`` (TCP then slows the leaders), so many
+    streams catching up at once cannot fill the memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def take(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            self._room.clear()
+
+    def give(self, size: int) -> None:
+        self.used -= size
+        if self.used <= self.limit:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
+
+
 class _Refetch:
     """Inbox item: send the fetch again (timeout or retry after a refusal)."""
 
@@ -74,8 +99,10 @@ class FollowedStream:
         fetch_bytes: int,
         fetch_timeout: float,
         retry_delay: float,
+        budget: ByteBudget | None = None,
     ) -> None:
         self.stream = stream
+        self.budget = budget
         self.log = log
         self.executor = executor
         self._send = send
@@ -100,6 +127,10 @@ class FollowedStream:
     def deliver(self, peer: str, frame: wire.Frame) -> None:
         if peer == self.leader:
             self._cancel_timer()
+        if self.closed:
+            return
+        if self.budget is not None and isinstance(frame, wire.Chunks):
+            self.budget.take(len(frame.data))
         self._put(peer, frame)
 
     def refetch(self) -> None:
@@ -129,41 +160,11 @@ class FollowedStream:
         try:
             while self._inbox and not self.closed:
                 peer, item = self._inbox.popleft()
-                session = self.session or await self._start_session()
-                if isinstance(item, _Follow):
-                    try:
-                        actions = session.follow(item.epoch)
-                    except StaleEpochError as exc:
-                        log.warning("replica_follow_stale", stream=self.stream, error=str(exc))
-                        continue
-                    self.leader = item.leader
-                elif item is _REFETCH:
-                    if self.leader is None:
-                        continue
-                    if session.leader_epoch is None:
-                        if self._epoch is None:
-                            continue
-                        actions = session.follow(self._epoch)  # a session rebuilt after a failure
-                    else:
-                        actions = [Send(session.fetch())]
-                elif isinstance(item, wire.Refused):
-                    if peer == self.leader:
-                        self._arm(self.retry_delay)
-                    continue
-                else:
-                    before = session.leader_epoch
-                    actions = session.on_frame(item)
-                    if (
-                        peer is not None
-                        and session.leader_epoch == getattr(item, "epoch", None)
-                        and session.guard.highest == session.leader_epoch
-                        and (before != session.leader_epoch or isinstance(item, wire.Adopt))
-                    ):
-                        self.leader = peer  # a newer leader (or one that adopted us)
-                        if isinstance(item, wire.Adopt):
-                            actions.append(Send(session.fetch()))  # follow it from now on
-                await self._execute(actions, peer)
-                self._epoch = session.leader_epoch
+                try:
+                    await self._handle(peer, item)
+                finally:
+                    if self.budget is not None and isinstance(item, wire.Chunks):
+                        self.budget.give(len(item.data))
         except Exception as exc:
             # the log failed under an action (disk, closed): start again from what is
             # on disk, in the epoch we followed
@@ -176,6 +177,45 @@ class FollowedStream:
             self._task = None
             if self._inbox and not self.closed:
                 self._task = asyncio.create_task(self._drain(), name=f"replica-{self.stream}")
+
+    async def _handle(self, peer: str | None, item: object) -> None:
+        session = self.session or await self._start_session()
+        actions: list[Action]
+        if isinstance(item, _Follow):
+            try:
+                actions = session.follow(item.epoch)
+            except StaleEpochError as exc:
+                log.warning("replica_follow_stale", stream=self.stream, error=str(exc))
+                return
+            self.leader = item.leader
+        elif item is _REFETCH:
+            if self.leader is None:
+                return
+            if session.leader_epoch is None:
+                if self._epoch is None:
+                    return
+                actions = session.follow(self._epoch)  # a session rebuilt after a failure
+            else:
+                actions = [Send(session.fetch())]
+        elif isinstance(item, wire.Refused):
+            if peer == self.leader:
+                self._arm(self.retry_delay)
+            return
+        else:
+            assert isinstance(item, wire.Adopt | wire.History | wire.Chunks | wire.Commit)
+            before = session.leader_epoch
+            actions = session.on_frame(item)
+            if (
+                peer is not None
+                and session.leader_epoch == item.epoch
+                and session.guard.highest == session.leader_epoch
+                and (before != session.leader_epoch or isinstance(item, wire.Adopt))
+            ):
+                self.leader = peer  # a newer leader (or one that adopted us)
+                if isinstance(item, wire.Adopt):
+                    actions.append(Send(session.fetch()))  # follow it from now on
+        await self._execute(actions, peer)
+        self._epoch = session.leader_epoch
 
     async def _execute(self, actions: list[Action], peer: str | None) -> None:
         session = self.session
@@ -243,6 +283,10 @@ class FollowedStream:
     def close(self) -> None:
         self.closed = True
         self._cancel_timer()
+        if self.budget is not None:
+            for _peer, item in self._inbox:
+                if isinstance(item, wire.Chunks):
+                    self.budget.give(len(item.data))
         self._inbox.clear()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
