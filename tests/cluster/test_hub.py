@@ -337,11 +337,11 @@ async def test_a_failed_append_is_retried_from_what_is_on_disk(cluster, tmp_path
     real_accept = member.accept_chunks
     failures = []
 
-    def failing_once(data):
+    def failing_once(data, **options):
         if not failures:
             failures.append(1)
             raise OSError("disk hiccup")
-        return real_accept(data)
+        return real_accept(data, **options)
 
     member.accept_chunks = failing_once
     n2.follow(STREAM, member, "n1", 1)
@@ -375,3 +375,23 @@ async def test_a_small_receive_budget_slows_links_but_loses_nothing(cluster, tmp
     await until(lambda: n2.budget.used == 0, what="budget given back")
     for log in leaders + members:
         log.close()
+
+
+async def test_late_joiner_of_a_stream_without_tracking(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    for i in range(40):
+        leader.append_records([b"plain-%d" % i] * 2)
+    leader.sync()
+    for segment in leader.list_segments()[:2]:
+        leader.delete_segment(segment.first_offset)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    joiner = member_log(tmp_path, "n2")
+    n2.follow(STREAM, joiner, "n1", 1)
+    await until(caught_up(joiner, leader), what="late joiner without tracking snapshots")
+    assert joiner.first_offset == leader.first_offset > 0
+    assert stream_files(joiner.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    joiner.close()
+    leader.close()

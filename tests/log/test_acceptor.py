@@ -238,3 +238,22 @@ def test_member_epoch_file(leader):
         f.write(raw[:5])
     with pytest.raises(MemberEpochCorruptError):
         leader.read_member_epoch()
+
+
+def test_late_joiner_at_a_segment_start_without_tracking(tmp_path):
+    leader = StreamLog.create(str(tmp_path / "l"), "v", "s", SMALL, created_ns=1)
+    for i in range(30):
+        leader.append_records([b"r-%d" % i] * 3)  # no producer, no offsets: no snapshots
+    segment = leader.list_segments()[2]
+    data, _ = span_bytes(leader, segment.first_offset, 10**6)
+    joiner = follower_log(tmp_path, "j")
+    with pytest.raises(LateJoinError):
+        joiner.accept_chunks(data)
+    joiner.accept_chunks(data, segment_start=True)
+    replicate(leader, joiner)
+    leader.sync()
+    leader_files = stream_files(leader.stream_dir)
+    joined = stream_files(joiner.stream_dir)
+    assert joined == {n: b for n, b in leader_files.items() if int(n[:20]) >= segment.first_offset}
+    joiner.close()
+    leader.close()

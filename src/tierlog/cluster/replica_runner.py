@@ -232,7 +232,7 @@ class FollowedStream:
             elif isinstance(action, AppendChunks):
                 refused = False
                 try:
-                    await self._run(self._append, action.chunks.data)
+                    await self._run(self._append, action.chunks)
                 except AcceptError as exc:
                     self.errors += 1
                     refused = True
@@ -262,8 +262,8 @@ class FollowedStream:
                 if isinstance(frame, wire.Fetch):
                     self._arm(self.fetch_timeout)
 
-    def _append(self, data: bytes) -> None:
-        self.log.accept_chunks(data)
+    def _append(self, chunks: wire.Chunks) -> None:
+        self.log.accept_chunks(chunks.data, segment_start=chunks.segment_start)
         self.log.sync_to_disk()
 
     def after_written(self, session: ReplicaSession) -> None:

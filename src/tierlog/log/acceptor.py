@@ -5,8 +5,9 @@ leader wrote (``accept_chunks``), so segment and index files are byte-identical 
 members. That holds because every member starts its segments at the same chunk (the
 same roll rule, ``segments.segment_full``, asked before every chunk with the stream's
 own segment limits, which every member has) and writes index records for the same
-positions. A late joiner starts its first segment at a leader tracking-snapshot chunk
-(the chunk the leader wrote right after a roll), so from there on its files match too.
+positions. A late joiner starts its first segment where one of the leader's segments
+starts (the leader writes a tracking snapshot first after a roll whenever tracking is
+not empty), so from there on its files match too.
 
 Other members' logs may disagree with the leader's after a failover; the cluster
 decides what is a divergent uncommitted suffix and the log cuts it
@@ -84,15 +85,17 @@ class ChunkSpan(NamedTuple):
 # --------------------------------------------------------------------- accepting
 
 
-def accept_chunks(log: StreamLog, data: bytes | memoryview) -> int:
+def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bool = False) -> int:
     """Append whole Osiris chunks verbatim; returns the log's new next offset.
 
     Each chunk must decode, lie wholly in ``data``, have a valid data CRC, entries and
     tracking content, zero reserved bytes, continue the log exactly (its id is the
     log's next offset), carry an epoch not below the log's last one and a timestamp not
     below the last one (what recovery trusts). An empty log also takes a first chunk
-    past its next offset when it is a tracking snapshot (a late joiner): its segment
-    moves to start there. Before each chunk the one roll rule decides whether a new
+    past its next offset (a late joiner) when it is a tracking snapshot, or when the
+    leader says it starts one of its segments (``segment_start``: a segment that does
+    not start with a snapshot began while tracking was empty): its segment moves to
+    start there. Before each chunk the one roll rule decides whether a new
     segment starts, exactly as on the leader. Tracking chunks and user-chunk trailers
     update tracking as on the leader.
 
@@ -137,10 +140,12 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview) -> int:
                     raise ChunkGapError(
                         f"chunk {header.chunk_id} leaves a gap after {next_offset}", next_offset
                     )
-                if header.chunk_type != ChunkType.TRACKING_SNAPSHOT:
+                if header.chunk_type != ChunkType.TRACKING_SNAPSHOT and not (
+                    segment_start and pos == 0
+                ):
                     raise LateJoinError(
                         f"an empty log at {next_offset} cannot start at chunk "
-                        f"{header.chunk_id}: not a tracking snapshot",
+                        f"{header.chunk_id}: neither a tracking snapshot nor a segment start",
                         next_offset,
                     )
             if header.epoch < last_epoch:

@@ -607,11 +607,12 @@ class StreamLog:
                 raise
         return log
 
-    def accept_chunks(self, data: bytes | memoryview) -> int:
+    def accept_chunks(self, data: bytes | memoryview, *, segment_start: bool = False) -> int:
         """Append a leader's whole chunks verbatim (``acceptor.accept_chunks``); returns
         the new next offset. Written, not fsynced: ``sync_to_disk()`` then
-        ``durable_point().chunk_id`` is what a member reports as written."""
-        return acceptor.accept_chunks(self, data)
+        ``durable_point().chunk_id`` is what a member reports as written.
+        ``segment_start``: the first chunk starts one of the leader's segments."""
+        return acceptor.accept_chunks(self, data, segment_start=segment_start)
 
     def truncate_after(self, keep_through_chunk_id: int) -> int:
         """Cut every chunk after ``keep_through_chunk_id`` (-1: all), crash-safely and
