@@ -70,24 +70,28 @@ def answer(
     if not isinstance(result, ServeChunks):
         link.send(result)
         return True
+    start = result.from_offset
+    if fetch.tail_chunk_id == NO_CHUNK:
+        # An empty member begins at one of our segment starts, never inside a segment:
+        # its files then match ours and its tracking is complete. None: it waits for
+        # our next roll (an empty log past our last segment start).
+        first_segment = segment_start_at_or_after(log, result.from_offset)
+        if first_segment is None:
+            return False
+        start = first_segment
     try:
-        span = log.chunk_span(result.from_offset, result.max_bytes)
-    except ChunkNotLocalError:
-        start = None
-        if fetch.tail_chunk_id == NO_CHUNK:
-            start = segment_start_at_or_after(log, result.from_offset)
-        if start is None:
-            link.send(
-                wire.Refused(
-                    stream,
-                    epoch,
-                    wire.RefusalCode.OUT_OF_RANGE,
-                    epoch,
-                    f"chunk {result.from_offset} is not on the local log",
-                )
-            )
-            return True
         span = log.chunk_span(start, result.max_bytes)
+    except ChunkNotLocalError:
+        link.send(
+            wire.Refused(
+                stream,
+                epoch,
+                wire.RefusalCode.OUT_OF_RANGE,
+                epoch,
+                f"chunk {start} is not on the local log",
+            )
+        )
+        return True
     if span is None:
         return False
     header = wire.encode_chunks_header(
