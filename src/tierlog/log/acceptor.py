@@ -167,8 +167,8 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bo
             if header.chunk_id != next_offset:  # a late joiner's first chunk
                 segments.restart_empty(header.chunk_id)
                 log._next_offset = next_offset = header.chunk_id
-                log._commits.written = CommitPoint(
-                    NO_CHUNK, next_offset, next_offset, segments.active.size
+                log._commits.rewind(
+                    CommitPoint(NO_CHUNK, next_offset, next_offset, segments.active.size)
                 )
                 active = segments.active
             if segment_full(
