@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+from tests.cluster.hub_helpers import STREAM, Cluster, until
+from tests.log.acceptor_helpers import SMALL, stream_files, write_leader_chunks
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.log_history import Tail
 from tierlog.cluster.members import Membership
 from tierlog.cluster.state import (
     AppendTrackingSnapshot,
     CatchUp,
-    CaughtUp,
     CatchUpFailed,
+    CaughtUp,
     Commit,
     Effect,
     EpochAdopted,
@@ -28,9 +30,6 @@ from tierlog.cluster.state import (
     StepDown,
 )
 from tierlog.log.writer import StreamLog
-
-from tests.cluster.hub_helpers import STREAM, Cluster, until
-from tests.log.acceptor_helpers import SMALL, stream_files, write_leader_chunks
 
 VOTERS = Membership(("n1", "n2", "n3"))
 TIMING = LeaseTiming(ttl=30.0, drift=3.0)
@@ -93,7 +92,7 @@ class Driver:
             tail = await self.hub.catch_up(
                 STREAM, effect.source, (effect.tail.epoch, effect.tail.chunk_id)
             )
-        except Exception as exc:  # noqa: BLE001 - fed to the machine
+        except Exception as exc:
             self.feed(CatchUpFailed(str(exc)))
             return
         self.feed(CaughtUp(Tail(*tail)))
