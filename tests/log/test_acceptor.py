@@ -25,6 +25,7 @@ from tierlog.log.errors import (
     MemberEpochCorruptError,
     OlderEpochChunkError,
     StaleEpochError,
+    SyncFailedError,
     TruncateBelowTieredError,
 )
 from tierlog.log.member_epoch import member_epoch_path
@@ -257,3 +258,29 @@ def test_late_joiner_at_a_segment_start_without_tracking(tmp_path):
     assert joined == {n: b for n, b in leader_files.items() if int(n[:20]) >= segment.first_offset}
     joiner.close()
     leader.close()
+
+
+def test_a_failed_write_refuses_more_until_reopened(leader, tmp_path, monkeypatch):
+    write_leader_chunks(leader, 6)
+    follower = follower_log(tmp_path)
+    first, after = span_bytes(leader, 0, 1)
+    follower.accept_chunks(first)
+    rest, _ = span_bytes(leader, after, 10**6)
+    import tierlog.log.segments as segments
+
+    def no_space(fd, parts, total):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(segments, "write_all", no_space)
+    with pytest.raises(SyncFailedError):
+        follower.accept_chunks(rest)
+    monkeypatch.undo()
+    with pytest.raises(SyncFailedError):
+        follower.accept_chunks(rest)
+    follower.close()
+    reopened = StreamLog.open(follower.stream_dir, SMALL, adopt_disk_epoch=True)
+    assert reopened.next_offset in (after, leader.next_offset)
+    replicate(leader, reopened)
+    leader.sync()
+    assert stream_files(reopened.stream_dir) == stream_files(leader.stream_dir)
+    reopened.close()

@@ -234,9 +234,14 @@ class SegmentSet:
             self._open_files()
             active = self.segments[-1]
             size = sum(map(len, chunks))
-            pwrite_all(self._seg_fd, list(chunks), active.size)
-            write_all(self._idx_fd, list(records), INDEX_RECORD_SIZE * len(records))
             self._dirty = True
+            try:
+                pwrite_all(self._seg_fd, list(chunks), active.size)
+                write_all(self._idx_fd, list(records), INDEX_RECORD_SIZE * len(records))
+            except OSError as exc:
+                # part of it may be in the files: nothing more until recovery (reopen)
+                self.sync_failed = exc
+                raise SyncFailedError(f"{self.stream_dir}: write failed: {exc!r}") from exc
             active.size += size
             active.num_chunks += len(chunks)
             active.next_offset = next_offset
