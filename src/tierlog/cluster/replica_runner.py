@@ -125,8 +125,8 @@ class FollowedStream:
         self._put(None, _Follow(leader, epoch))
 
     def deliver(self, peer: str, frame: wire.Frame) -> None:
-        if peer == self.leader:
-            self._cancel_timer()
+        if peer == self.leader and isinstance(frame, wire.Chunks | wire.History | wire.Refused):
+            self._cancel_timer()  # the fetch was answered (a COMMIT does not answer it)
         if self.closed:
             return
         if self.budget is not None and isinstance(frame, wire.Chunks):
