@@ -441,3 +441,20 @@ async def test_failover_converges_every_member_to_the_new_leaders_log(cluster, t
         hubs[n].unfollow(STREAM)
     for log in logs.values():
         log.close()
+
+
+async def test_adoption_is_asked_again_until_the_member_registers(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    recorder = Recorder()
+    n1.lead(STREAM, leader, 3, ("n2",), recorder)
+    n1.request_adopt(STREAM, 3, ("n2",))
+    await asyncio.sleep(0.3)  # n2 does not know the stream yet: UNKNOWN_STREAM
+    assert not recorder.adopted
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member)
+    await until(lambda: "n2" in recorder.adopted, what="adopted once registered")
+    assert member.read_member_epoch() == 3
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()

@@ -308,6 +308,12 @@ class ReplicationHub:
             if isinstance(frame, wire.Refused):
                 if frame.code is wire.RefusalCode.STALE_EPOCH:
                     led.listener.member_refused(peer, frame.highest_epoch)
+                elif frame.code is wire.RefusalCode.UNKNOWN_STREAM and not led.serving:
+                    # the member's node has not registered the stream yet (starting up):
+                    # ask it to adopt again a little later, while the election runs
+                    asyncio.get_running_loop().call_later(
+                        5 * self.retry_delay, self._adopt_again, stream, led, peer
+                    )
             elif frame.epoch > led.epoch:
                 led.listener.member_refused(peer, frame.epoch)  # a newer leader exists
             return
@@ -324,6 +330,10 @@ class ReplicationHub:
                     f"{self.node} holds no member of {stream}",
                 )
             )
+
+    def _adopt_again(self, stream: str, led: LedStream, member: str) -> None:
+        if self.led.get(stream) is led and not led.serving and not led.closed:
+            self.send(member, wire.Adopt(stream, led.epoch))
 
     def _on_fetch(self, link: Link, fetch: wire.Fetch) -> None:
         led = self.led.get(fetch.stream)
