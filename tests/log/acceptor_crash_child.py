@@ -4,6 +4,9 @@ chosen as the crash step is torn: half of it reaches the file first.
 
     python -m tests.log.acceptor_crash_child MODE STREAM_DIR N ARG
 
+or forked from the test process (``run_forked``; the tests do that, it is much
+cheaper than a new interpreter).
+
 MODE ``accept`` (ARG: a file holding the chunk bytes), ``truncate`` (ARG: the
 keep-through chunk id) or ``epoch`` (ARG: the epoch to persist). Exit code 0: the
 operation finished before step N; the process is killed otherwise.
@@ -98,8 +101,8 @@ def install(crash_at: int) -> None:
     os.open = _open  # type: ignore[assignment]
 
 
-def main() -> None:
-    mode, stream_dir, crash_at, arg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def run_operation(mode: str, stream_dir: str, crash_at: int, arg: str) -> None:
+    """Open the log, arm the crash at step ``crash_at``, run the operation."""
     from tierlog.log.member_epoch import persist_member_epoch
     from tierlog.log.writer import StreamLog
 
@@ -117,6 +120,31 @@ def main() -> None:
     else:
         persist_member_epoch(stream_dir, int(arg))
     log.close()
+
+
+def run_forked(mode: str, stream_dir: str, crash_at: int, arg: str) -> int:
+    """Run the operation in a forked child (everything is imported already, so a child
+    costs milliseconds); 0 if it finished, -9 if it was killed at the step."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the test
+        code = 0
+        try:
+            run_operation(mode, stream_dir, crash_at, arg)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def main() -> None:
+    mode, stream_dir, crash_at, arg = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    run_operation(mode, stream_dir, crash_at, arg)
     sys.exit(0)
 
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.faults.registry import DAMAGES, FILE_KINDS
 from tests.faults.replica_kinds import REPLICA_CAMPAIGN, ReplicaStream
+from tests.log.acceptor_crash_child import run_forked
 from tests.log.acceptor_helpers import (
     SMALL,
     replicate,
@@ -31,24 +30,10 @@ MAX_STEPS = 80
 
 
 def run_child(mode: str, stream_dir: str, crash_at: int, arg: str) -> int:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.log.acceptor_crash_child",
-            mode,
-            stream_dir,
-            str(crash_at),
-            arg,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        timeout=60,
-    )
-    assert done.returncode in (0, -9), done.stderr.decode()[-2000:]
-    return done.returncode
+    """The operation in a child process killed (SIGKILL) at step ``crash_at``."""
+    code = run_forked(mode, stream_dir, crash_at, arg)
+    assert code in (0, -9), f"child failed with {code} (traceback above)"
+    return code
 
 
 def chunk_boundaries(data: bytes) -> list[int]:
@@ -113,6 +98,7 @@ def test_kill_at_every_step_of_accepting_chunks(leader, tmp_path):
         shutil.rmtree(work.parent)
         shutil.rmtree(reference.parent)
         if code == 0:
+            print(f"accept: killed at each of {step - 1} steps")
             break
     else:
         pytest.fail("the accept never finished")
@@ -155,6 +141,7 @@ def test_kill_at_every_step_of_truncation(leader, tmp_path):
         assert not os.path.exists(work / "truncate.intent")
         shutil.rmtree(work.parent)
         if code == 0:
+            print(f"truncation: killed at each of {step - 1} steps")
             break
     else:
         pytest.fail("the truncation never finished")
