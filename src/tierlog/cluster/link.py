@@ -256,10 +256,10 @@ class Link:
                 if sent != length:
                     raise LinkError(f"{path}: sent {sent} of {length} bytes (file shrank)")
                 self.bytes_sent += len(header) + length
-        except (OSError, ConnectionError, LinkError, RuntimeError) as exc:
-            self._fail(exc)
         except asyncio.CancelledError:
             pass
+        except Exception as exc:  # a link that cannot send is closed, never left half-dead
+            self._fail(exc)
 
     async def _receive_loop(self) -> None:
         try:
