@@ -209,10 +209,8 @@ def _flush(log: StreamLog, batch: list[memoryview], records: list[bytes]) -> Non
         return
     segments: SegmentSet = log._segments
     active = segments.active
-    first_position = active.size
     last = decode_header(batch[-1])
     segments.append_raw(batch, records, last.next_offset)
-    position = first_position
     history: EpochHistory = log._history
     tracking = log._tracking
     for chunk in batch:
@@ -222,7 +220,6 @@ def _flush(log: StreamLog, batch: list[memoryview], records: list[bytes]) -> Non
             _replay(tracking, header, chunk)
         if log._first_timestamp == 0:
             log._first_timestamp = header.timestamp
-        position += len(chunk)
     log._next_offset = last.next_offset
     log._last_chunk_id = last.chunk_id
     log._last_timestamp = last.timestamp
