@@ -11,7 +11,7 @@ import glob
 import os
 
 from tests.faults.registry import FileKind, Target, register_file_kind
-from tests.faults.stream import CampaignStream
+from tests.faults.stream import ENCRYPTED_CAMPAIGN, CampaignStream
 from tierlog.formats.fragment import TRAILER_SIZE
 from tierlog.formats.fragment_v2 import decode_trailer
 
@@ -59,11 +59,13 @@ def key_index_files(stream: CampaignStream) -> list[Target]:
 
 
 for kind in (
-    FileKind("sealed manifest root", sealed_roots, False, encrypted=True),
-    FileKind("sealed manifest branch", sealed_branches, False, encrypted=True),
-    FileKind("encrypted fragment frames", encrypted_frames, False, encrypted=True),
-    FileKind("encrypted fragment index", encrypted_fragment_index, False, encrypted=True),
-    FileKind("key-index manifest", key_index_manifests, False, encrypted=True),
-    FileKind("sealed key-index file", key_index_files, False, encrypted=True),
+    FileKind("sealed manifest root", sealed_roots, False, campaign=ENCRYPTED_CAMPAIGN),
+    FileKind("sealed manifest branch", sealed_branches, False, campaign=ENCRYPTED_CAMPAIGN),
+    FileKind("encrypted fragment frames", encrypted_frames, False, campaign=ENCRYPTED_CAMPAIGN),
+    FileKind(
+        "encrypted fragment index", encrypted_fragment_index, False, campaign=ENCRYPTED_CAMPAIGN
+    ),
+    FileKind("key-index manifest", key_index_manifests, False, campaign=ENCRYPTED_CAMPAIGN),
+    FileKind("sealed key-index file", key_index_files, False, campaign=ENCRYPTED_CAMPAIGN),
 ):
     register_file_kind(kind)

@@ -52,6 +52,8 @@ COLD = StreamSettings(compression="zstd", dictionary=True, encryption="aes-256-g
 key-index files and key-index manifest are all sealed."""
 CAMPAIGN_KEYS = Keyring([("campaign", bytes(range(32)))])
 KEY_WINDOW_MS = 5
+ENCRYPTED_CAMPAIGN = "encrypted-tiered-stream"
+"""The file kinds' ``campaign`` of the stream built with ``build(..., encrypted=True)``."""
 LOOKUP_KEY = b"7/1"
 
 
