@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tests.faults.cold_kinds  # noqa: F401  (registers the encrypted file kinds)
+import tests.faults.cold_kinds  # registers the encrypted file kinds
 import tests.faults.kinds  # noqa: F401  (registers the file kinds)
 from tests.faults.kinds import META_POINTER
 from tests.faults.registry import DAMAGES, FILE_KINDS, Target
