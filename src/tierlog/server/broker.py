@@ -272,9 +272,7 @@ class StreamHandle:
             return
         future = self.executor.submit(self._write_group, ops)
         loop = asyncio.get_running_loop()
-        future.add_done_callback(
-            lambda f: loop.call_soon_threadsafe(self._group_finished, ops, f)
-        )
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._group_finished, ops, f))
 
     def _write_inline(self, ops: list[_Op]) -> bool:
         """In ``os`` sync mode a group is a ``pwritev`` per chunk into the page cache,

@@ -82,6 +82,7 @@ COMMIT_TICK_DELAY = 0.02
 commit would wake the event pool for every group commit (thousands per second with
 small publish frames) for decisions that only change at fragment size or age."""
 
+
 class StreamTierer(RetentionMixin):
     """Tiers one stream's committed local log to the remote tier."""
 
