@@ -54,6 +54,7 @@ from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
+from tierlog.server.subscriptions import DeliveryTurns
 from tierlog.server.tiered_source import StreamChunkSource
 
 log = get_logger("tierlog.server.broker")
@@ -515,6 +516,7 @@ class Broker:
         self.catalog_loaded = asyncio.Event()
         self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.writers = SerialPool(config.server.writer_threads, "writer")
+        self.delivery_turns = DeliveryTurns()
         self.all_open = asyncio.Event()
         self._closing = False
 
