@@ -14,10 +14,14 @@ tiering on, default prefetch: 4 MiB requests, AIMD window, 256 MiB hard budget):
 3. Remote read: a lean consumer (``benches/lean_client.py``: our codec, per-chunk work
    only) reads ``cold`` from ``first``; then raw ranged GETs of the same fragment objects
    with the server's request size and concurrency (``S3ObjectStore.get_view``, 8 at a
-   time, 4 MiB). Local read: the lean consumer reads ``local`` (page cache warm).
+   time, 4 MiB). ``--rounds`` (3) pairs, the side that goes first alternating; the ratio
+   is the median of the pairs' ratios. Local read: the lean consumer reads ``local``
+   (page cache warm).
 4. 100 cold consumers (``--readers``) each read ``--reader-mib`` from ``first`` of
    ``cold`` at once, while a publisher sends 10 x 100 B frames every 5 ms to a third
    stream and times each confirm; the same publisher ran alone before (idle). The
+   publisher runs in a process of its own: in this process the readers' 100 threads
+   would hold its GIL, and its latency would measure the bench client. The
    server's RSS (/proc/<pid>/status) is sampled every 50 ms; the baseline is taken
    right before the readers start, ``after`` 10 s after they all closed.
 
