@@ -160,12 +160,37 @@ def gets(server: Server) -> float:
     return server.metric_sum("tierlog_object_store_requests_total", r'op="get')
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CPU_PIDS: dict[str, int] = {}
+"""Processes whose CPU time each read pass reports (server, SeaweedFS)."""
+
+
+def cpu_report(before: dict[str, float], size: int) -> str:
+    parts = [
+        f"{name} {(cpu_seconds(pid) - before[name]) / (size / 2**30):.2f}"
+        for name, pid in CPU_PIDS.items()
+    ]
+    return "CPU-s per GiB: " + ", ".join(parts)
+
+
+def cpu_snapshot() -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in CPU_PIDS.items()}
+
+
 def lean_read(server: Server, stream: str, messages: int) -> tuple[float, int]:
     """(seconds, chunk bytes) for one lean consumer reading ``stream`` from first."""
     consumer = LeanConsumer("127.0.0.1", server.port, stream, credit=16)
+    before = cpu_snapshot()
     started = time.perf_counter()
     records, size = consumer.read_until(messages)
     seconds = time.perf_counter() - started
+    print(f"    lean read of {stream}: {cpu_report(before, size)}", flush=True)
     consumer.close()
     assert records >= messages, (records, messages)
     return seconds, size
@@ -178,13 +203,16 @@ def raw_gets(store: S3ObjectStore, objects: list[tuple[str, int]]) -> tuple[floa
         for key, size in objects
         for start in range(0, size, REQUEST)
     ]
+    before = cpu_snapshot()
     started = time.perf_counter()
     total = 0
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         for view in pool.map(lambda r: store.get_view(*r), ranges):
             total += len(view)
             del view
-    return time.perf_counter() - started, total
+    seconds = time.perf_counter() - started
+    print(f"    raw GETs: {cpu_report(before, total)}", flush=True)
+    return seconds, total
 
 
 def hot_publisher(
@@ -319,6 +347,7 @@ def main() -> int:
     )
     try:
         with tierlog_server(workdir, seaweed, prefix) as server:
+            CPU_PIDS.update(server=server.proc.pid, seaweed=seaweed.pid, bench=os.getpid())
             run(server, store, args)
     finally:
         store.close()
