@@ -1,6 +1,7 @@
-"""Batch reads that include the un-tiered tail through a real ``tierlog serve``: the
-manifest part and the tail meet exactly (no gap, no duplicate) while the server keeps
-tiering between and during the reads."""
+"""Batch and streaming reads that include the un-tiered tail through a real ``tierlog
+serve``: the manifest part and the tail meet exactly (no gap, no duplicate) while the server
+keeps tiering between and during the reads; a streaming query sees a message as soon as the
+server confirmed it, long before it is tiered."""
 
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ from tierlog.spark.planning import plan_read
 pytestmark = pytest.mark.spark
 
 STREAM = "tailed"
+FOLLOWED = "followed"  # streaming query while tiering runs
+UNTIERED = "untiered"  # tiering only after an hour
 STREAM_ARGS = {
     "x-tierlog-fragment-bytes": str(1 << 20),
     "x-tierlog-max-fragment-age": "1s",
     "x-tierlog-debounce-seconds": "0.1",
     "x-tierlog-local-max-bytes": "1",  # tiered data is served from the remote tier
 }
+UNTIERED_ARGS = {"x-tierlog-fragment-bytes": str(64 << 20), "x-tierlog-max-fragment-age": "1h"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerPr
     try:
         with StreamClient.connect(proc.host, proc.stream_port) as client:
             client.create_stream(STREAM, STREAM_ARGS)
+            client.create_stream(FOLLOWED, STREAM_ARGS)
+            client.create_stream(UNTIERED, UNTIERED_ARGS)
         yield proc
     finally:
         try:
@@ -45,12 +51,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerPr
             connections.close_all()
 
 
-def publish(server: TierlogServerProcess, bodies: list[bytes]) -> None:
+def publish(server: TierlogServerProcess, bodies: list[bytes], stream: str = STREAM) -> None:
     lengths = np.array([len(b) for b in bodies], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     data = np.frombuffer(b"".join(bodies), dtype=np.uint8)
     with StreamClient.connect(server.host, server.stream_port) as client:
-        client.declare_publisher(0, STREAM)
+        client.declare_publisher(0, stream)
         for lo in range(0, len(bodies), 50):  # several chunks
             hi = min(lo + 50, len(bodies))
             ids = np.arange(lo + 1, hi + 1, dtype=np.uint64)
@@ -58,18 +64,18 @@ def publish(server: TierlogServerProcess, bodies: list[bytes]) -> None:
             client.wait_for_confirms(0)
 
 
-def options(proc: TierlogServerProcess, **extra: str) -> dict[str, str]:
+def options(proc: TierlogServerProcess, stream: str = STREAM, **extra: str) -> dict[str, str]:
     data = proc.data_dir
     return {
-        "stream": STREAM,
+        "stream": stream,
         "objectStore": f"file://{data / 'objects'}",
         "metaStore": f"sqlite://{data / 'meta.db'}",
         **extra,
     }
 
 
-def tiered_next(server: TierlogServerProcess) -> int:
-    (plan,) = plan_read(parse_options(options(server)))
+def tiered_next(server: TierlogServerProcess, stream: str = STREAM) -> int:
+    (plan,) = plan_read(parse_options(options(server, stream)))
     return plan.next_offset
 
 
@@ -122,6 +128,80 @@ def test_tail_options_are_checked() -> None:
         parse_options({**base, "includeTail": "true"})
     with pytest.raises(ConfigError, match="only apply with includeTail"):
         parse_options({**base, "includeTail": "false", "password": "x"})
-    opts = parse_options({**base, "server": "h:1"})
-    with pytest.raises(ConfigError, match="only apply to batch"):
-        opts.check_mode("stream")
+    parse_options({**base, "server": "h:1"}).check_mode("stream")  # streaming reads too
+
+
+class Follower:
+    """A running streaming query over one stream: the rows of every micro-batch, and for
+    each whether it read past the manifest's next offset of that moment (the tail)."""
+
+    def __init__(self, spark: Any, server: TierlogServerProcess, stream: str, cp: str) -> None:
+        self.rows: list[tuple[int, bytes]] = []
+        self.tail_batches = 0
+        self.server, self.stream = server, stream
+        address = f"{server.host}:{server.stream_port}"
+        self.query = (
+            spark.readStream.format("tierlog")
+            .options(**options(server, stream, server=address))
+            .load()
+            .writeStream.foreachBatch(self._collect)
+            .option("checkpointLocation", cp)
+            .trigger(processingTime="300 milliseconds")
+            .start()
+        )
+
+    def _collect(self, df: Any, batch_id: int) -> None:
+        tiered = tiered_next(self.server, self.stream)
+        rows = [(r["offset"], bytes(r["body"])) for r in df.select("offset", "body").collect()]
+        self.rows += sorted(rows)
+        self.tail_batches += any(offset >= tiered for offset, _ in rows)
+
+    def wait_for(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.rows) < count and time.monotonic() < deadline:
+            assert self.query.exception() is None, self.query.exception()
+            time.sleep(0.1)
+        assert len(self.rows) >= count, f"{len(self.rows)} of {count} rows after {timeout}s"
+
+    def stop(self) -> None:
+        self.query.stop()
+
+
+def test_streaming_query_sees_messages_before_they_are_tiered(
+    spark: Any, server: TierlogServerProcess, tmp_path: Any
+) -> None:
+    follower = Follower(spark, server, UNTIERED, str(tmp_path / "cp"))
+    try:
+        first = [b"fresh-%03d" % i for i in range(20)]
+        publish(server, first, UNTIERED)
+        started = time.monotonic()
+        follower.wait_for(20, timeout=30)
+        latency = time.monotonic() - started
+        more = [b"more-%03d" % i for i in range(30)]
+        publish(server, more, UNTIERED)
+        follower.wait_for(50, timeout=30)
+    finally:
+        follower.stop()
+    assert tiered_next(server, UNTIERED) == 0, "the stream was tiered: the test proves nothing"
+    assert follower.rows == list(enumerate(first + more))
+    assert latency < 15, f"the query saw confirmed messages only after {latency:.1f}s"
+
+
+def test_streaming_tail_meets_the_manifest_while_tiering(
+    spark: Any, server: TierlogServerProcess, tmp_path: Any
+) -> None:
+    follower = Follower(spark, server, FOLLOWED, str(tmp_path / "cp"))
+    published: list[bytes] = []
+    try:
+        for round_ in range(8):
+            batch = [b"f%d-%04d" % (round_, i) for i in range(120)]
+            publish(server, batch, FOLLOWED)
+            published += batch
+            time.sleep(0.25 * (round_ % 4))  # tiering moves the boundary between and during
+        follower.wait_for(len(published), timeout=90)
+        time.sleep(1.0)  # a duplicate would show up in a later micro-batch
+    finally:
+        follower.stop()
+    assert tiered_next(server, FOLLOWED) > 0, "nothing was tiered: the test proves nothing"
+    assert follower.rows == list(enumerate(published)), "gap or duplicate at the boundary"
+    assert follower.tail_batches > 0, "no micro-batch read beyond the manifest"
