@@ -3,9 +3,11 @@ worker started here with ``spark-class`` from the installed pyspark, on free loo
 ports, stopped by PID -- against SeaweedFS (object store) and etcd (MetaStore).
 
 Every driver is a separate process (one SparkContext per process, and the test session
-already has a local one): the ``tierlog spark`` CLI with ``--master spark://...`` for scrub
-and the Iceberg export, and a small PySpark script for a read. The master's JSON status
-shows the applications really ran on the cluster."""
+already has a local one): the ``tierlog spark`` CLI with ``--master spark://...`` for scrub,
+and one PySpark application that reads with the data source and runs the Iceberg export
+(each application costs a driver and an executor JVM, so the module stays at two). The
+master's JSON status shows the applications really ran on the cluster. JVMs run with C1
+only and the serial GC: they live seconds, on a small shared machine."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.etcd]
 SRC = str(Path(tierlog.__file__).resolve().parents[1])  # this checkout's tierlog wins
 SPARK_HOME = str(Path(pyspark.__file__).resolve().parent)
 JOB_TIMEOUT_S = 120
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss1m"
 
 
 @dataclass
@@ -77,6 +80,8 @@ def _environment(work: Path) -> dict[str, str]:
         AWS_ACCESS_KEY_ID=seaweed_plugin.ACCESS_KEY,
         AWS_SECRET_ACCESS_KEY=seaweed_plugin.SECRET_KEY,
         AWS_REGION=seaweed_plugin.REGION,
+        SPARK_DAEMON_JAVA_OPTS=QUICK_JVM,  # master and worker
+        SPARK_SUBMIT_OPTS=QUICK_JVM,  # drivers
     )
     return env
 
@@ -170,6 +175,7 @@ def run_job(cluster: Cluster, bucket: RemoteBucket, *args: str) -> tuple[int, st
         "--prefix", bucket.prefix,
         "--conf", "spark.executor.memory=768m", "--conf", "spark.driver.host=127.0.0.1",
         "--conf", "spark.ui.enabled=false", "--conf", f"spark.executorEnv.PYTHONPATH={SRC}",
+        "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
     ]  # fmt: skip
     done = subprocess.run(
         command, env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
@@ -196,19 +202,65 @@ def test_scrub_on_the_cluster(cluster: Cluster, remote_bucket: RemoteBucket) -> 
     assert "tierlog-scrub" in cluster.app_names()
 
 
+APPLICATION = """
+import json, sys
+from pyspark.sql import SparkSession
+from tierlog.spark.session import register
+from tierlog.spark.jobs.common import RemoteTier
+from tierlog.spark.jobs.iceberg_catalog import catalog_config
+from tierlog.spark.jobs.iceberg_export import run_iceberg_export
+master, store, meta, prefix, src, warehouse, jvm = sys.argv[1:8]
+spark = (SparkSession.builder.master(master).appName("tierlog-read-export")
+         .config("spark.executor.memory", "768m").config("spark.driver.host", "127.0.0.1")
+         .config("spark.ui.enabled", "false").config("spark.executorEnv.PYTHONPATH", src)
+         .config("spark.executor.extraJavaOptions", jvm)
+         .getOrCreate())
+register(spark)
+df = (spark.read.format("tierlog").option("streams", "orders,clicks")
+      .option("objectStore", store).option("metaStore", meta).option("prefix", prefix).load())
+rows = df.select("stream", "offset", "body").collect()
+read = sorted([r["stream"], r["offset"], bytes(r["body"]).decode()] for r in rows)
+tier = RemoteTier.create(store, meta, prefix)
+report = run_iceberg_export(spark, tier, catalog_config("sql", warehouse), table="all")
+print(json.dumps({"read": read, "export": report.to_dict()}))
+spark.stop()
+"""
+
+
+@pytest.fixture(scope="module")
+def application(
+    cluster: Cluster, remote_bucket: RemoteBucket, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """Run the read + export application once; its output and warehouse."""
+    b = remote_bucket
+    warehouse = tmp_path_factory.mktemp("warehouse")
+    done = subprocess.run(
+        [sys.executable, "-c", APPLICATION, cluster.master_url, b.store_uri, b.meta_uri,
+         b.prefix, SRC, str(warehouse), QUICK_JVM],
+        env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = dict(json.loads(done.stdout.splitlines()[-1]))
+    result["warehouse"] = str(warehouse)
+    return result
+
+
+def test_read_on_the_cluster(
+    cluster: Cluster, remote_bucket: RemoteBucket, application: dict[str, Any]
+) -> None:
+    rows = [(s, o, body.encode()) for s, o, body in application["read"]]
+    assert rows == expected(remote_bucket)
+    assert "tierlog-read-export" in cluster.app_names()
+
+
 def test_iceberg_export_on_the_cluster(
-    cluster: Cluster, remote_bucket: RemoteBucket, tmp_path: Path
+    remote_bucket: RemoteBucket, application: dict[str, Any]
 ) -> None:
     from tierlog.spark.jobs.iceberg_catalog import catalog_config, open_catalog
 
-    warehouse = tmp_path / "warehouse"
-    code, out, err = run_job(
-        cluster, remote_bucket, "export", str(warehouse), "--format", "iceberg", "--table", "all"
-    )
-    assert code == 0, err[-3000:]
-    assert json.loads(out)["tables"][0]["files_added"] > 0
-    table = open_catalog(catalog_config("sql", str(warehouse))).load_table(("tierlog", "all"))
-    data = table.scan().to_arrow()
+    assert application["export"]["tables"][0]["files_added"] > 0
+    catalog = open_catalog(catalog_config("sql", application["warehouse"]))
+    data = catalog.load_table(("tierlog", "all")).scan().to_arrow()
     rows = sorted(
         zip(
             data.column("stream").to_pylist(),
@@ -218,35 +270,3 @@ def test_iceberg_export_on_the_cluster(
         )
     )
     assert rows == expected(remote_bucket)
-    assert "tierlog-export" in cluster.app_names()
-
-
-READ_SCRIPT = """
-import json, sys
-from pyspark.sql import SparkSession
-from tierlog.spark.session import register
-master, store, meta, prefix, src = sys.argv[1:6]
-spark = (SparkSession.builder.master(master).appName("tierlog-read")
-         .config("spark.executor.memory", "768m").config("spark.driver.host", "127.0.0.1")
-         .config("spark.ui.enabled", "false").config("spark.executorEnv.PYTHONPATH", src)
-         .getOrCreate())
-register(spark)
-df = (spark.read.format("tierlog").option("streams", "orders,clicks")
-      .option("objectStore", store).option("metaStore", meta).option("prefix", prefix).load())
-rows = df.select("stream", "offset", "body").collect()
-print(json.dumps(sorted([r["stream"], r["offset"], bytes(r["body"]).decode()] for r in rows)))
-spark.stop()
-"""
-
-
-def test_read_on_the_cluster(cluster: Cluster, remote_bucket: RemoteBucket) -> None:
-    b = remote_bucket
-    done = subprocess.run(
-        [sys.executable, "-c", READ_SCRIPT, cluster.master_url, b.store_uri, b.meta_uri,
-         b.prefix, SRC],
-        env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [(s, o, body.encode()) for s, o, body in json.loads(done.stdout.splitlines()[-1])]
-    assert rows == expected(b)
-    assert "tierlog-read" in cluster.app_names()
