@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from tierlog.spark.batch import TailPartition, TaskPartition, TierlogBatchReader
 from tierlog.spark.client import StreamClient
 from tierlog.spark.options import parse_options
 from tierlog.spark.planning import plan_read
+from tierlog.spark.reading import traced_reads
 
 pytestmark = pytest.mark.spark
 
@@ -132,17 +134,20 @@ def test_tail_options_are_checked() -> None:
 
 
 class Follower:
-    """A running streaming query over one stream: the rows of every micro-batch, and for
-    each whether it read past the manifest's next offset of that moment (the tail)."""
+    """A running streaming query over one stream and the rows of its micro-batches; the
+    tasks trace every fragment they read from the remote tier (``traceDir``), so what was
+    read through the server shows afterwards."""
 
     def __init__(self, spark: Any, server: TierlogServerProcess, stream: str, cp: str) -> None:
         self.rows: list[tuple[int, bytes]] = []
-        self.tail_batches = 0
         self.server, self.stream = server, stream
+        self.trace = Path(cp) / "trace"
+        self.trace.mkdir(parents=True)
         address = f"{server.host}:{server.stream_port}"
+        opts = options(server, stream, server=address, traceDir=str(self.trace))
         self.query = (
             spark.readStream.format("tierlog")
-            .options(**options(server, stream, server=address))
+            .options(**opts)
             .load()
             .writeStream.foreachBatch(self._collect)
             .option("checkpointLocation", cp)
@@ -151,10 +156,8 @@ class Follower:
         )
 
     def _collect(self, df: Any, batch_id: int) -> None:
-        tiered = tiered_next(self.server, self.stream)
         rows = [(r["offset"], bytes(r["body"])) for r in df.select("offset", "body").collect()]
         self.rows += sorted(rows)
-        self.tail_batches += any(offset >= tiered for offset, _ in rows)
 
     def wait_for(self, count: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -165,6 +168,14 @@ class Follower:
 
     def stop(self) -> None:
         self.query.stop()
+
+    def rows_from_the_tier(self) -> int:
+        """Offsets of the rows read that lie in a fragment the tasks read."""
+        traced = {first for _, first in traced_reads(str(self.trace))}
+        (plan,) = plan_read(parse_options(options(self.server, self.stream)))
+        fragments = [f for f in plan.fragments if f.first_offset in traced]
+        spans = [(f.first_offset, f.next_offset) for f in fragments]
+        return sum(1 for o, _ in self.rows if any(lo <= o < hi for lo, hi in spans))
 
 
 def test_streaming_query_sees_messages_before_they_are_tiered(
@@ -204,4 +215,32 @@ def test_streaming_tail_meets_the_manifest_while_tiering(
         follower.stop()
     assert tiered_next(server, FOLLOWED) > 0, "nothing was tiered: the test proves nothing"
     assert follower.rows == list(enumerate(published)), "gap or duplicate at the boundary"
-    assert follower.tail_batches > 0, "no micro-batch read beyond the manifest"
+    from_tier = follower.rows_from_the_tier()
+    assert from_tier < len(published), "no micro-batch read through the server"
+
+
+def test_streaming_limits_take_the_tail_and_need_the_server(
+    server: TierlogServerProcess,
+) -> None:
+    from pyspark.sql.streaming.datasource import ReadMaxBytes, ReadMaxRows
+
+    from tierlog.spark.errors import StreamUnavailableError
+    from tierlog.spark.streaming import TierlogStreamReader
+
+    publish(server, [b"limit-%03d" % i for i in range(40)], UNTIERED)
+    address = f"{server.host}:{server.stream_port}"
+    reader = TierlogStreamReader(parse_options(options(server, UNTIERED, server=address)))
+    head = reader.reportLatestOffset()[UNTIERED]
+    assert head >= 40 and tiered_next(server, UNTIERED) == 0  # all of it is tail
+    start = {UNTIERED: 0}
+    # A byte limit takes the tail as one unit: a query never stalls on un-tiered data.
+    assert reader.latestOffset(start, ReadMaxBytes(1)) == {UNTIERED: head}
+    assert reader.latestOffset(start, ReadMaxRows(7)) == {UNTIERED: 7}
+    (part,) = reader.partitions(start, {UNTIERED: 7})
+    assert isinstance(part, TailPartition)
+    rows = [r for b in reader.read(part) for r in b.column("offset").to_pylist()]
+    assert rows == list(range(7))
+    # Offsets past the manifest (from a checkpoint) cannot be read without the server.
+    plain = TierlogStreamReader(parse_options(options(server, UNTIERED)))
+    with pytest.raises(StreamUnavailableError, match="not tiered yet"):
+        plain.partitions(start, {UNTIERED: 7})
