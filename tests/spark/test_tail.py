@@ -170,7 +170,7 @@ class Follower:
         self.query.stop()
 
     def rows_from_the_tier(self) -> int:
-        """Offsets of the rows read that lie in a fragment the tasks read."""
+        """How many of the rows read lie in a fragment the tasks read."""
         traced = {first for _, first in traced_reads(str(self.trace))}
         (plan,) = plan_read(parse_options(options(self.server, self.stream)))
         fragments = [f for f in plan.fragments if f.first_offset in traced]
@@ -195,12 +195,14 @@ def test_streaming_query_sees_messages_before_they_are_tiered(
         follower.stop()
     assert tiered_next(server, UNTIERED) == 0, "the stream was tiered: the test proves nothing"
     assert follower.rows == list(enumerate(first + more))
+    assert follower.rows_from_the_tier() == 0  # every row came through the server
     assert latency < 15, f"the query saw confirmed messages only after {latency:.1f}s"
 
 
 def test_streaming_tail_meets_the_manifest_while_tiering(
     spark: Any, server: TierlogServerProcess, tmp_path: Any
 ) -> None:
+    """Real Spark, a processing-time query, publishing and tiering all the while."""
     follower = Follower(spark, server, FOLLOWED, str(tmp_path / "cp"))
     published: list[bytes] = []
     try:
@@ -215,8 +217,49 @@ def test_streaming_tail_meets_the_manifest_while_tiering(
         follower.stop()
     assert tiered_next(server, FOLLOWED) > 0, "nothing was tiered: the test proves nothing"
     assert follower.rows == list(enumerate(published)), "gap or duplicate at the boundary"
-    from_tier = follower.rows_from_the_tier()
-    assert from_tier < len(published), "no micro-batch read through the server"
+
+
+def test_micro_batches_split_at_a_moving_boundary(server: TierlogServerProcess) -> None:
+    """The source's own calls, as Spark makes them (latestOffset, then partitions and a
+    read of each): each micro-batch spans records already tiered and records published a
+    moment ago, with tiering cutting into the latter before, during or after planning; the
+    two parts meet exactly."""
+    from tierlog.spark.streaming import TierlogStreamReader
+
+    stream = STREAM + "_split"
+    with StreamClient.connect(server.host, server.stream_port) as client:
+        client.create_stream(stream, STREAM_ARGS)
+    address = f"{server.host}:{server.stream_port}"
+    reader = TierlogStreamReader(parse_options(options(server, stream, server=address)))
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    position = reader.initialOffset()
+    published: list[bytes] = []
+    read: list[tuple[int, bytes]] = []
+    split_batches = 0
+    for round_ in range(6):
+        tiered = [b"t%02d-%04d" % (round_, i) for i in range(100)]
+        publish(server, tiered, stream)
+        published += tiered
+        deadline = time.monotonic() + 30
+        while tiered_next(server, stream) < len(published):  # this part reaches the tier
+            assert time.monotonic() < deadline, "not tiered in time"
+            time.sleep(0.1)
+        fresh = [b"f%02d-%04d" % (round_, i) for i in range(100)]
+        publish(server, fresh, stream)  # and this part is read before it is tiered (1 s)
+        published += fresh
+        end = reader.latestOffset(position, ReadAllAvailable())
+        time.sleep(0.5 * (round_ % 3))  # ... or while it is being tiered, or after
+        parts = reader.partitions(position, end)
+        kinds = {type(p) for p in parts}
+        split_batches += kinds == {TaskPartition, TailPartition}
+        for part in parts:
+            for b in reader.read(part):
+                offsets = b.column("offset").to_pylist()
+                read += zip(offsets, (bytes(x) for x in b.column("body").to_pylist()), strict=True)
+        position = end
+    assert read == list(enumerate(published)), "gap or duplicate at the boundary"
+    assert split_batches > 0, "no micro-batch had both a tiered part and a tail"
 
 
 def test_streaming_limits_take_the_tail_and_need_the_server(
