@@ -198,3 +198,29 @@ def test_export_command_refuses_iceberg_options_for_parquet(tmp_path: Path) -> N
     assert main([*base, "--table", "events"]) == 2
     assert main([*base, "--format", "iceberg", "--target-file-bytes", "10"]) == 2
     assert main([*base, "--format", "iceberg", "--catalog", "rest"]) == 2
+
+
+@FS_ONLY
+def test_a_concurrent_export_makes_the_slower_commit_fail(
+    spark: Any, tiered_bucket: TieredBucket, tmp_path: Path
+) -> None:
+    stream = tiered_bucket.add_stream("orders")
+    stream.append([b"o%05d" % i for i in range(500)])
+    stream.tier()
+    tier = tier_of(tiered_bucket)
+    config = catalog_config("sql", str(tmp_path / "warehouse"))
+    run_iceberg_export(spark, tier, config)  # the table exists
+    stream.append([b"p%05d" % i for i in range(300)])
+    stream.tier()
+    raced: list[int] = []
+
+    def other_export_first(table: str, files: list[str]) -> None:
+        if not raced:  # the same range, exported and committed by another run meanwhile
+            raced.append(1)
+            run_iceberg_export(spark, tier, config)
+
+    with pytest.raises(IcebergCatalogError, match="changed while this export ran"):
+        run_iceberg_export(spark, tier, config, before_commit=other_export_first)
+    catalog = open_catalog(config)
+    assert table_rows(catalog, "orders") == tiered_rows(stream)  # once each, not twice
+    assert run_iceberg_export(spark, tier, config).tables == []

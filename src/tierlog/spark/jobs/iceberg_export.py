@@ -12,7 +12,9 @@ So the table and its state change together or not at all: a run that dies after 
 its Parquet files and before the commit leaves files no snapshot references (orphans in
 their run's directory, never added later: each run adds only its own directory's files),
 and the next run exports the same range again. The commit is optimistic: when another
-writer committed to the table in between, pyiceberg refuses it and nothing is added.
+writer committed to the table in between, the commit fails and nothing is added (the
+tables have ``commit.retry.num-retries=0``: pyiceberg would otherwise re-apply the append
+on top of a concurrent export of the same range).
 
 Tables: one per stream (named after the stream, ``[a-z0-9_]``), or one table for all
 streams with ``table=NAME`` (the ``stream`` column tells them apart). Schema: the tierlog
@@ -49,6 +51,10 @@ from tierlog.spark.jobs.iceberg_catalog import IcebergCatalogConfig, open_catalo
 STATE_PROPERTY = "tierlog.export-state"
 RUN_PROPERTY = "tierlog.export-run"
 PARTITION_FIELD = "timestamp_day"
+# pyiceberg retries a failed append on the new table state: after a concurrent export of
+# the same range that would add the rows twice. The export's tables do not retry: a commit
+# that lost the race fails and the next run starts from the winner's state.
+NO_RETRIES = {"commit.retry.num-retries": "0"}
 DEFAULT_TARGET_FILE_BYTES = 128 * 1024 * 1024
 _TABLE_NAME = re.compile(r"[^a-z0-9_]+")
 
@@ -226,6 +232,8 @@ def _export_table(
     say: Progress,
     before_commit: Callable[[str, list[str]], None] | None,
 ) -> None:
+    from pyiceberg.exceptions import CommitFailedException
+
     df = read_exports(spark, tier, result.streams, include_amqp)
     iceberg_table = _ensure_table(catalog, config, result.table, df)
     staging = f"{iceberg_table.location().rstrip('/')}/data/tierlog-{run_id}"
@@ -244,6 +252,11 @@ def _export_table(
         with iceberg_table.transaction() as tx:
             # The run's directory is new, so no file can already be in the table.
             tx.add_files(files, snapshot_properties=properties, check_duplicate_files=False)
+    except CommitFailedException as exc:
+        raise IcebergCatalogError(
+            f"table {config.namespace}.{result.table} changed while this export ran (another "
+            f"writer committed); nothing was added, run the export again ({exc})"
+        ) from None
     except ValueError as exc:  # pyiceberg's schema compatibility check
         raise IcebergCatalogError(
             f"table {config.namespace}.{result.table} does not take these files: {exc}"
@@ -263,14 +276,20 @@ def _ensure_table(catalog: Any, config: IcebergCatalogConfig, name: str, df: Any
 
     identifier = (config.namespace, name)
     try:
-        return catalog.load_table(identifier)
+        table = catalog.load_table(identifier)
     except NoSuchTableError:
-        pass
+        table = None
+    if table is not None:
+        if table.metadata.properties.get("commit.retry.num-retries") != "0":
+            with table.transaction() as tx:
+                tx.set_properties(**NO_RETRIES)
+            table = catalog.load_table(identifier)
+        return table
     # Every column optional: Spark reads Parquet back as nullable, so files it rewrites
     # (compaction) declare every column optional, and a required table column refuses them.
     arrow = to_arrow_schema(df.drop(DATE_COLUMN).schema, timezone="UTC")
     schema = pa.schema([_optional(f) for f in arrow])
-    table = catalog.create_table_if_not_exists(identifier, schema=schema)
+    table = catalog.create_table_if_not_exists(identifier, schema=schema, properties=NO_RETRIES)
     if not table.spec().fields:
         with table.update_spec() as spec:
             spec.add_field("timestamp", DayTransform(), PARTITION_FIELD)
@@ -336,7 +355,7 @@ def _compact(
     say: Progress,
 ) -> None:
     """Rewrite each day's small files into one, swapped in one overwrite commit."""
-    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
     from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
     try:
@@ -366,13 +385,19 @@ def _compact(
     spark.sparkContext.setJobDescription(None)
     new_files = list_parquet_files(spark, target)
     properties = {STATE_PROPERTY: encode_state(table_state(table)), RUN_PROPERTY: "compaction"}
-    with table.transaction() as tx:
-        rewrite = tx.update_snapshot(snapshot_properties=properties).overwrite()
-        with rewrite:
-            for data_file in small:
-                rewrite.delete_data_file(data_file)
-            for path in new_files:
-                added = parquet_file_to_data_file(table.io, tx.table_metadata, path)
-                rewrite.append_data_file(added)
+    try:
+        with table.transaction() as tx:
+            rewrite = tx.update_snapshot(snapshot_properties=properties).overwrite()
+            with rewrite:
+                for data_file in small:
+                    rewrite.delete_data_file(data_file)
+                for path in new_files:
+                    added = parquet_file_to_data_file(table.io, tx.table_metadata, path)
+                    rewrite.append_data_file(added)
+    except CommitFailedException as exc:
+        raise IcebergCatalogError(
+            f"table {config.namespace}.{result.table} changed while it was compacted; nothing "
+            f"was replaced, compact again ({exc})"
+        ) from None
     result.compacted_files = len(small)
     result.compacted_into = len(new_files)
