@@ -37,6 +37,10 @@ class StreamSettings:
     format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
     fragments already written keep their format and stay readable. They apply to
     ``fragments`` mode only: a ``segments`` stream setting one is refused.
+
+    ``delayed`` (fixed at creation) turns on delayed delivery (docs/delayed.md): only such
+    a stream parses ``x-delay`` / ``x-deliver-at``; ``delayed_horizon_seconds`` is how far
+    ahead its scheduler keeps messages in the local working set.
     """
 
     max_bytes: int | None = None
@@ -62,6 +66,8 @@ class StreamSettings:
     compression_level: int = 3
     dictionary: bool = False
     encryption: str = "none"
+    delayed: bool = False
+    delayed_horizon_seconds: float = 3600.0
 
     @property
     def cold_coding(self) -> bool:
@@ -112,6 +118,13 @@ class StreamSettings:
             raise ConfigError("dictionary needs compression zstd")
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
+        if not isinstance(self.delayed, bool):
+            raise ConfigError(f"delayed must be true or false, got {self.delayed!r}")
+        if not 1.0 <= self.delayed_horizon_seconds <= 7 * 86400.0:
+            raise ConfigError(
+                "delayed_horizon_seconds must be within 1 s .. 7 days, got "
+                f"{self.delayed_horizon_seconds!r}"
+            )
         if self.tier_mode == "segments" and (
             self.cold_coding or self.dictionary or self.compression_level != 3
         ):
@@ -182,3 +195,5 @@ def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) 
             f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
             f"{mode!r}: create a new stream instead"
         )
+    if changes.get("delayed", current.delayed) != current.delayed:
+        raise ConfigError("delayed is fixed at creation: create a new stream instead")

@@ -95,6 +95,8 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-compression-level": ("compression_level", _int),
     "x-tierlog-dictionary": ("dictionary", _bool),
     "x-tierlog-encryption": ("encryption", _encryption),
+    "x-tierlog-delayed": ("delayed", _bool),
+    "x-tierlog-delayed-horizon": ("delayed_horizon_seconds", parse_duration),
 }
 """Argument name → (StreamSettings field, parser)."""
 
