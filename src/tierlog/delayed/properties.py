@@ -9,6 +9,7 @@ property names (C speed) and an AMQP decode only of messages that contain one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tierlog.delayed.errors import DelayPropertyError, ScheduledInSubBatchError
@@ -88,9 +89,7 @@ class SplitFrame:
     refused: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
 
 
-def split_entries(
-    entries: list[bytes | memoryview] | tuple[bytes | memoryview, ...], now_ms: int
-) -> SplitFrame:
+def split_entries(entries: Sequence[bytes | memoryview], now_ms: int) -> SplitFrame:
     """Sort a frame's entries (Osiris entries as published) into immediate, scheduled and
     refused."""
     out = SplitFrame()

@@ -175,6 +175,9 @@ class StreamHandle:
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _source: StreamChunkSource | None = None
+    delayed: Any = None
+    """The publish path of a stream created with ``x-tierlog-delayed=true`` (a
+    ``DelayedIntake``, set by the delayed-delivery service); None for every other stream."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -475,6 +478,9 @@ class Broker:
         self.writers = SerialPool(config.server.writer_threads, "writer")
         self.all_open = asyncio.Event()
         self._closing = False
+        self.handle_opened: Callable[[StreamHandle], None] | None = None
+        """Told of every handle before it is published (delayed delivery attaches its
+        publish path to delayed streams here)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -617,6 +623,8 @@ class Broker:
             executor.shutdown(wait=False)
             raise
         handle = StreamHandle(record, stream_log, self, executor)
+        if self.handle_opened is not None:
+            self.handle_opened(handle)
         if self.lifecycle is not None:
             handle.unavailable = OPENING  # until the lifecycle (tiering) has resolved
         key = (record.vhost, record.name)
