@@ -248,4 +248,4 @@ async def test_bad_arguments_are_refused(server: Server) -> None:
     status, body = await admin_async(
         server, "PATCH", "/api/streams/plain", {"arguments": {"x-tierlog-delayed": "true"}}
     )
-    assert status == 400
+    assert status == 400 and "fixed at creation" in body["error"]
