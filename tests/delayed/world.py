@@ -103,7 +103,9 @@ class LogPort:
         result = world.target.append(messages, DISPATCHER, ids)
         world.target.sync()
         written = set(result.written)
-        world.appended.extend((world.clock.now, m) for pid, m in zip(ids, messages) if pid in written)
+        world.appended.extend(
+            (world.clock.now, m) for pid, m in zip(ids, messages) if pid in written
+        )
         world.armed.hit("after_target_append")
         return self.producer_sequence()
 

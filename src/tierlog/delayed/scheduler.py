@@ -36,7 +36,7 @@ from tierlog.delayed.records import (
     encode_working,
     msg_id_of,
 )
-from tierlog.delayed.state import Replay, Scheduled, SchedulerState, hour_of
+from tierlog.delayed.state import Replay, Scheduled, SchedulerState, rebuild_state
 from tierlog.delayed.timers import TimerManifest, TimerStore
 from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
@@ -219,29 +219,22 @@ class Scheduler:
                 break
             offset = next_offset
         sequence = self.port.producer_sequence()
-        state = SchedulerState(self.state.horizon_ms, pulled_through=manifest.pulled_through)
-        state.next_pid = replay.next_pid(sequence)
-        state.finished = replay.finished(sequence)
-        now = self.clock.now_ms()
-        frontier = state.frontier(now)
-        bodies: dict[bytes, bytes] = {}
-        live = sorted(replay.live(sequence).values(), key=lambda item: item[0].offset)
-        repaired = 0
-        for entry, message in live:
-            if hour_of(entry.due_ms) <= frontier:
-                state.accept(entry, now)
-                if entry.msg_id not in store:
-                    store.write(entry.msg_id, encode_working(entry.due_ms, entry.offset, message))
-                    repaired += 1
-            elif hour_of(entry.due_ms) in manifest.hours and entry.offset < manifest.parked_through:
-                state.restore_parked(entry)
-            else:
-                state.accept(entry, now)
-                bodies[entry.msg_id] = message
-        state.retry = sorted(
-            (e for m, e in state.working.items() if m in replay.latest_intent),
-            key=lambda e: (e.due_ms, e.offset),
+        state, bodies = rebuild_state(
+            replay,
+            sequence,
+            self.state.horizon_ms,
+            pulled_through=manifest.pulled_through,
+            parked_hours=manifest.hours,
+            parked_through=manifest.parked_through,
+            now_ms=self.clock.now_ms(),
         )
+        repaired = 0
+        for msg_id, entry in state.working.items():
+            if msg_id not in store:
+                message = bodies.pop(msg_id)
+                store.write(msg_id, encode_working(entry.due_ms, entry.offset, message))
+                repaired += 1
+        bodies = {m: b for m, b in bodies.items() if m in state.parking}
         for msg_id in list(store.msg_ids()):
             if msg_id not in state.working:
                 store.remove(msg_id)

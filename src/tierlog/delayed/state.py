@@ -25,7 +25,7 @@ producer's sequence in the stream.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -293,3 +293,42 @@ class Replay:
 
     def next_pid(self, producer_sequence: int) -> int:
         return max(self.max_pid, producer_sequence) + 1
+
+
+def rebuild_state(
+    replay: Replay,
+    producer_sequence: int,
+    horizon_ms: int,
+    *,
+    pulled_through: int,
+    parked_hours: Container[int],
+    parked_through: int,
+    now_ms: int,
+) -> tuple[SchedulerState, dict[bytes, bytes]]:
+    """The state after a restart or takeover, from the replayed system stream, the stream's
+    producer sequence and the committed timer manifest; and the message bytes of every
+    message in the working set or waiting to be parked (the caller writes the working ones
+    that the message store lacks).
+
+    A message due after the pulled hours counts as parked only when the manifest lists its
+    hour and it lies below ``parked_through``; any other is parked again. A message whose
+    intent was recorded but not appended goes first into the next batch (``retry``)."""
+    state = SchedulerState(horizon_ms, pulled_through=pulled_through)
+    state.next_pid = replay.next_pid(producer_sequence)
+    state.finished = replay.finished(producer_sequence)
+    frontier = state.frontier(now_ms)
+    bodies: dict[bytes, bytes] = {}
+    for entry, message in sorted(
+        replay.live(producer_sequence).values(), key=lambda item: item[0].offset
+    ):
+        hour = hour_of(entry.due_ms)
+        if hour > frontier and hour in parked_hours and entry.offset < parked_through:
+            state.restore_parked(entry)
+            continue
+        state.accept(entry, now_ms)
+        bodies[entry.msg_id] = message
+    state.retry = sorted(
+        (e for m, e in state.working.items() if m in replay.latest_intent),
+        key=lambda e: (e.due_ms, e.offset),
+    )
+    return state, bodies
