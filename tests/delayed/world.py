@@ -104,7 +104,7 @@ class LogPort:
         world.target.sync()
         written = set(result.written)
         world.appended.extend(
-            (world.clock.now, m) for pid, m in zip(ids, messages) if pid in written
+            (world.clock.now, m) for pid, m in zip(ids, messages, strict=True) if pid in written
         )
         world.armed.hit("after_target_append")
         return self.producer_sequence()
