@@ -1,4 +1,4 @@
-"""The delayed file kinds of the fault registry × {bit flip, truncation, zero-filled page,
+"""The delayed file kinds of the fault registry x {bit flip, truncation, zero-filled page,
 deleted}: on a world with messages in the working set, in parked timer objects and in pulled
 hours, the damaged state is repaired from the system stream on restart or when read; every
 accepted message is still appended exactly once and never before it is due."""

@@ -90,3 +90,23 @@ class MetaStoreClock:
 def skew_ms(clock: Clock, reference: ReferenceClock) -> int:
     """Node clock minus reference (positive: the node is ahead)."""
     return clock.now_ms() - reference.reference_ms()
+
+
+class ReferencedClock:
+    """The reference's time read through this process's clock: ``now + offset``, the offset
+    measured again every ``refresh_ms``. Acceptance uses it, so a scheduled message's due
+    time (``x-delay`` after acceptance) is on the reference's time line even when the node's
+    clock is off (it would otherwise come due early once the clock is corrected)."""
+
+    def __init__(self, reference: ReferenceClock, refresh_ms: int = 1000) -> None:
+        self.reference = reference
+        self.refresh_ms = refresh_ms
+        self._offset = 0
+        self._measured_at: int | None = None
+
+    def now_ms(self) -> int:
+        local = wall_clock_ms()
+        if self._measured_at is None or abs(local - self._measured_at) >= self.refresh_ms:
+            self._offset = self.reference.reference_ms() - wall_clock_ms()
+            self._measured_at = local
+        return local + self._offset

@@ -43,7 +43,7 @@ def due_time_ms(message: bytes, now_ms: int) -> int | None:
     """The due time of a message accepted at ``now_ms``, or None when it is not scheduled.
 
     ``x-delay`` below 0 counts as 0 (as RabbitMQ's plugin does); ``x-deliver-at`` in the past
-    is due at once; both present: ``x-deliver-at`` wins."""
+    is due at once (it keeps its time); both present: ``x-deliver-at`` wins."""
     if message.find(_MARKER) < 0:
         return None
     try:
@@ -56,7 +56,7 @@ def due_time_ms(message: bytes, now_ms: int) -> int | None:
             raise DelayPropertyError(f"{DELIVER_AT} must not be negative, got {at}")
         if at - now_ms > MAX_DELAY_MS:
             raise DelayPropertyError(f"{DELIVER_AT} is more than {MAX_DELAY_MS} ms ahead")
-        return max(at, now_ms)
+        return at
     if DELAY in props:
         delay = _as_int(props[DELAY], DELAY)
         if delay > MAX_DELAY_MS:

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tierlog.delayed.clock import MetaStoreClock, wall_clock_ms
+from tierlog.delayed.clock import MetaStoreClock, ReferencedClock
 from tierlog.delayed.errors import DelayedError, NotScheduledError
 from tierlog.delayed.properties import split_entries
 from tierlog.delayed.records import encode_schedule
@@ -179,7 +179,7 @@ class DelayedIntake:
         self.incarnation = handle.record.incarnation
 
     def submit(self, batch: PublishBatch, reference: str | None, settle: Settle) -> None:
-        split = split_entries(batch.entries, wall_clock_ms())
+        split = split_entries(batch.entries, self.service.accept_clock.now_ms())
         if not split.scheduled and not split.refused:
             ids = batch.publishing_ids
 
@@ -259,6 +259,8 @@ class DelayedService:
         self.schedule_deletion = schedule_deletion
         self.config = config
         self.root = os.path.join(broker.config.storage.data_dir, "delayed")
+        self.reference = MetaStoreClock(meta)
+        self.accept_clock = ReferencedClock(self.reference)
         self.schedulers: dict[tuple[str, str], Scheduler] = {}
         self._creating: dict[tuple[str, str], asyncio.Task[StreamHandle | None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -355,7 +357,7 @@ class DelayedService:
             self.metrics,
             config=config,
             timers=timers,
-            reference=MetaStoreClock(self.meta),
+            reference=self.reference,
             schedule_deletion=self.schedule_deletion,
         )
         await scheduler.rebuild()
