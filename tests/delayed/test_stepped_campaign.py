@@ -11,7 +11,7 @@ from tests.delayed import campaign
 
 
 async def test_stepped_campaign_exactly_once_never_early(tmp_path: Path) -> None:
-    messages = int(os.environ.get("DELAYED_CAMPAIGN_MESSAGES", "5000"))
+    messages = int(os.environ.get("DELAYED_CAMPAIGN_MESSAGES", "3000"))
     result = await campaign.run(str(tmp_path), messages, seed=11)
     print(result)
     assert result.published == messages
