@@ -25,6 +25,7 @@ from tierlog.formats.crc import crc32
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
     INDEX_FILE_HEADER,
+    INDEX_RECORD_SIZE,
     SEGMENT_HEADER,
     encode_index_record,
 )
@@ -41,7 +42,6 @@ from tierlog.log.segment_files import (
     segment_ref,
 )
 
-INDEX_RECORD_SIZE = 29
 DEFAULT_MAX_OPEN = 4096
 
 

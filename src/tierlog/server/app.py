@@ -26,7 +26,7 @@ from tierlog.errors import ConfigError, TierlogError
 from tierlog.log.segments import ACTIVE_FILES
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
-from tierlog.read.tiered_reader import default_prefetcher
+from tierlog.read.remote_cursor import default_prefetcher
 from tierlog.remote.catalog import Catalog
 from tierlog.server.admin import build_admin_app
 from tierlog.server.admin_security import AdminGuard

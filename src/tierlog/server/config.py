@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tierlog.errors import ConfigError
-from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
+from tierlog.formats.chunk import HEADER_SIZE, SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
@@ -28,7 +28,7 @@ DEFAULT_ADMIN_PORT = 15552
 DEFAULT_TLS_PORT = 5551
 DEFAULT_FRAME_MAX = 1_048_576
 DEFAULT_HEARTBEAT_S = 60
-DELIVER_OVERHEAD = 13 + 48
+DELIVER_OVERHEAD = 13 + HEADER_SIZE
 """Deliver frame prefix (v2 at most) and chunk header around a chunk's data."""
 
 

@@ -24,7 +24,7 @@ from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.offload.offloader import ObjectStoreOffloader
 from tierlog.offload.service import SegmentOffloadService
-from tierlog.read.tiered_reader import default_prefetcher
+from tierlog.read.remote_cursor import default_prefetcher
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
