@@ -121,8 +121,8 @@ async def test_kill9_while_scheduled_exactly_once_never_early(tmp_path: Path) ->
         }
         downtime: list[tuple[int, int]] = []
         pending = dict(messages)
-        for round_ in range(3):
-            confirmed = await publish(server, "jobs", pending if round_ == 0 else pending)
+        for _kill in range(3):  # publish (the rest), then kill at a random moment
+            confirmed = await publish(server, "jobs", pending)
             pending = {pid: m for pid, m in pending.items() if pid not in confirmed}
             await asyncio.sleep(rng.uniform(0.5, 2.5))
             # a message due just before the kill may not have gone yet: its lateness is
