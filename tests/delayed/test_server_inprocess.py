@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Producer, amqp_decoder
+from rstream import (
+    AMQPMessage,
+    CompressionType,
+    ConsumerOffsetSpecification,
+    OffsetType,
+    Producer,
+    amqp_decoder,
+)
 from rstream.consumer import Consumer, MessageContext
 from rstream.producer import ConfirmationStatus
 
@@ -249,3 +256,39 @@ async def test_bad_arguments_are_refused(server: Server) -> None:
         server, "PATCH", "/api/streams/plain", {"arguments": {"x-tierlog-delayed": "true"}}
     )
     assert status == 400 and "fixed at creation" in body["error"]
+
+
+async def test_scheduled_message_in_a_sub_batch_is_refused(server: Server) -> None:
+    stream = "batched"
+    codes: list[int] = []
+
+    async def on_confirm(status: ConfirmationStatus) -> None:
+        codes.append(status.response_code)
+
+    async with producer(server) as p:
+        await p.create_stream(stream, arguments={"x-tierlog-delayed": "true"})
+        delayed = [AMQPMessage(body=b"d", application_properties={"x-delay": 10})] * 3
+        plain = [AMQPMessage(body=f"p{i}".encode()) for i in range(3)]
+        await p.send_sub_entry(
+            stream,
+            delayed,
+            CompressionType.Gzip,
+            publisher_name="app",
+            on_publish_confirm=on_confirm,
+        )
+        await p.send_sub_entry(
+            stream,
+            plain,
+            CompressionType.Gzip,
+            publisher_name="app",
+            on_publish_confirm=on_confirm,
+        )
+        for _ in range(100):
+            if len(codes) >= 2:
+                break
+            await asyncio.sleep(0.05)
+    assert sorted(codes) == [0, ResponseCode.PRECONDITION_FAILED]  # 0: confirmed
+    value = server.metrics.value("tierlog_delayed_refused_total", reason="sub_batch")
+    assert value == 1
+    handle = server.broker.get("/", stream)
+    assert handle is not None and handle.log.commit_point().next_offset == 3  # the plain ones
