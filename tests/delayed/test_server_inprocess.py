@@ -292,3 +292,20 @@ async def test_scheduled_message_in_a_sub_batch_is_refused(server: Server) -> No
     assert value == 1
     handle = server.broker.get("/", stream)
     assert handle is not None and handle.log.commit_point().next_offset == 3  # the plain ones
+
+
+async def test_state_of_streams_deleted_while_down_is_removed(tmp_path: Path) -> None:
+    leftover = tmp_path / "data" / "delayed" / "__gone_1700000000000000000"
+    leftover.mkdir(parents=True)
+    (leftover / "1.sqs").write_bytes(b"x")
+    srv = Server(_config(tmp_path))
+    await srv.start()
+    try:
+        await srv.streams_opened(10)
+        for _ in range(100):
+            if not leftover.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert not leftover.exists()
+    finally:
+        await srv.stop()

@@ -56,6 +56,10 @@ Settle = Callable[[Sequence[int], Sequence[tuple[int, int]]], None]
 """(confirmed publishing ids, (publishing id, error code) pairs) of one Publish frame."""
 
 
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def system_stream_name(name: str) -> str:
     return SYSTEM_PREFIX + name
 
@@ -290,6 +294,10 @@ class DelayedService:
 
     async def _reconcile_loop(self) -> None:
         await self.broker.all_open.wait()
+        try:
+            await self._sweep_deleted()
+        except (TierlogError, OSError) as exc:
+            log.error("delayed_sweep_failed", error=repr(exc))
         while True:
             try:
                 await self.reconcile()
@@ -330,6 +338,27 @@ class DelayedService:
                 await self._delete_system(handle.vhost, handle.name)
             elif parent is not None and handle.record.created_ns < parent.record.created_ns:
                 await self._delete_system(handle.vhost, handle.name)  # of an older stream
+
+    async def _sweep_deleted(self) -> None:
+        """Working sets, timer manifests and timer objects of streams deleted while the
+        server was down (their incarnation is in no catalog record any more)."""
+        loop = asyncio.get_running_loop()
+        live = {r.incarnation for r in await loop.run_in_executor(None, self.broker.catalog.list)}
+        names = os.listdir(self.root) if os.path.isdir(self.root) else []
+        for incarnation in names:
+            if incarnation in live:
+                continue
+            path = self._working_dir(incarnation)
+            await loop.run_in_executor(None, _remove_tree, path)
+            if self.objects is not None:
+                timers = TimerStore(
+                    self.objects, self.meta, self.tier_prefix, incarnation, self.epoch
+                )
+                keys = await loop.run_in_executor(None, timers.all_keys)
+                if keys and self.schedule_deletion is not None:
+                    self.schedule_deletion(keys)
+                await loop.run_in_executor(None, timers.delete_manifest)
+            log.info("delayed_state_of_deleted_stream_removed", incarnation=incarnation)
 
     def _working_dir(self, incarnation: str) -> str:
         return os.path.join(self.root, incarnation)
