@@ -20,7 +20,7 @@ from tierlog.formats.compression import decompress
 
 DELAY = "x-delay"
 DELIVER_AT = "x-deliver-at"
-_MARKER = b"x-de"  # common prefix of both names: one find() rules most messages out
+DELAY_MARKER = b"x-de"  # common prefix of both names: one find() rules most messages out
 MAX_DELAY_MS = 366 * 86400 * 1000
 """The longest delay accepted (a year and a day): a longer one is refused, not truncated."""
 
@@ -44,7 +44,7 @@ def due_time_ms(message: bytes, now_ms: int) -> int | None:
 
     ``x-delay`` below 0 counts as 0 (as RabbitMQ's plugin does); ``x-deliver-at`` in the past
     is due at once (it keeps its time); both present: ``x-deliver-at`` wins."""
-    if message.find(_MARKER) < 0:
+    if message.find(DELAY_MARKER) < 0:
         return None
     try:
         props = decode_message(message).application_properties

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from tierlog.delayed.clock import MetaStoreClock, ReferencedClock
 from tierlog.delayed.errors import DelayedError, NotScheduledError
-from tierlog.delayed.properties import split_entries
+from tierlog.delayed.properties import DELAY_MARKER, split_entries
 from tierlog.delayed.records import encode_schedule
 from tierlog.delayed.scheduler import Scheduler, SchedulerConfig
 from tierlog.delayed.timers import TimerStore
@@ -183,8 +183,11 @@ class DelayedIntake:
         self.incarnation = handle.record.incarnation
 
     def submit(self, batch: PublishBatch, reference: str | None, settle: Settle) -> None:
-        split = split_entries(batch.entries, self.service.accept_clock.now_ms())
-        if not split.scheduled and not split.refused:
+        if batch.record_counts is None and batch.entry_data().find(DELAY_MARKER) < 0:
+            split = None  # one find over the frame: no message in it has a delay property
+        else:
+            split = split_entries(batch.entries, self.service.accept_clock.now_ms())
+        if split is None or (not split.scheduled and not split.refused):
             ids = batch.publishing_ids
 
             def done(code: int) -> None:
