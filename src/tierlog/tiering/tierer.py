@@ -118,7 +118,9 @@ class StreamTierer(RetentionMixin):
             config = replace(config, segment_bytes=stream_log.config.max_segment_bytes)
         self.config = config
         self.clock = clock
-        self.committer = ManifestCommitter(self.remote, catalog, deletions, epoch, m=m)
+        self.committer = ManifestCommitter(
+            self.remote, catalog, deletions, epoch, m=m, settings=settings
+        )
         self.state: TieringState | None = None
         self.halted: str | None = None
         self.puts = 0
