@@ -19,6 +19,7 @@ from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
 from tierlog.metrics import Metrics
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 
@@ -146,9 +147,10 @@ class World:
         self.horizon_ms = horizon_ms
         self.working_dir = os.path.join(root, "working")
         self.scheduler: Scheduler | None = None
+        self.settings = StreamSettings()
 
     def timers(self) -> CrashingTimers:
-        timers = CrashingTimers(self.objects, self.meta, "", INCARNATION, 1)
+        timers = CrashingTimers(self.objects, self.meta, "", INCARNATION, 1, settings=self.settings)
         timers.armed = self.armed
         return timers
 

@@ -42,7 +42,7 @@ from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.msgstore import MessageStore, MsgStoreConfig, MsgStoreError
-from tierlog.storage.errors import NotFoundError, StorageError
+from tierlog.storage.errors import StorageError
 
 log = get_logger("tierlog.delayed.scheduler")
 
@@ -334,7 +334,7 @@ class Scheduler:
             for uid in uids:
                 try:
                     entries = self.timers.read_object(hour, uid)
-                except (SystemRecordError, NotFoundError) as exc:
+                except TierlogError as exc:  # damaged, gone, does not open, unreachable
                     log.warning(
                         "delayed_timer_object_unreadable",
                         vhost=self.vhost,

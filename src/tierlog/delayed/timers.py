@@ -18,8 +18,8 @@ It is committed like the stream manifest pointer: a conditional put on the versi
 and the writer's epoch (``MetaStore.put_if``), so a fenced (older) scheduler cannot
 overwrite a newer one's manifest.
 
-Encryption: timer objects pass through ``seal`` / ``unseal`` (identity until the stream's
-encryption of the objects it owns applies to them; the one call site is here).
+Encryption: timer objects follow the stream's encryption setting like every object a
+stream owns (``remote.sealing.seal_object`` / ``open_object``; the one call site is here).
 """
 
 from __future__ import annotations
@@ -27,22 +27,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from tierlog.delayed.errors import SystemRecordError, TimerManifestError
 from tierlog.delayed.records import TimerEntry, decode_timer_object, encode_timer_object
+from tierlog.remote.sealing import open_object, seal_object
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
-
-Seal = Callable[[str, bytes], bytes]
-"""(object key, plain bytes) -> stored bytes; and the reverse for unseal."""
-
-
-def _identity(key: str, data: bytes) -> bytes:
-    return data
 
 
 def manifest_key(incarnation: str) -> str:
@@ -104,16 +98,15 @@ class TimerStore:
         incarnation: str,
         epoch: int,
         *,
-        seal: Seal = _identity,
-        unseal: Seal = _identity,
+        settings: StreamSettings | None = None,
     ) -> None:
         self.objects = objects
         self.meta = meta
         self.prefix = prefix
         self.incarnation = incarnation
         self.epoch = epoch
-        self.seal = seal
-        self.unseal = unseal
+        self.settings = settings or StreamSettings()
+        """The stream's settings: its encryption setting applies to its timer objects."""
 
     def key(self, hour: int, uid: str) -> str:
         return timer_key(self.prefix, self.incarnation, hour, uid)
@@ -153,14 +146,16 @@ class TimerStore:
         """Write a new immutable object; its uid."""
         uid = os.urandom(16).hex()
         key = self.key(hour, uid)
-        self.objects.put_if_absent(key, self.seal(key, encode_timer_object(hour, entries)))
+        data = seal_object(self.settings, key, encode_timer_object(hour, entries))
+        self.objects.put_if_absent(key, data)
         return uid
 
     def read_object(self, hour: int, uid: str) -> list[TimerEntry]:
         """The object's entries; SystemRecordError when it is damaged or of another hour,
-        NotFoundError when it is gone."""
+        NotFoundError when it is gone, the sealing's FormatError / SealingKeyMissingError
+        when a sealed one does not open."""
         key = self.key(hour, uid)
-        data = self.unseal(key, self.objects.get(key))
+        data = bytes(open_object(key, self.objects.get(key)))
         stored_hour, entries = decode_timer_object(data)
         if stored_hour != hour:
             raise SystemRecordError(f"timer object {key} holds hour {stored_hour}")

@@ -371,7 +371,14 @@ class DelayedService:
         incarnation = handle.record.incarnation
         timers = None
         if self.objects is not None:
-            timers = TimerStore(self.objects, self.meta, self.tier_prefix, incarnation, self.epoch)
+            timers = TimerStore(
+                self.objects,
+                self.meta,
+                self.tier_prefix,
+                incarnation,
+                self.epoch,
+                settings=handle.settings,
+            )
         base = self.config or SchedulerConfig()
         config = SchedulerConfig(
             horizon_ms=int(handle.settings.delayed_horizon_seconds * 1000),
