@@ -309,3 +309,40 @@ async def test_state_of_streams_deleted_while_down_is_removed(tmp_path: Path) ->
         assert not leftover.exists()
     finally:
         await srv.stop()
+
+
+async def test_mixed_and_plain_frames_of_one_producer_keep_their_order(server: Server) -> None:
+    """Immediate parts of mixed frames and plain frames reach the stream in frame order: a
+    reordering would make the stream's deduplication drop confirmed messages."""
+    stream = "interleaved"
+    statuses: list[ConfirmationStatus] = []
+
+    async def on_confirm(status: ConfirmationStatus) -> None:
+        statuses.append(status)
+
+    due = int(time.time() * 1000) + 300
+    expected = 0
+    async with producer(server) as p:
+        await p.create_stream(stream, arguments={"x-tierlog-delayed": "true"})
+        for k in range(40):
+            if k % 2:
+                batch = [AMQPMessage(body=f"p{k}-{i}".encode()) for i in range(5)]
+            else:
+                batch = [
+                    AMQPMessage(
+                        body=f"m{k}-{i}".encode(), application_properties={"x-deliver-at": due}
+                    )
+                    if i % 2
+                    else AMQPMessage(body=f"m{k}-{i}".encode())
+                    for i in range(5)
+                ]
+            expected += len(batch)
+            await p.send_batch(stream, batch, publisher_name="app", on_publish_confirm=on_confirm)
+        for _ in range(200):
+            if len(statuses) >= expected:
+                break
+            await asyncio.sleep(0.05)
+    assert len(statuses) == expected and all(s.is_confirmed for s in statuses)
+    got = await collect(server, stream, expected, timeout=10)
+    assert len(got) == expected
+    assert len({b for _o, _t, b, _p in got}) == expected

@@ -95,7 +95,19 @@ def _sub_batch(batch: PublishBatch, indexes: list[int], entries: list[Any]) -> P
     )
 
 
-async def _submit(handle: StreamHandle, batch: PublishBatch, reference: str | None) -> int:
+def _chain(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
+    def copy(done: asyncio.Future[int]) -> None:
+        if not target.done():
+            target.set_result(done.result())
+
+    source.add_done_callback(copy)
+
+
+def _submit_now(
+    handle: StreamHandle, batch: PublishBatch, reference: str | None
+) -> asyncio.Future[int]:
+    """Queue ``batch`` on the stream now (its order among the stream's publishes is fixed
+    here); the future gets the response code once it is durable."""
     future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     def done(code: int) -> None:
@@ -103,7 +115,11 @@ async def _submit(handle: StreamHandle, batch: PublishBatch, reference: str | No
             future.set_result(code)
 
     handle.submit_publish(batch, reference, done)
-    return await future
+    return future
+
+
+async def _submit(handle: StreamHandle, batch: PublishBatch, reference: str | None) -> int:
+    return await _submit_now(handle, batch, reference)
 
 
 class HandlePort:
@@ -175,12 +191,19 @@ class HandlePort:
 
 
 class DelayedIntake:
-    """The publish path of one delayed stream (``StreamHandle.delayed``)."""
+    """The publish path of one delayed stream (``StreamHandle.delayed``).
+
+    Order matters: the stream and the system stream deduplicate by publishing id, so the
+    parts of a producer's frames must reach each in the order the frames came. Both parts
+    of a frame are therefore submitted before ``submit`` returns; only while the system
+    stream is being created do scheduled parts wait, in a queue drained in order."""
 
     def __init__(self, service: DelayedService, handle: StreamHandle) -> None:
         self.service = service
         self.handle = handle
         self.incarnation = handle.record.incarnation
+        self._waiting: list[tuple[PublishBatch, str | None, asyncio.Future[int]]] = []
+        self._drain: asyncio.Task[None] | None = None
 
     def submit(self, batch: PublishBatch, reference: str | None, settle: Settle) -> None:
         if batch.record_counts is None and batch.entry_data().find(DELAY_MARKER) < 0:
@@ -198,11 +221,6 @@ class DelayedIntake:
 
             self.handle.submit_publish(batch, reference, done)
             return
-        asyncio.get_running_loop().create_task(self._mixed(batch, reference, split, settle))
-
-    async def _mixed(
-        self, batch: PublishBatch, reference: str | None, split: Any, settle: Settle
-    ) -> None:
         metrics = self.service.metrics
         ids = batch.publishing_ids
         errors: list[tuple[int, int]] = [
@@ -212,11 +230,10 @@ class DelayedIntake:
             metrics.delayed_refused.labels(
                 reason="sub_batch" if "sub-batch" in reason else "bad_property"
             ).inc()
-        confirmed: list[int] = []
-        waits = []
+        parts: list[tuple[PublishBatch, asyncio.Future[int], bool]] = []
         if split.immediate:
             sub = _sub_batch(batch, split.immediate, [batch.entries[i] for i in split.immediate])
-            waits.append((sub, _submit(self.handle, sub, reference)))
+            parts.append((sub, _submit_now(self.handle, sub, reference), False))
         scheduled = [i for i, _due, _msg in split.scheduled]
         if scheduled:
             entries = [
@@ -224,22 +241,50 @@ class DelayedIntake:
                 for i, due, message in split.scheduled
             ]
             sub = _sub_batch(batch, scheduled, entries)
-            waits.append((sub, self._submit_scheduled(sub, reference)))
-        codes = await asyncio.gather(*(w for _, w in waits))
-        for (sub, _), code in zip(waits, codes, strict=True):
+            parts.append((sub, self._submit_scheduled(sub, reference), True))
+        if not parts:
+            settle((), errors)
+            return
+        asyncio.get_running_loop().create_task(self._settle(parts, errors, settle))
+
+    async def _settle(
+        self,
+        parts: list[tuple[PublishBatch, asyncio.Future[int], bool]],
+        errors: list[tuple[int, int]],
+        settle: Settle,
+    ) -> None:
+        confirmed: list[int] = []
+        for sub, future, scheduled in parts:
+            code = await future
             if code == ResponseCode.OK:
                 confirmed.extend(sub.publishing_ids)
+                if scheduled:
+                    self.service.metrics.delayed_accepted.inc(len(sub.publishing_ids))
             else:
                 errors.extend((pid, code) for pid in sub.publishing_ids)
-        if scheduled and codes[-1] == ResponseCode.OK:
-            metrics.delayed_accepted.inc(len(scheduled))
         settle(confirmed, errors)
 
-    async def _submit_scheduled(self, batch: PublishBatch, reference: str | None) -> int:
-        system = await self.service.ensure_system_stream(self.handle)
-        if system is None:
-            return ResponseCode.STREAM_NOT_AVAILABLE
-        return await _submit(system, batch, reference)
+    def _submit_scheduled(self, batch: PublishBatch, reference: str | None) -> asyncio.Future[int]:
+        system = self.service.open_system_stream(self.handle)
+        if system is not None and not self._waiting:
+            return _submit_now(system, batch, reference)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.append((batch, reference, future))
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_task(self._drain_waiting())
+        return future
+
+    async def _drain_waiting(self) -> None:
+        """Scheduled parts that came while the system stream was not open, in order."""
+        while self._waiting:
+            system = await self.service.ensure_system_stream(self.handle)
+            waiting, self._waiting = self._waiting, []
+            for batch, reference, future in waiting:
+                if system is None:
+                    future.set_result(ResponseCode.STREAM_NOT_AVAILABLE)
+                    continue
+                inner = _submit_now(system, batch, reference)
+                _chain(inner, future)
 
 
 class DelayedService:
@@ -424,6 +469,13 @@ class DelayedService:
         with contextlib.suppress(StreamNotFoundError):
             await self.broker.delete_stream(vhost, name)
             log.info("delayed_system_stream_deleted", vhost=vhost, stream=name)
+
+    def open_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
+        """The stream's system stream when it is open and available now."""
+        system = self.broker.get(handle.vhost, system_stream_name(handle.name))
+        if system is None or system.unavailable is not None:
+            return None
+        return system if system.record.created_ns >= handle.record.created_ns else None
 
     async def ensure_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The open system stream of a delayed stream, created when missing; None while it
