@@ -31,7 +31,7 @@ from rstream.producer import ConfirmationStatus
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.server.app import Server
 from tierlog.server.config import ServerConfig, ServerSection, StorageSection
-from tierlog.server.delayed_service import DISPATCHER_REFERENCE, system_stream_name
+from tierlog.server.delayed_intake import DISPATCHER_REFERENCE, system_stream_name
 
 HOST = "127.0.0.1"
 AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()

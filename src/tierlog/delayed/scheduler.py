@@ -16,8 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from tierlog.delayed.clock import MAX_SKEW_MS, Clock, ReferenceClock, WallClock
 from tierlog.delayed.errors import (
@@ -26,6 +25,7 @@ from tierlog.delayed.errors import (
     SystemRecordError,
     TimerManifestError,
 )
+from tierlog.delayed.port import SchedulerConfig, StreamPort
 from tierlog.delayed.records import (
     Schedule,
     TimerEntry,
@@ -48,44 +48,6 @@ log = get_logger("tierlog.delayed.scheduler")
 
 NO_OBJECT_STORE_HORIZON_MS = 100 * 366 * 86400 * 1000
 """Without a remote tier nothing is parked: every message stays in the working set."""
-
-
-class StreamPort(Protocol):
-    """What the scheduler needs of its stream and system stream (the server provides it)."""
-
-    def read_system(self, from_offset: int) -> tuple[list[tuple[int, bytes]], int]:
-        """Committed system-stream records from ``from_offset`` (blocking): (offset, record)
-        pairs and the next offset to read."""
-        ...
-
-    def first_system_offset(self) -> int: ...
-
-    def read_system_at(self, offset: int) -> bytes:
-        """The system-stream record at ``offset`` (blocking)."""
-        ...
-
-    async def append_system(self, records: list[bytes]) -> bool:
-        """Append records (no producer) and wait for their commit; False on failure."""
-        ...
-
-    async def append_target(self, first_pid: int, messages: list[bytes]) -> int:
-        """Append messages with the dispatcher's publishing ids ``first_pid..``; returns
-        the dispatcher's producer sequence in the stream once the append is settled
-        (success or not)."""
-        ...
-
-    def producer_sequence(self) -> int:
-        """The dispatcher's producer sequence in the stream (0: none yet)."""
-        ...
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    horizon_ms: int = 3_600_000
-    batch_limit: int = 500
-    tick_seconds: float = 0.05
-    park_interval_seconds: float = 1.0
-    housekeeping_seconds: float = 5.0
 
 
 class Scheduler:

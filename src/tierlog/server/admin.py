@@ -41,7 +41,7 @@ from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
-from tierlog.server.delayed_service import is_system_stream
+from tierlog.server.delayed_intake import is_system_stream
 from tierlog.server.limits import Gatekeeper
 
 

@@ -28,7 +28,7 @@ from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
-from tierlog.server.delayed_service import is_system_stream
+from tierlog.server.delayed_intake import is_system_stream
 
 log = get_logger("tierlog.server.connection")
 
