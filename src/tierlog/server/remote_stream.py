@@ -191,7 +191,8 @@ class RemoteStreamHandle:
         self.closed = False
         self.unavailable: str | None = None
         self.congested = False
-        self.remote_ack = None
+        self.remote_ack = None  # what a written stream has and a read-only one has not
+        self.delayed = None
         self.manifest_view: FollowedManifest = streams.follower.follow(
             record.incarnation,
             self._changed,
