@@ -1,0 +1,300 @@
+"""Client workloads against a ``tierlog serve`` started from a chosen source tree.
+
+The client side (this script, ``benches/lean_client.py``, rstream) always comes from the tree
+this script lives in; only the server subprocess runs the code under ``--server-src``
+(its ``PYTHONPATH``). So two trees whose bench files differ (the bench was rewritten, or it
+reaches into internals that moved) can still be compared on one workload: run this script
+twice, once per ``--server-src``. ``scripts/compare_mains.py`` does that, alternating.
+
+Only what both servers understand is used: the ``TIERLOG_*`` settings, the stream arguments
+``x-tierlog-read-strategy`` / ``x-tierlog-max-fragment-age`` /
+``stream-max-segment-size-bytes``, and the admin metrics ``tierlog_tier_lag_bytes`` and
+``tierlog_object_store_requests_total``.
+
+Workloads (each prints ``key=value`` pairs on its last line):
+
+- ``protocol``: rstream publishes ``--messages`` of ``--size`` bytes in ``send_batch`` of
+  ``--batch`` (every confirm awaited) into a new stream, then a consumer reads them all from
+  ``first`` (the code of ``benches/protocol.py``; fsync per group commit, the default of
+  both servers). Keys: ``publish_msg_s``, ``consume_msg_s`` and the server's CPU (user +
+  system, /proc) per message for each phase, ``publish_cpu_us``, ``consume_cpu_us`` — the
+  CPU figures are less sensitive than wall-clock rates to other processes on the machine.
+- ``catchup``: SeaweedFS started here, the server tiers to it. ``--mib`` of 1 KiB messages
+  (lean publisher, frames of 1,000) into a stream with 64 MiB segments, a 2 s fragment age
+  and read strategy ``FORCE``; waits until its tiering lag is 0; GETs and milliseconds from
+  subscribing a fresh consumer at a third of the stream to its first chunk (cold caches);
+  a lean consumer reads the stream from ``first`` (every tiered chunk from SeaweedFS); raw
+  ranged GETs of the same objects (4 MiB, 8 at a time, client side: the baseline measured in
+  the same run); the same data into a ``DISABLE`` (local only) stream read by the lean
+  consumer. Keys: ``cold_mb_s``, ``raw_mb_s``, ``remote_raw_ratio``, ``local_mb_s``,
+  ``remote_local_ratio``, ``seek_gets``, ``seek_ms``, ``cold_cpu_ms_per_mib``,
+  ``local_cpu_ms_per_mib`` (server CPU per MiB read), ``load_mb_s``.
+
+    .venv/bin/python scripts/server_workloads.py --server-src /old/tree/src protocol
+    .venv/bin/python scripts/server_workloads.py --server-src src catchup --mib 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benches"))
+
+MiB = 1 << 20
+RECORD = 1024
+FRAME = 1000
+
+
+class Server:
+    """A running ``tierlog serve`` subprocess: ports, CPU time, admin metrics."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, admin: int) -> None:
+        self.proc, self.port, self.admin = proc, port, admin
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the server process (all threads) so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def metric_sum(self, name: str, pattern: str = "") -> float | None:
+        """Sum of the samples of ``name`` whose line matches ``pattern``; None if none."""
+        url = f"http://127.0.0.1:{self.admin}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and re.search(pattern, line)
+        ]
+        return sum(values) if values else None
+
+
+@contextmanager
+def tierlog_server(
+    server_src: str, workdir: Path, env_extra: Mapping[str, str]
+) -> Iterator[Server]:
+    """``python -m tierlog serve`` with ``PYTHONPATH=server_src``, data in ``workdir``."""
+    ready = workdir / "ready.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
+    env.update(
+        TIERLOG_SERVER_PORT="0",
+        TIERLOG_SERVER_ADMIN_PORT="0",
+        TIERLOG_SERVER_READY_FILE=str(ready),
+        TIERLOG_STORAGE_DATA_DIR=str(workdir / "data"),
+        TIERLOG_SERVER_LOG_LEVEL="WARNING",
+        PYTHONPATH=server_src,
+    )
+    env.update(env_extra)
+    proc = subprocess.Popen([sys.executable, "-m", "tierlog", "serve"], env=env, cwd=workdir)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("tierlog serve did not start")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        yield Server(proc, int(info["stream_port"]), int(info["admin_port"]))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def server_module_path(server_src: str) -> str:
+    """Where ``tierlog`` is imported from under ``server_src`` (printed, so a run shows
+    which tree served it)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import tierlog; print(tierlog.__file__)"],
+        env=dict(os.environ, PYTHONPATH=server_src),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def key_values(values: Mapping[str, float]) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in values.items())
+
+
+# -- protocol --------------------------------------------------------------------------
+
+
+def protocol(server_src: str, args: argparse.Namespace) -> dict[str, float]:
+    from protocol import consume, publish
+
+    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-"))
+    try:
+        with tierlog_server(server_src, workdir, {}) as server:
+            cpu0 = server.cpu_seconds()
+            pub = asyncio.run(
+                publish("127.0.0.1", server.port, args.messages, args.size, args.batch)
+            )
+            cpu1 = server.cpu_seconds()
+            con = asyncio.run(consume("127.0.0.1", server.port, args.messages))
+            cpu2 = server.cpu_seconds()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    values = {
+        "publish_msg_s": pub,
+        "consume_msg_s": con,
+        "publish_cpu_us": 1e6 * (cpu1 - cpu0) / args.messages,
+        "consume_cpu_us": 1e6 * (cpu2 - cpu1) / args.messages,
+    }
+    print(
+        f"publish {pub:,.0f} msg/s ({values['publish_cpu_us']:.2f} µs server CPU/msg), "
+        f"consume {con:,.0f} msg/s ({values['consume_cpu_us']:.2f} µs/msg)",
+        flush=True,
+    )
+    return values
+
+
+# -- catchup ---------------------------------------------------------------------------
+
+
+def wait_tiered(server: Server, stream: str, timeout: float = 600) -> None:
+    """Until the stream's tiering lag metric reads 0 (every committed byte tiered)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lag = server.metric_sum("tierlog_tier_lag_bytes", f'"[^"]*{stream}')
+        if lag == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{stream}: tiering lag still {lag} bytes")
+        time.sleep(0.5)
+
+
+def get_requests(server: Server) -> float:
+    return server.metric_sum("tierlog_object_store_requests_total", r'op="get') or 0.0
+
+
+def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
+    from catchup import lean_read, load, raw_gets
+    from lean_client import LeanConsumer
+    from tests.plugins.seaweed import start_seaweed
+
+    from tierlog.storage.s3_config import S3Config
+    from tierlog.storage.s3_object_store import S3ObjectStore
+
+    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-"))
+    seaweed = start_seaweed(str(workdir / "seaweed"))
+    prefix = f"catchup-{os.getpid()}"
+    store = S3ObjectStore(
+        S3Config(
+            bucket=seaweed.bucket,
+            prefix=prefix,
+            endpoint=seaweed.endpoint,
+            region=seaweed.region,
+            access_key_id=seaweed.access_key,
+            secret_access_key=seaweed.secret_key,
+        )
+    )
+    env = {
+        "TIERLOG_STORAGE_OBJECT_STORE": (
+            f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}&region={seaweed.region}"
+        ),
+        "AWS_ACCESS_KEY_ID": seaweed.access_key,
+        "AWS_SECRET_ACCESS_KEY": seaweed.secret_key,
+    }
+    try:
+        (workdir / "server").mkdir()
+        with tierlog_server(server_src, workdir / "server", env) as server:
+            cold_args = {
+                "x-tierlog-max-fragment-age": "2s",
+                "x-tierlog-read-strategy": "FORCE",
+                "stream-max-segment-size-bytes": str(64 * MiB),
+            }
+            started = time.perf_counter()
+            messages = load(server, "coldread", cold_args, args.mib)  # type: ignore[arg-type]
+            load_mbs = messages * RECORD / (time.perf_counter() - started) / 1e6
+            wait_tiered(server, "coldread")
+            objects = [(o.key, o.size) for o in store.list("") if o.size >= MiB]
+            print(f"  tiered: {len(objects)} objects ≥ 1 MiB", flush=True)
+
+            before = get_requests(server)
+            seeker = LeanConsumer(
+                "127.0.0.1", server.port, "coldread", offset=messages // 3, credit=1
+            )
+            t0 = time.perf_counter()
+            seeker.read_until(messages // 3 + 1)
+            seek_ms = 1000 * (time.perf_counter() - t0)
+            seek_gets = get_requests(server) - before
+            seeker.close()
+
+            cpu0 = server.cpu_seconds()
+            cold_s, cold_bytes = lean_read(server, "coldread", messages)  # type: ignore[arg-type]
+            cold_cpu = server.cpu_seconds() - cpu0
+            raw_s, raw_bytes = raw_gets(store, objects)
+
+            load(server, "localread", {"x-tierlog-read-strategy": "DISABLE"}, args.mib)  # type: ignore[arg-type]
+            cpu0 = server.cpu_seconds()
+            local_s, local_bytes = lean_read(server, "localread", messages)  # type: ignore[arg-type]
+            local_cpu = server.cpu_seconds() - cpu0
+    finally:
+        store.close()
+        seaweed.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    cold_mbs = cold_bytes / cold_s / 1e6
+    raw_mbs = raw_bytes / raw_s / 1e6
+    local_mbs = local_bytes / local_s / 1e6
+    print(
+        f"  cold {cold_mbs:.0f} MB/s, raw GETs {raw_mbs:.0f} MB/s, local {local_mbs:.0f} MB/s, "
+        f"seek {seek_gets:.0f} GETs / {seek_ms:.0f} ms",
+        flush=True,
+    )
+    return {
+        "cold_mb_s": cold_mbs,
+        "raw_mb_s": raw_mbs,
+        "remote_raw_ratio": cold_mbs / raw_mbs,
+        "local_mb_s": local_mbs,
+        "remote_local_ratio": cold_mbs / local_mbs,
+        "seek_gets": seek_gets,
+        "seek_ms": seek_ms,
+        "cold_cpu_ms_per_mib": 1000 * cold_cpu / (cold_bytes / MiB),
+        "local_cpu_ms_per_mib": 1000 * local_cpu / (local_bytes / MiB),
+        "load_mb_s": load_mbs,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--server-src", default=str(ROOT / "src"), help="PYTHONPATH of the server process"
+    )
+    sub = parser.add_subparsers(dest="workload", required=True)
+    p = sub.add_parser("protocol")
+    p.add_argument("--messages", type=int, default=200_000)
+    p.add_argument("--size", type=int, default=100)
+    p.add_argument("--batch", type=int, default=1_000)
+    c = sub.add_parser("catchup")
+    c.add_argument("--mib", type=int, default=128)
+    args = parser.parse_args()
+    server_src = os.path.abspath(args.server_src)
+    print(f"server: {server_module_path(server_src)}", flush=True)
+    run = {"protocol": protocol, "catchup": catchup}[args.workload]
+    print(key_values(run(server_src, args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
