@@ -19,6 +19,9 @@ Workloads (each prints ``key=value`` pairs on its last line):
   both servers). Keys: ``publish_msg_s``, ``consume_msg_s`` and the server's CPU (user +
   system, /proc) per message for each phase, ``publish_cpu_us``, ``consume_cpu_us`` — the
   CPU figures are less sensitive than wall-clock rates to other processes on the machine.
+  Then the same through ``benches/lean_client.py`` (pre-encoded frames, 16 in flight), where
+  rstream's per-message Python work no longer bounds the rate: ``lean_publish_msg_s``,
+  ``lean_consume_msg_s``, ``lean_publish_cpu_us``, ``lean_consume_cpu_us``.
 - ``catchup``: SeaweedFS started here, the server tiers to it. ``--mib`` of 1 KiB messages
   (lean publisher, frames of 1,000) into a stream with 64 MiB segments, a 2 s fragment age
   and read strategy ``FORCE``; waits until its tiering lag is 0; GETs and milliseconds from
@@ -143,7 +146,7 @@ def key_values(values: Mapping[str, float]) -> str:
 def protocol(server_src: str, args: argparse.Namespace) -> dict[str, float]:
     from protocol import consume, publish
 
-    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
     try:
         with tierlog_server(server_src, workdir, {}) as server:
             cpu0 = server.cpu_seconds()
@@ -153,20 +156,53 @@ def protocol(server_src: str, args: argparse.Namespace) -> dict[str, float]:
             cpu1 = server.cpu_seconds()
             con = asyncio.run(consume("127.0.0.1", server.port, args.messages))
             cpu2 = server.cpu_seconds()
+            lean_pub, lean_con, cpu3, cpu4 = lean_phase(server, args)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    n = args.messages
     values = {
         "publish_msg_s": pub,
         "consume_msg_s": con,
-        "publish_cpu_us": 1e6 * (cpu1 - cpu0) / args.messages,
-        "consume_cpu_us": 1e6 * (cpu2 - cpu1) / args.messages,
+        "publish_cpu_us": 1e6 * (cpu1 - cpu0) / n,
+        "consume_cpu_us": 1e6 * (cpu2 - cpu1) / n,
+        "lean_publish_msg_s": lean_pub,
+        "lean_consume_msg_s": lean_con,
+        "lean_publish_cpu_us": 1e6 * cpu3 / n,
+        "lean_consume_cpu_us": 1e6 * cpu4 / n,
     }
     print(
-        f"publish {pub:,.0f} msg/s ({values['publish_cpu_us']:.2f} µs server CPU/msg), "
-        f"consume {con:,.0f} msg/s ({values['consume_cpu_us']:.2f} µs/msg)",
+        f"rstream: publish {pub:,.0f} msg/s ({values['publish_cpu_us']:.2f} µs server "
+        f"CPU/msg), consume {con:,.0f} msg/s ({values['consume_cpu_us']:.2f} µs/msg); lean: "
+        f"publish {lean_pub:,.0f} msg/s ({values['lean_publish_cpu_us']:.2f} µs/msg), "
+        f"consume {lean_con:,.0f} msg/s ({values['lean_consume_cpu_us']:.2f} µs/msg)",
         flush=True,
     )
     return values
+
+
+def lean_phase(server: Server, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """The same messages through the lean client (pre-encoded frames, 16 in flight; per-chunk
+    consumer), so the client is not the bottleneck: (publish msg/s, consume msg/s, server
+    CPU seconds of each)."""
+    from lean_client import LeanConnection, LeanConsumer, LeanPublisher
+
+    setup = LeanConnection("127.0.0.1", server.port)
+    setup.create("lean", {})
+    setup.close()
+    publisher = LeanPublisher("127.0.0.1", server.port, "lean")
+    frames = args.messages // args.batch
+    cpu0 = server.cpu_seconds()
+    seconds = publisher.publish([b"x" * args.size] * args.batch, frames, window=16)
+    cpu1 = server.cpu_seconds()
+    publisher.close()
+    consumer = LeanConsumer("127.0.0.1", server.port, "lean", credit=16)
+    started = time.perf_counter()
+    consumer.read_until(frames * args.batch)
+    read_seconds = time.perf_counter() - started
+    cpu2 = server.cpu_seconds()
+    consumer.close()
+    n = frames * args.batch
+    return n / seconds, n / read_seconds, cpu1 - cpu0, cpu2 - cpu1
 
 
 # -- catchup ---------------------------------------------------------------------------
@@ -196,7 +232,7 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
     from tierlog.storage.s3_config import S3Config
     from tierlog.storage.s3_object_store import S3ObjectStore
 
-    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-"))
+    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
     seaweed = start_seaweed(str(workdir / "seaweed"))
     prefix = f"catchup-{os.getpid()}"
     store = S3ObjectStore(
@@ -280,6 +316,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--server-src", default=str(ROOT / "src"), help="PYTHONPATH of the server process"
+    )
+    parser.add_argument(
+        "--data-root",
+        default=None,
+        help="where the server's data (and SeaweedFS) go, e.g. /dev/shm to take the shared "
+        "disk's fsync latency out of a code comparison (default: the temp dir)",
     )
     sub = parser.add_subparsers(dest="workload", required=True)
     p = sub.add_parser("protocol")
