@@ -58,6 +58,8 @@ SERVER_BENCHES: dict[str, list[str]] = {
     "server_protocol": ["protocol", "--messages", "1000000"],
     # the same with the server's data in /dev/shm: no fsync latency of the shared disk
     "server_protocol_shm": ["--data-root", "/dev/shm", "protocol", "--messages", "1000000"],
+    # the lean-client phase alone, 3M messages (server CPU resolved to ~1 %)
+    "server_lean_shm": ["--data-root", "/dev/shm", "lean"],
     "server_catchup": ["catchup", "--mib", "128"],
 }
 

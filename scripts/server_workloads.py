@@ -22,6 +22,9 @@ Workloads (each prints ``key=value`` pairs on its last line):
   Then the same through ``benches/lean_client.py`` (pre-encoded frames, 16 in flight), where
   rstream's per-message Python work no longer bounds the rate: ``lean_publish_msg_s``,
   ``lean_consume_msg_s``, ``lean_publish_cpu_us``, ``lean_consume_cpu_us``.
+- ``lean``: only the lean-client phase of ``protocol`` (default 3,000,000 messages, so the
+  server's CPU, counted in 10 ms ticks, is resolved to about 1 %); ``--profile PATH``
+  records the server with py-spy during it.
 - ``catchup``: SeaweedFS started here, the server tiers to it. ``--mib`` of 1 KiB messages
   (lean publisher, frames of 1,000) into a stream with 64 MiB segments, a 2 s fragment age
   and read strategy ``FORCE``; waits until its tiering lag is 0; GETs and milliseconds from
@@ -205,6 +208,41 @@ def lean_phase(server: Server, args: argparse.Namespace) -> tuple[float, float, 
     return n / seconds, n / read_seconds, cpu1 - cpu0, cpu2 - cpu1
 
 
+def lean(server_src: str, args: argparse.Namespace) -> dict[str, float]:
+    """Only the lean-client phase (the server's publish path with the least client work),
+    optionally with py-spy recording the server during it."""
+    workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
+    try:
+        with tierlog_server(server_src, workdir, {}) as server:
+            spy = None
+            if args.profile:
+                spy = subprocess.Popen(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        *("record", "-p", str(server.proc.pid), "-o", args.profile),
+                        *("-r", "200", "--nonblocking", "-f", "raw"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(1.0)
+            lean_pub, lean_con, cpu_pub, cpu_con = lean_phase(server, args)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    n = args.messages // args.batch * args.batch
+    values = {
+        "lean_publish_msg_s": lean_pub,
+        "lean_consume_msg_s": lean_con,
+        "lean_publish_cpu_us": 1e6 * cpu_pub / n,
+        "lean_consume_cpu_us": 1e6 * cpu_con / n,
+    }
+    print(f"lean: {key_values(values)}", flush=True)
+    return values
+
+
 # -- catchup ---------------------------------------------------------------------------
 
 
@@ -328,12 +366,17 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--size", type=int, default=100)
     p.add_argument("--batch", type=int, default=1_000)
+    lp = sub.add_parser("lean")
+    lp.add_argument("--messages", type=int, default=3_000_000)
+    lp.add_argument("--size", type=int, default=100)
+    lp.add_argument("--batch", type=int, default=1_000)
+    lp.add_argument("--profile", help="py-spy raw (collapsed) stacks of the server, to PATH")
     c = sub.add_parser("catchup")
     c.add_argument("--mib", type=int, default=128)
     args = parser.parse_args()
     server_src = os.path.abspath(args.server_src)
     print(f"server: {server_module_path(server_src)}", flush=True)
-    run = {"protocol": protocol, "catchup": catchup}[args.workload]
+    run = {"protocol": protocol, "lean": lean, "catchup": catchup}[args.workload]
     print(key_values(run(server_src, args)))
     return 0
 
