@@ -60,7 +60,7 @@ SERVER_BENCHES: dict[str, list[str]] = {
     "server_protocol_shm": ["--data-root", "/dev/shm", "protocol", "--messages", "1000000"],
     # the lean-client phase alone, 3M messages (server CPU resolved to ~1 %)
     "server_lean_shm": ["--data-root", "/dev/shm", "lean"],
-    "server_catchup": ["catchup", "--mib", "128"],
+    "server_catchup": ["catchup", "--mib", "256"],
 }
 
 # Seconds per run where the default is too short.
@@ -84,6 +84,8 @@ LOWER_IS_BETTER = {
     "publish_cpu_us",
     "consume_cpu_us",
     "cold_cpu_ms_per_mib",
+    "cold_sys_ms_per_mib",
+    "cold_gets",
     "local_cpu_ms_per_mib",
     "lean_publish_cpu_us",
     "lean_consume_cpu_us",

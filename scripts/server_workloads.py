@@ -31,10 +31,12 @@ Workloads (each prints ``key=value`` pairs on its last line):
   subscribing a fresh consumer at a third of the stream to its first chunk (cold caches);
   a lean consumer reads the stream from ``first`` (every tiered chunk from SeaweedFS); raw
   ranged GETs of the same objects (4 MiB, 8 at a time, client side: the baseline measured in
-  the same run); the same data into a ``DISABLE`` (local only) stream read by the lean
-  consumer. Keys: ``cold_mb_s``, ``raw_mb_s``, ``remote_raw_ratio``, ``local_mb_s``,
-  ``remote_local_ratio``, ``seek_gets``, ``seek_ms``, ``cold_cpu_ms_per_mib``,
-  ``local_cpu_ms_per_mib`` (server CPU per MiB read), ``load_mb_s``.
+  the same run); the same data into a ``DISABLE`` (local only) stream, once it is tiered
+  too (no upload during the read), read by the lean consumer. Keys: ``cold_mb_s``,
+  ``raw_mb_s``, ``remote_raw_ratio``, ``local_mb_s``, ``remote_local_ratio``,
+  ``seek_gets``, ``seek_ms``, ``cold_cpu_ms_per_mib`` and ``local_cpu_ms_per_mib`` (server
+  CPU per MiB read), ``cold_sys_ms_per_mib`` (its kernel share), ``cold_gets`` (GET
+  requests of the cold read), ``load_mb_s``.
 
     .venv/bin/python scripts/server_workloads.py --server-src /old/tree/src protocol
     .venv/bin/python scripts/server_workloads.py --server-src src catchup --mib 128
@@ -73,11 +75,16 @@ class Server:
     def __init__(self, proc: subprocess.Popen[bytes], port: int, admin: int) -> None:
         self.proc, self.port, self.admin = proc, port, admin
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the server process (all threads) so far."""
+    def cpu_times(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of the server process (all threads) so far."""
         with open(f"/proc/{self.proc.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the server process (all threads) so far."""
+        return sum(self.cpu_times())
 
     def metric_sum(self, name: str, pattern: str = "") -> float | None:
         """Sum of the samples of ``name`` whose line matches ``pattern``; None if none."""
@@ -124,6 +131,31 @@ def tierlog_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def profiled(server: Server, path: str | None) -> Iterator[None]:
+    """py-spy recording the server (raw collapsed stacks to ``path``) around the block;
+    with ``PY_SPY_GIL=1`` only the thread holding the GIL is sampled (Python CPU)."""
+    if not path:
+        yield
+        return
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "py-spy"),
+            *("record", "-p", str(server.proc.pid), "-o", path),
+            *("-r", "200", "--nonblocking", "-f", "raw"),
+            *(["--gil"] if os.environ.get("PY_SPY_GIL") == "1" else []),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
 
 
 def server_module_path(server_src: str) -> str:
@@ -213,23 +245,11 @@ def lean(server_src: str, args: argparse.Namespace) -> dict[str, float]:
     optionally with py-spy recording the server during it."""
     workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
     try:
-        with tierlog_server(server_src, workdir, {}) as server:
-            spy = None
-            if args.profile:
-                spy = subprocess.Popen(
-                    [
-                        str(Path(sys.executable).parent / "py-spy"),
-                        *("record", "-p", str(server.proc.pid), "-o", args.profile),
-                        *("-r", "200", "--nonblocking", "-f", "raw"),
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(1.0)
+        with (
+            tierlog_server(server_src, workdir, {}) as server,
+            profiled(server, args.profile),
+        ):
             lean_pub, lean_con, cpu_pub, cpu_con = lean_phase(server, args)
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(60)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     n = args.messages // args.batch * args.batch
@@ -315,12 +335,18 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
             seek_gets = get_requests(server) - before
             seeker.close()
 
-            cpu0 = server.cpu_seconds()
-            cold_s, cold_bytes = lean_read(server, "coldread", messages)  # type: ignore[arg-type]
-            cold_cpu = server.cpu_seconds() - cpu0
+            with profiled(server, args.profile):
+                user0, sys0 = server.cpu_times()
+                gets0 = get_requests(server)
+                cold_s, cold_bytes = lean_read(server, "coldread", messages)  # type: ignore[arg-type]
+                cold_gets = get_requests(server) - gets0
+                user1, sys1 = server.cpu_times()
+                cold_cpu = user1 - user0 + sys1 - sys0
             raw_s, raw_bytes = raw_gets(store, objects)
 
-            load(server, "localread", {"x-tierlog-read-strategy": "DISABLE"}, args.mib)  # type: ignore[arg-type]
+            local_args = {"x-tierlog-read-strategy": "DISABLE", "x-tierlog-max-fragment-age": "2s"}
+            load(server, "localread", local_args, args.mib)  # type: ignore[arg-type]
+            wait_tiered(server, "localread")  # no upload while the read is measured
             cpu0 = server.cpu_seconds()
             local_s, local_bytes = lean_read(server, "localread", messages)  # type: ignore[arg-type]
             local_cpu = server.cpu_seconds() - cpu0
@@ -345,6 +371,8 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
         "seek_gets": seek_gets,
         "seek_ms": seek_ms,
         "cold_cpu_ms_per_mib": 1000 * cold_cpu / (cold_bytes / MiB),
+        "cold_sys_ms_per_mib": 1000 * (sys1 - sys0) / (cold_bytes / MiB),
+        "cold_gets": cold_gets,
         "local_cpu_ms_per_mib": 1000 * local_cpu / (local_bytes / MiB),
         "load_mb_s": load_mbs,
     }
@@ -373,6 +401,7 @@ def main() -> int:
     lp.add_argument("--profile", help="py-spy raw (collapsed) stacks of the server, to PATH")
     c = sub.add_parser("catchup")
     c.add_argument("--mib", type=int, default=128)
+    c.add_argument("--profile", help="py-spy raw stacks of the server's cold read, to PATH")
     args = parser.parse_args()
     server_src = os.path.abspath(args.server_src)
     print(f"server: {server_module_path(server_src)}", flush=True)
