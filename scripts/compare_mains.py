@@ -86,6 +86,8 @@ LOWER_IS_BETTER = {
     "cold_cpu_ms_per_mib",
     "cold_sys_ms_per_mib",
     "cold_gets",
+    "cold_faults_per_mib",
+    "cold_switches_per_mib",
     "local_cpu_ms_per_mib",
     "lean_publish_cpu_us",
     "lean_consume_cpu_us",

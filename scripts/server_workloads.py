@@ -36,7 +36,8 @@ Workloads (each prints ``key=value`` pairs on its last line):
   ``raw_mb_s``, ``remote_raw_ratio``, ``local_mb_s``, ``remote_local_ratio``,
   ``seek_gets``, ``seek_ms``, ``cold_cpu_ms_per_mib`` and ``local_cpu_ms_per_mib`` (server
   CPU per MiB read), ``cold_sys_ms_per_mib`` (its kernel share), ``cold_gets`` (GET
-  requests of the cold read), ``load_mb_s``.
+  requests of the cold read), ``cold_faults_per_mib`` (minor page faults) and
+  ``cold_switches_per_mib`` (context switches of the server's threads), ``load_mb_s``.
 
     .venv/bin/python scripts/server_workloads.py --server-src /old/tree/src protocol
     .venv/bin/python scripts/server_workloads.py --server-src src catchup --mib 128
@@ -81,6 +82,21 @@ class Server:
             fields = f.read().rsplit(")", 1)[1].split()
         tick = os.sysconf("SC_CLK_TCK")
         return int(fields[11]) / tick, int(fields[12]) / tick
+
+    def faults_and_switches(self) -> tuple[int, int]:
+        """(minor page faults of the process, context switches of its live threads)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            minflt = int(f.read().rsplit(")", 1)[1].split()[7])
+        switches = 0
+        for task in os.listdir(f"/proc/{self.proc.pid}/task"):
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{task}/status") as f:
+                    for line in f:
+                        if "ctxt_switches:" in line:
+                            switches += int(line.split()[1])
+            except FileNotFoundError:  # the thread ended
+                continue
+        return minflt, switches
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the server process (all threads) so far."""
@@ -338,7 +354,9 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
             with profiled(server, args.profile):
                 user0, sys0 = server.cpu_times()
                 gets0 = get_requests(server)
+                faults0, switches0 = server.faults_and_switches()
                 cold_s, cold_bytes = lean_read(server, "coldread", messages)  # type: ignore[arg-type]
+                faults1, switches1 = server.faults_and_switches()
                 cold_gets = get_requests(server) - gets0
                 user1, sys1 = server.cpu_times()
                 cold_cpu = user1 - user0 + sys1 - sys0
@@ -373,6 +391,8 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
         "cold_cpu_ms_per_mib": 1000 * cold_cpu / (cold_bytes / MiB),
         "cold_sys_ms_per_mib": 1000 * (sys1 - sys0) / (cold_bytes / MiB),
         "cold_gets": cold_gets,
+        "cold_faults_per_mib": (faults1 - faults0) / (cold_bytes / MiB),
+        "cold_switches_per_mib": (switches1 - switches0) / (cold_bytes / MiB),
         "local_cpu_ms_per_mib": 1000 * local_cpu / (local_bytes / MiB),
         "load_mb_s": load_mbs,
     }
