@@ -37,7 +37,8 @@ Workloads (each prints ``key=value`` pairs on its last line):
   ``seek_gets``, ``seek_ms``, ``cold_cpu_ms_per_mib`` and ``local_cpu_ms_per_mib`` (server
   CPU per MiB read), ``cold_sys_ms_per_mib`` (its kernel share), ``cold_gets`` (GET
   requests of the cold read), ``cold_faults_per_mib`` (minor page faults) and
-  ``cold_switches_per_mib`` (context switches of the server's threads), ``load_mb_s``.
+  ``cold_switches_per_mib`` (context switches of the server's threads),
+  ``raw_server_cpu_ms`` (the server's CPU while the raw GETs run), ``load_mb_s``.
 
     .venv/bin/python scripts/server_workloads.py --server-src /old/tree/src protocol
     .venv/bin/python scripts/server_workloads.py --server-src src catchup --mib 128
@@ -360,7 +361,9 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
                 cold_gets = get_requests(server) - gets0
                 user1, sys1 = server.cpu_times()
                 cold_cpu = user1 - user0 + sys1 - sys0
+            cpu0 = server.cpu_seconds()
             raw_s, raw_bytes = raw_gets(store, objects)
+            raw_server_cpu = server.cpu_seconds() - cpu0  # should be ~0: the server is idle
 
             local_args = {"x-tierlog-read-strategy": "DISABLE", "x-tierlog-max-fragment-age": "2s"}
             load(server, "localread", local_args, args.mib)  # type: ignore[arg-type]
@@ -391,6 +394,7 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
         "cold_cpu_ms_per_mib": 1000 * cold_cpu / (cold_bytes / MiB),
         "cold_sys_ms_per_mib": 1000 * (sys1 - sys0) / (cold_bytes / MiB),
         "cold_gets": cold_gets,
+        "raw_server_cpu_ms": 1000 * raw_server_cpu,
         "cold_faults_per_mib": (faults1 - faults0) / (cold_bytes / MiB),
         "cold_switches_per_mib": (switches1 - switches0) / (cold_bytes / MiB),
         "local_cpu_ms_per_mib": 1000 * local_cpu / (local_bytes / MiB),
