@@ -379,6 +379,25 @@ class Metrics:
             "Uploads or commits of the stream in flight longer than store.task_stall_seconds.",
             "counter",
         )
+        self.cold_chunk_bytes = self._scrape_stream(
+            "tierlog_cold_chunk_bytes",
+            "Chunk bytes the stream's tierer encoded into compressed or encrypted fragments.",
+            "counter",
+        )
+        self.cold_stored_bytes = self._scrape_stream(
+            "tierlog_cold_stored_bytes",
+            "Frame bytes those chunks took in the fragments (after compression and sealing).",
+            "counter",
+        )
+        self.cold_compression_ratio = self._scrape_stream(
+            "tierlog_cold_compression_ratio",
+            "Chunk bytes per stored byte of the stream's coded fragments (0 before the first).",
+        )
+        self.cold_dictionary_trainings = self._scrape_stream(
+            "tierlog_cold_dictionary_trainings",
+            "Compression dictionaries trained for the stream (first and retrained).",
+            "counter",
+        )
         self.prefetch_memory_bytes = self._scrape(
             "tierlog_prefetch_memory_bytes",
             "Bytes held by remote-read prefetch buffers (all readers, one budget).",
@@ -389,6 +408,64 @@ class Metrics:
             "Bytes queued for consumers' sockets on all connections (each connection is "
             "capped at its write high-water mark plus one chunk).",
             "gauge",
+        )
+        # -- delayed delivery ---------------------------------------------------------
+        self.delayed_scheduled = self._scrape_stream(
+            "tierlog_delayed_scheduled",
+            "Scheduled messages of a delayed stream not delivered yet (working set, parked "
+            "and in flight).",
+        )
+        self.delayed_next_due_seconds = self._scrape_stream(
+            "tierlog_delayed_next_due_seconds",
+            "Due time of a delayed stream's earliest scheduled message (Unix seconds; absent "
+            "when none).",
+        )
+        self.delayed_dispatch_halted = self._scrape_stream(
+            "tierlog_delayed_dispatch_halted",
+            "1 while a delayed stream does not dispatch because the node's clock differs from "
+            "the MetaStore's by more than 500 ms.",
+        )
+        self.delayed_lateness_seconds = Histogram(
+            "tierlog_delayed_lateness_seconds",
+            "Time from a scheduled message's due time to its append to the stream.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delayed_dispatched = Counter(
+            "tierlog_delayed_dispatched",
+            "Scheduled messages appended to their stream when due.",
+            registry=r,
+        )
+        self.delayed_accepted = Counter(
+            "tierlog_delayed_accepted",
+            "Scheduled messages accepted (appended to a system stream).",
+            registry=r,
+        )
+        self.delayed_refused = Counter(
+            "tierlog_delayed_refused",
+            "Messages of delayed streams refused, by reason (bad_property, sub_batch).",
+            ["reason"],
+            registry=r,
+        )
+        self.delayed_cancelled = Counter(
+            "tierlog_delayed_cancelled", "Scheduled messages cancelled.", registry=r
+        )
+        self.delayed_clock_skew_halts = Counter(
+            "tierlog_delayed_clock_skew_halts",
+            "Dispatch rounds skipped because the node's clock was skewed.",
+            registry=r,
+        )
+        self.delayed_timer_objects = Counter(
+            "tierlog_delayed_timer_objects",
+            "Timer objects written to the remote tier.",
+            registry=r,
+        )
+        self.delayed_repairs = Counter(
+            "tierlog_delayed_repairs",
+            "Delayed-delivery state repaired from the system stream, by what was damaged "
+            "(working_set, timer_object, timer_manifest).",
+            ["kind"],
+            registry=r,
         )
         r.register(_ScrapedCollector(self._scraped))
 

@@ -40,3 +40,19 @@ class MembershipChangeError(ClusterError):
 class DivergentLogError(ClusterError):
     """A member's tail (last epoch, last chunk id) is not on the leader's log: the
     member must truncate its divergent suffix before it may fetch."""
+
+
+class LinkError(ClusterError):
+    """A node-to-node link failed."""
+
+
+class LinkAuthError(LinkError):
+    """The peer did not prove it holds the cluster secret (or named another node)."""
+
+
+class LinkClosedError(LinkError):
+    """The link is closed."""
+
+
+class CatchUpError(ClusterError):
+    """A new leader could not take the most up-to-date member's log."""

@@ -5,7 +5,7 @@ Every frame (all integers big-endian)::
 
     length u32          bytes after this field
     kind u8             FrameKind
-    flags u8            0 (reserved)
+    flags u8            0, except SEGMENT_START on CHUNKS (other bits reserved)
     stream length u16   bytes of the stream id (0 for connection-level frames)
     epoch u64           the sender's epoch for that stream (0 for connection-level)
     stream id           UTF-8 (the stream incarnation)
@@ -14,7 +14,12 @@ Every frame (all integers big-endian)::
 Bodies:
 
 * ``HELLO``: protocol version u16, node name (u16 length + UTF-8). First frame on
-  each side; peers are authenticated by mutual TLS, the name must match the peer.
+  each side, followed by ``CHALLENGE``.
+* ``CHALLENGE``: a 32-byte random nonce. ``PROOF``: a 32-byte HMAC-SHA256, keyed
+  with the cluster secret, over the role, the peer's nonce and both node names
+  (``cluster.link`` computes it): each side proves it holds the secret, without
+  sending it, before any other frame (mutual authentication; TLS may wrap the
+  connection as well).
 * ``ADOPT`` (leader → member): empty; "persist this epoch and report your tail".
 * ``ADOPTED`` (member → leader): accepted u8, highest seen epoch u64, tail epoch u64,
   tail chunk id i64 (-1: empty log).
@@ -28,7 +33,9 @@ Bodies:
   chunk count u32, data length u32, then ``data length`` bytes of Osiris chunks exactly
   as they are in the leader's segment file (the member appends them verbatim). The
   header is encoded apart (``encode_chunks_header``) so the data can follow by
-  ``sendfile`` without passing through Python.
+  ``sendfile`` without passing through Python. Flag ``SEGMENT_START`` (0x01): the
+  first chunk starts a segment of the leader's log, where an empty member may begin
+  (a late joiner: tracking starts empty or with that chunk's snapshot there).
 * ``WRITTEN`` (member → leader): written (fsynced) chunk id i64.
 * ``COMMIT`` (leader → member): commit chunk id i64 (also a heartbeat).
 * ``REFUSED``: code u16 (RefusalCode), highest seen epoch u64, message (u16 length +
@@ -40,7 +47,7 @@ Decoders reject anything malformed with a typed ``FormatError``.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from tierlog.formats.errors import (
@@ -59,6 +66,7 @@ NO_CHUNK = -1
 
 _LENGTH = struct.Struct(">I")
 _HEADER = struct.Struct(">BBHQ")  # kind, flags, stream length, epoch (after the length)
+SEGMENT_START = 0x01  # CHUNKS flag: the first chunk starts a segment of the leader's log
 FRAME_HEADER_SIZE = _LENGTH.size + _HEADER.size  # 16
 _ADOPTED = struct.Struct(">BQQq")
 _FETCH = struct.Struct(">QQqI")
@@ -80,6 +88,8 @@ class FrameKind(IntEnum):
     WRITTEN = 7
     COMMIT = 8
     REFUSED = 9
+    CHALLENGE = 10
+    PROOF = 11
 
 
 class RefusalCode(IntEnum):
@@ -94,6 +104,19 @@ class RefusalCode(IntEnum):
 class Hello:
     node: str
     version: int = PROTOCOL_VERSION
+
+
+AUTH_BYTES = 32  # nonce and HMAC-SHA256 sizes
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    mac: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +162,7 @@ class Chunks:
     commit_chunk_id: int
     chunk_count: int
     data: bytes
+    segment_start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +188,19 @@ class Refused:
     message: str
 
 
-Frame = Hello | Adopt | Adopted | Fetch | History | Chunks | Written | Commit | Refused
+Frame = (
+    Hello
+    | Challenge
+    | Proof
+    | Adopt
+    | Adopted
+    | Fetch
+    | History
+    | Chunks
+    | Written
+    | Commit
+    | Refused
+)
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -189,7 +225,9 @@ def _text(value: str, what: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def _frame(kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0) -> bytes:
+def _frame(
+    kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0, flags: int = 0
+) -> bytes:
     """Header (with room for ``extra`` bytes sent after it) + body."""
     sid = stream.encode()
     if len(sid) > MAX_STREAM_ID_BYTES:
@@ -197,7 +235,8 @@ def _frame(kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0
     length = _HEADER.size + len(sid) + len(body) + extra
     if length > MAX_FRAME_BYTES:
         raise InvalidSizeError(f"frame of {length} bytes > {MAX_FRAME_BYTES}")
-    return _LENGTH.pack(length) + _HEADER.pack(kind, 0, len(sid), _u64(epoch, "epoch")) + sid + body
+    header = _HEADER.pack(kind, flags, len(sid), _u64(epoch, "epoch"))
+    return _LENGTH.pack(length) + header + sid + body
 
 
 def encode_chunks_header(
@@ -208,6 +247,7 @@ def encode_chunks_header(
     commit_chunk_id: int,
     chunk_count: int,
     data_length: int,
+    segment_start: bool = False,
 ) -> bytes:
     """Everything of a ``CHUNKS`` frame but its data, which follows it on the wire."""
     if chunk_count < 0 or data_length < 0 or (chunk_count == 0) != (data_length == 0):
@@ -221,7 +261,8 @@ def encode_chunks_header(
         chunk_count,
         data_length,
     )
-    return _frame(FrameKind.CHUNKS, stream, epoch, body, extra=data_length)
+    flags = SEGMENT_START if segment_start and chunk_count else 0
+    return _frame(FrameKind.CHUNKS, stream, epoch, body, extra=data_length, flags=flags)
 
 
 def encode(frame: Frame) -> bytes:
@@ -229,6 +270,12 @@ def encode(frame: Frame) -> bytes:
     if isinstance(frame, Hello):
         body = _U16.pack(frame.version) + _text(frame.node, "node name")
         return _frame(FrameKind.HELLO, "", 0, body)
+    if isinstance(frame, Challenge | Proof):
+        raw = frame.nonce if isinstance(frame, Challenge) else frame.mac
+        if len(raw) != AUTH_BYTES:
+            raise InvalidSizeError(f"authentication value of {len(raw)} bytes")
+        kind = FrameKind.CHALLENGE if isinstance(frame, Challenge) else FrameKind.PROOF
+        return _frame(kind, "", 0, bytes(raw))
     if isinstance(frame, Adopt):
         return _frame(FrameKind.ADOPT, frame.stream, frame.epoch, b"")
     if isinstance(frame, Adopted):
@@ -267,6 +314,7 @@ def encode(frame: Frame) -> bytes:
             frame.commit_chunk_id,
             frame.chunk_count,
             len(frame.data),
+            frame.segment_start,
         )
         return header + frame.data
     if isinstance(frame, Written):
@@ -343,7 +391,8 @@ def decode(data: bytes | memoryview) -> Frame:
         kind = FrameKind(raw_kind)
     except ValueError as exc:
         raise UnsupportedError(f"unknown replication frame kind {raw_kind}") from exc
-    if flags != 0:
+    allowed = SEGMENT_START if kind is FrameKind.CHUNKS else 0
+    if flags & ~allowed:
         raise UnsupportedError(f"replication frame flags {flags:#x} are reserved")
     if sid_size > MAX_STREAM_ID_BYTES:
         raise InvalidSizeError(f"stream id of {sid_size} bytes > {MAX_STREAM_ID_BYTES}")
@@ -353,6 +402,11 @@ def decode(data: bytes | memoryview) -> Frame:
         raise FormatError("stream id is not UTF-8") from exc
     frame = _decode_body(kind, stream, epoch, reader)
     reader.done(kind)
+    if flags & SEGMENT_START:
+        assert isinstance(frame, Chunks)
+        if not frame.chunk_count:
+            raise FormatError("SEGMENT_START on a CHUNKS frame without chunks")
+        frame = replace(frame, segment_start=True)
     return frame
 
 
@@ -364,6 +418,11 @@ def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> F
         if version != PROTOCOL_VERSION:
             raise BadMagicError(f"replication protocol version {version}, expected 1")
         return Hello(reader.text("node name"), version)
+    if kind is FrameKind.CHALLENGE or kind is FrameKind.PROOF:
+        if stream or epoch:
+            raise FormatError(f"{kind.name} carries no stream or epoch")
+        raw = bytes(reader.take(AUTH_BYTES, kind.name))
+        return Challenge(raw) if kind is FrameKind.CHALLENGE else Proof(raw)
     if not stream:
         raise FormatError(f"{kind.name} frame without a stream id")
     if kind is FrameKind.ADOPT:

@@ -69,6 +69,10 @@ class CommitBatcher:
         self._last_sync = time.monotonic()
         return self.committed
 
+    @property
+    def sync_mode(self) -> str:
+        return "fsync" if self._fsync_on_commit else "os"
+
     def set_sync_mode(self, mode: str) -> None:
         """Switch between ``fsync`` and ``os`` for the following commits."""
         if mode not in ("fsync", "os"):
@@ -106,6 +110,14 @@ class CommitBatcher:
         if self.written != self.committed:
             self.publish(self.written)
             self._last_sync = time.monotonic()
+
+    def rewind(self, point: CommitPoint) -> None:
+        """The log was cut (a replica's divergent suffix): written, committed and
+        durable all become ``point`` (fsynced by the cut). Listeners are not called:
+        the cluster's commit offset, not this local point, is what consumers follow."""
+        with self._cond:
+            self.written = self.committed = self.durable = point
+            self._cond.notify_all()
 
     def publish(self, point: CommitPoint) -> None:
         with self._cond:

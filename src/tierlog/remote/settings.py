@@ -13,6 +13,21 @@ DEFAULT_OFFLOAD_DELETION_LAG_SECONDS = 4 * 3600.0
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
 SYNC_MODES = ("fsync", "os")
 COMPRESSIONS = ("none", "zstd")
+INDEX_KEYS = ("message-id", "correlation-id", "subject")
+INDEX_KEY_PROPERTY = "property:"
+
+
+def check_index_key(value: object) -> str:
+    """A record key for the key index: an AMQP property (``message-id``, ``correlation-id``,
+    ``subject``) or ``property:<name>`` (an application property)."""
+    if isinstance(value, str) and (
+        value in INDEX_KEYS
+        or (value.startswith(INDEX_KEY_PROPERTY) and len(value) > len(INDEX_KEY_PROPERTY))
+    ):
+        return value
+    raise ConfigError(f"index_key must be one of {INDEX_KEYS} or 'property:<name>', got {value!r}")
+
+
 ENCRYPTIONS = ("none", "aes-256-gcm")
 
 
@@ -37,6 +52,14 @@ class StreamSettings:
     format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
     fragments already written keep their format and stay readable. They apply to
     ``fragments`` mode only: a ``segments`` stream setting one is refused.
+
+    ``index_key`` is the record key the key index is built on: ``message-id`` (default),
+    ``correlation-id``, ``subject`` or ``property:<name>``; each index window records the
+    key it was built with, so changing it affects new windows only.
+
+    ``delayed`` (fixed at creation) turns on delayed delivery (docs/delayed.md): only such
+    a stream parses ``x-delay`` / ``x-deliver-at``; ``delayed_horizon_seconds`` is how far
+    ahead its scheduler keeps messages in the local working set.
     """
 
     max_bytes: int | None = None
@@ -62,6 +85,9 @@ class StreamSettings:
     compression_level: int = 3
     dictionary: bool = False
     encryption: str = "none"
+    index_key: str = "message-id"
+    delayed: bool = False
+    delayed_horizon_seconds: float = 3600.0
 
     @property
     def cold_coding(self) -> bool:
@@ -112,6 +138,16 @@ class StreamSettings:
             raise ConfigError("dictionary needs compression zstd")
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
+        check_index_key(self.index_key)
+        if self.tier_mode == "segments" and self.index_key != "message-id":
+            raise ConfigError("index_key applies to tier_mode 'fragments' only (key index)")
+        if not isinstance(self.delayed, bool):
+            raise ConfigError(f"delayed must be true or false, got {self.delayed!r}")
+        if not 1.0 <= self.delayed_horizon_seconds <= 7 * 86400.0:
+            raise ConfigError(
+                "delayed_horizon_seconds must be within 1 s .. 7 days, got "
+                f"{self.delayed_horizon_seconds!r}"
+            )
         if self.tier_mode == "segments" and (
             self.cold_coding or self.dictionary or self.compression_level != 3
         ):
@@ -182,3 +218,5 @@ def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) 
             f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
             f"{mode!r}: create a new stream instead"
         )
+    if changes.get("delayed", current.delayed) != current.delayed:
+        raise ConfigError("delayed is fixed at creation: create a new stream instead")

@@ -17,11 +17,15 @@ stream. Routes (``vhost`` is a query parameter, default ``/``):
   offload requested this way runs)
 * ``GET /api/streams/{name}/offload`` — that offload's status: ``not run``, ``running``,
   ``success`` or ``error`` (with ``error``), and the first offset not offloaded
+* ``GET /api/streams/{name}/messages?key=K[&from=T&to=T]`` — the stream's records whose
+  key is ``K`` (times: ms or ISO-8601), found through its key index:
+  ``{"stream", "key", "windows", "messages": [{"offset", "body" (base64 record)}]}``
 * ``GET /metrics`` — Prometheus text format (OpenMetrics when the scraper asks for it)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,11 +35,13 @@ from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
 from tierlog.offload.errors import OffloadRunningError
 from tierlog.offload.service import SegmentOffloadService
-from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
+from tierlog.remote.errors import RemoteTierError, StreamExistsError, StreamNotFoundError
+from tierlog.remote.key_lookup import lookup_key, parse_timestamp
 from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
+from tierlog.server.delayed_intake import is_system_stream
 from tierlog.server.limits import Gatekeeper
 
 
@@ -97,14 +103,20 @@ def build_admin_app(
         visible = [
             h.status()
             for h in broker.streams()
-            if guard.may(request, h.vhost, "read", h.name)
-            or guard.may(request, h.vhost, "configure", h.name)
+            if not is_system_stream(h.name)
+            and (
+                guard.may(request, h.vhost, "read", h.name)
+                or guard.may(request, h.vhost, "configure", h.name)
+            )
         ]
         visible += [  # not open yet after a restart: resolving, or failed with the error
             o.status()
             for o in broker.opening_streams()
-            if guard.may(request, o.record.vhost, "read", o.record.name)
-            or guard.may(request, o.record.vhost, "configure", o.record.name)
+            if not is_system_stream(o.record.name)
+            and (
+                guard.may(request, o.record.vhost, "read", o.record.name)
+                or guard.may(request, o.record.vhost, "configure", o.record.name)
+            )
         ]
         return web.json_response({"streams": visible})
 
@@ -115,6 +127,8 @@ def build_admin_app(
         if not isinstance(name, str) or not isinstance(vhost, str):
             return _error(400, "'name' (and 'vhost') must be strings")
         guard.require(request, vhost, "configure", name)
+        if is_system_stream(name):
+            return _error(403, f"stream names starting with {name[:18]!r} are reserved")
         try:
             settings = StreamSettings().updated(**_changes(data))
             _check_log_limits(broker, settings)
@@ -165,6 +179,8 @@ def build_admin_app(
     async def delete_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
         guard.require(request, vhost, "configure", name)
+        if is_system_stream(name):
+            return _error(403, "a delayed stream's system stream is deleted with its stream")
         try:
             record = await broker.delete_stream(vhost, name)
         except StreamNotFoundError as exc:
@@ -213,6 +229,40 @@ def build_admin_app(
             return service
         return web.json_response(service.status().to_dict())
 
+    async def get_messages(request: web.Request) -> web.Response:
+        vhost, name = _handle(request)
+        guard.require(request, vhost, "read", name)
+        key = request.query.get("key")
+        if not key:
+            return _error(400, "the 'key' query parameter is required")
+        store = getattr(broker.lifecycle, "store", None)
+        if store is None:
+            return _error(503, "key lookups need the remote tier (tier.enabled)")
+        try:
+            lo, hi = (
+                parse_timestamp(request.query[b], b) if b in request.query else None
+                for b in ("from", "to")
+            )
+            found = await asyncio.to_thread(
+                lookup_key,
+                broker.catalog.meta,
+                store,
+                broker.config.tier.prefix,
+                vhost,
+                name,
+                key.encode(),
+                from_timestamp=lo,
+                to_timestamp=hi,
+            )
+        except StreamNotFoundError:
+            return _error(404, f"no stream {name!r} in vhost {vhost!r}")
+        except ConfigError as exc:
+            return _error(400, str(exc))
+        except RemoteTierError as exc:
+            return _error(500, f"key index of {name!r} unusable: {exc}")
+        body = {"stream": name, "key": key, "windows": found.windows}
+        return web.json_response({**body, "messages": found.to_json()})
+
     async def prometheus(request: web.Request) -> web.Response:
         body, content_type = metrics.exposition(request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -225,5 +275,6 @@ def build_admin_app(
     app.router.add_delete("/api/streams/{name}", delete_stream)
     app.router.add_put("/api/streams/{name}/offload", put_offload)
     app.router.add_get("/api/streams/{name}/offload", get_offload)
+    app.router.add_get("/api/streams/{name}/messages", get_messages)
     app.router.add_get("/metrics", prometheus)
     return app
