@@ -40,3 +40,8 @@ class MembershipChangeError(ClusterError):
 class DivergentLogError(ClusterError):
     """A member's tail (last epoch, last chunk id) is not on the leader's log: the
     member must truncate its divergent suffix before it may fetch."""
+
+
+class NotLeaderError(ClusterError):
+    """This node does not lead the stream (another node does, or nobody can yet):
+    clients are told to look the leader up again."""

@@ -38,6 +38,7 @@ from tierlog.server.broker import (
     StreamHandle,
     no_lag,
 )
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.data_dir_lock import DataDirLock
@@ -78,6 +79,7 @@ class Server:
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
         self.broker: Broker | None = None
+        self.cluster: ClusterService | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
         self._server: asyncio.AbstractServer | None = None
@@ -203,6 +205,14 @@ class Server:
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
         guard.port = self.admin_port
+        if config.cluster.enabled:
+            self.cluster = ClusterService(config, self.meta, catalog)
+            advertised = s.advertised_host or s.host
+            await self.cluster.start(
+                self.broker,
+                f"{advertised}:{s.advertised_port or self.stream_port}",
+                f"{s.admin_host}:{self.admin_port}",
+            )
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             self._write_ready_file(streams_opened=False)
@@ -287,6 +297,8 @@ class Server:
             await self._runner.cleanup()
         if self.broker is not None:
             await self.broker.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         if self.tiering is not None:
             await self.tiering.close()
         if self.object_store is not None:
