@@ -207,6 +207,9 @@ class StreamHandle:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _source: StreamChunkSource | None = None
     confirm_gate: ConfirmGate | None = None
+    commit_fence: Callable[[], None] | None = None
+    """In a cluster: called before each manifest commit of the stream; raises when its
+    leader may no longer commit (see ``ManifestCommitter.fence``)."""
     """In a cluster: publishes are confirmed at the stream's cluster commit, not at the
     local fsync (None: at the local fsync, a single node)."""
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,6 +67,7 @@ from tierlog.storage.errors import (
     VersionConflictError,
 )
 from tierlog.storage.meta_store import MetaStore
+from tierlog.tiering.errors import DeposedError
 
 if TYPE_CHECKING:
     from tierlog.server.broker import Broker, Done, StreamHandle
@@ -311,6 +312,7 @@ class ClusterService:
             self.handles.pop(incarnation, None)
             raise NotLeaderError(f"{handle.name}: {leader.state.step_down_reason}")
         handle.confirm_gate = _LeaderGate(self, leader)
+        handle.commit_fence = _lease_fence(leader)
         log.info(
             "cluster_stream_leading",
             stream=handle.name,
@@ -432,6 +434,20 @@ class _LeaderGate:
         )
         if effects:
             self.service._carry({self.leader.incarnation: effects})
+
+
+def _lease_fence(leader: StreamLeader) -> Callable[[], None]:
+    """The manifest-commit fence of a led stream (called from tiering threads): no
+    commit once the leader stepped down or is past its confirm deadline."""
+
+    def fence() -> None:
+        if leader.stepped_down or not leader.state.may_confirm(time.monotonic()):
+            raise DeposedError(
+                f"{leader.incarnation}: epoch {leader.epoch} may no longer commit"
+                f" ({leader.state.step_down_reason or 'lease deadline passed'})"
+            )
+
+    return fence
 
 
 def _call(done: Done, code: int) -> Any:

@@ -135,6 +135,8 @@ class TieringService:
             task_stall_seconds=self.config.store.task_stall_seconds,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
+        if handle.commit_fence is not None:
+            tierer.committer.fence = handle.commit_fence
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(handle.executor, tierer.start)
@@ -185,6 +187,8 @@ class TieringService:
             m=settings.manifest_fanout,
         )
         committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
+        if handle.commit_fence is not None:
+            committer.fence = handle.commit_fence
 
         def trim(tree: ManifestTree) -> int | None:
             current = handle.record.settings
