@@ -29,6 +29,7 @@ from typing import Any
 
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer
 from rstream.consumer import Consumer, MessageContext
+from rstream.exceptions import StreamNotAvailable
 from rstream.producer import ConfirmationStatus
 from rstream.utils import RawMessage
 
@@ -366,11 +367,20 @@ async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30
 
     consumer = Consumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
     await consumer.start()
+    deadline = time.monotonic() + timeout
     try:
-        await consumer.subscribe(
-            stream, on_message, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST)
-        )
-        deadline = time.monotonic() + timeout
+        while True:  # the stream may still be opening (resolution after a take-over)
+            try:
+                await consumer.subscribe(
+                    stream,
+                    on_message,
+                    offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+                )
+                break
+            except StreamNotAvailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
         while time.monotonic() < deadline:
             if len(got) >= at_least and time.monotonic() - last[0] > 1.0:
                 break

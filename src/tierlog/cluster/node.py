@@ -46,6 +46,7 @@ from tierlog.cluster.state import (
     StepDown,
     Tick,
 )
+from tierlog.storage.errors import LeaseLostError
 from tierlog.storage.meta_store import Lease
 
 Clock = Callable[[], float]
@@ -90,7 +91,7 @@ class NodeLease:
         sent_at = self.clock()
         try:
             self.lease = self.directory.renew_node(self.lease, self.timing.ttl)
-        except BaseException:
+        except LeaseLostError:
             self.lease = None
             raise
         return sent_at
