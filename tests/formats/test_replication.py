@@ -43,6 +43,10 @@ GOLDEN = [
         "5000",
     ),
     (
+        rp.Challenge(bytes(range(32))),
+        "0000002c0a0000000000000000000000" + bytes(range(32)).hex(),
+    ),
+    (
         rp.Adopted("s", 3, True, 3, 2, -1),
         "00000026030000010000000000000003730100000000000000030000000000000002ffffffffffffffff",
     ),
@@ -113,6 +117,8 @@ def chunk_frames(draw: st.DrawFn) -> rp.Chunks:
 
 frames = st.one_of(
     st.builds(rp.Hello, st.text(max_size=30)),
+    st.builds(rp.Challenge, st.binary(min_size=32, max_size=32)),
+    st.builds(rp.Proof, st.binary(min_size=32, max_size=32)),
     st.builds(rp.Adopt, streams, u64),
     st.builds(rp.Adopted, streams, u64, st.booleans(), u64, u64, chunk_ids),
     st.builds(rp.Fetch, streams, u64, u64, u64, chunk_ids, st.integers(0, rp.MAX_FRAME_BYTES)),
@@ -186,6 +192,15 @@ def test_malformed_frames_rejected() -> None:
     refused = rp.encode(rp.Refused("s", 1, rp.RefusalCode.STALE_EPOCH, 4, "old"))
     with pytest.raises(UnsupportedError):
         rp.decode(patch(refused, 17, b"\x00\x63"))  # unknown refusal code
+
+
+def test_authentication_frames_are_connection_level() -> None:
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.Proof(b"short"))
+    with pytest.raises(FormatError):
+        rp.decode(rp._frame(rp.FrameKind.PROOF, "s", 0, bytes(32)))  # has a stream
+    with pytest.raises(TruncatedError):
+        rp.decode(rp._frame(rp.FrameKind.CHALLENGE, "", 0, bytes(31)))
 
 
 def test_encoder_rejects_bad_values() -> None:

@@ -135,6 +135,20 @@ class ReplicaSession:
             self.fetch_bytes,
         )
 
+    def follow(self, epoch: int) -> list[Action]:
+        """Start following the leader of ``epoch`` (the cluster directory named it):
+        persist the epoch if it is new, then fetch. Raises ``StaleEpochError`` for an
+        epoch older than one already seen."""
+        actions: list[Action] = []
+        if self.guard.check(epoch):
+            actions.append(PersistEpoch(epoch))
+        if self.leader_epoch != epoch:
+            self.leader_epoch = epoch
+            self._pending_append = None
+            self._leader_commit = NO_CHUNK
+        actions.append(Send(self.fetch()))
+        return actions
+
     def on_frame(self, frame: wire.Frame) -> list[Action]:
         actions: list[Action] = []
         if isinstance(frame, wire.Adopt):

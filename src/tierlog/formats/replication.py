@@ -14,7 +14,12 @@ Every frame (all integers big-endian)::
 Bodies:
 
 * ``HELLO``: protocol version u16, node name (u16 length + UTF-8). First frame on
-  each side; peers are authenticated by mutual TLS, the name must match the peer.
+  each side, followed by ``CHALLENGE``.
+* ``CHALLENGE``: a 32-byte random nonce. ``PROOF``: a 32-byte HMAC-SHA256, keyed
+  with the cluster secret, over the role, the peer's nonce and both node names
+  (``cluster.link`` computes it): each side proves it holds the secret, without
+  sending it, before any other frame (mutual authentication; TLS may wrap the
+  connection as well).
 * ``ADOPT`` (leader → member): empty; "persist this epoch and report your tail".
 * ``ADOPTED`` (member → leader): accepted u8, highest seen epoch u64, tail epoch u64,
   tail chunk id i64 (-1: empty log).
@@ -80,6 +85,8 @@ class FrameKind(IntEnum):
     WRITTEN = 7
     COMMIT = 8
     REFUSED = 9
+    CHALLENGE = 10
+    PROOF = 11
 
 
 class RefusalCode(IntEnum):
@@ -94,6 +101,19 @@ class RefusalCode(IntEnum):
 class Hello:
     node: str
     version: int = PROTOCOL_VERSION
+
+
+AUTH_BYTES = 32  # nonce and HMAC-SHA256 sizes
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    mac: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +184,19 @@ class Refused:
     message: str
 
 
-Frame = Hello | Adopt | Adopted | Fetch | History | Chunks | Written | Commit | Refused
+Frame = (
+    Hello
+    | Challenge
+    | Proof
+    | Adopt
+    | Adopted
+    | Fetch
+    | History
+    | Chunks
+    | Written
+    | Commit
+    | Refused
+)
 
 
 # --- encoding ---------------------------------------------------------------------------
@@ -229,6 +261,12 @@ def encode(frame: Frame) -> bytes:
     if isinstance(frame, Hello):
         body = _U16.pack(frame.version) + _text(frame.node, "node name")
         return _frame(FrameKind.HELLO, "", 0, body)
+    if isinstance(frame, Challenge | Proof):
+        raw = frame.nonce if isinstance(frame, Challenge) else frame.mac
+        if len(raw) != AUTH_BYTES:
+            raise InvalidSizeError(f"authentication value of {len(raw)} bytes")
+        kind = FrameKind.CHALLENGE if isinstance(frame, Challenge) else FrameKind.PROOF
+        return _frame(kind, "", 0, bytes(raw))
     if isinstance(frame, Adopt):
         return _frame(FrameKind.ADOPT, frame.stream, frame.epoch, b"")
     if isinstance(frame, Adopted):
@@ -364,6 +402,11 @@ def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> F
         if version != PROTOCOL_VERSION:
             raise BadMagicError(f"replication protocol version {version}, expected 1")
         return Hello(reader.text("node name"), version)
+    if kind is FrameKind.CHALLENGE or kind is FrameKind.PROOF:
+        if stream or epoch:
+            raise FormatError(f"{kind.name} carries no stream or epoch")
+        raw = bytes(reader.take(AUTH_BYTES, kind.name))
+        return Challenge(raw) if kind is FrameKind.CHALLENGE else Proof(raw)
     if not stream:
         raise FormatError(f"{kind.name} frame without a stream id")
     if kind is FrameKind.ADOPT:

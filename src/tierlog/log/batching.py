@@ -107,6 +107,14 @@ class CommitBatcher:
             self.publish(self.written)
             self._last_sync = time.monotonic()
 
+    def rewind(self, point: CommitPoint) -> None:
+        """The log was cut (a replica's divergent suffix): written, committed and
+        durable all become ``point`` (fsynced by the cut). Listeners are not called:
+        the cluster's commit offset, not this local point, is what consumers follow."""
+        with self._cond:
+            self.written = self.committed = self.durable = point
+            self._cond.notify_all()
+
     def publish(self, point: CommitPoint) -> None:
         with self._cond:
             self.committed = point

@@ -101,3 +101,44 @@ class BackPressureError(LogError):
     def __init__(self, message: str, retry_after: float = 0.1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class AcceptError(LogError):
+    """Replicated chunks (``StreamLog.accept_chunks``) were refused; nothing of the
+    refused chunk or any chunk after it was written (chunks before it in the same call
+    were, and ``next_offset`` says how far the log got)."""
+
+    def __init__(self, message: str, next_offset: int) -> None:
+        super().__init__(message)
+        self.next_offset = next_offset
+
+
+class ChunkGapError(AcceptError):
+    """The first chunk starts after the log's next offset: chunks are missing."""
+
+
+class ChunkOverlapError(AcceptError):
+    """The first chunk starts before the log's next offset: the log already holds it."""
+
+
+class BadChunkError(AcceptError):
+    """A chunk's bytes do not validate (CRC, structure, header fields, cut short)."""
+
+
+class OlderEpochChunkError(AcceptError):
+    """A chunk's epoch is below the epoch of the log's last chunk: a deposed leader's."""
+
+
+class LateJoinError(AcceptError):
+    """An empty log was offered a first chunk past its next offset that is not a
+    tracking snapshot: a late joiner starts only at a snapshot (tracking would be lost)."""
+
+
+class TruncateBelowTieredError(LogError):
+    """A truncation would cut chunks the remote tier already holds as durably
+    committed: the cluster may never ask for that, so it is refused."""
+
+
+class MemberEpochCorruptError(LogError):
+    """The stream's persisted highest-seen epoch file does not decode; the member may not
+    answer for the stream (it could accept a deposed leader) until an operator fixes it."""

@@ -59,6 +59,7 @@ from tierlog.log.segment_files import (
     validate_chunk,
 )
 from tierlog.log.tracking import TrackingState, replay_chunk
+from tierlog.log.truncation import complete_pending_truncation
 from tierlog.logs import get_logger
 
 log = get_logger(__name__)
@@ -117,6 +118,8 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
     if not os.path.isdir(stream_dir):
         raise NotAStreamError(f"{stream_dir} is not a directory")
     refuse_quarantined(stream_dir)
+    if repair:
+        complete_pending_truncation(stream_dir)
     _, segments, indexes = list_files(stream_dir)
     if not segments:
         raise NotAStreamError(f"{stream_dir} holds no Osiris segment files")
@@ -178,6 +181,13 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         states.append(state)
     if not states:
         raise NotAStreamError(f"{stream_dir} holds no Osiris segment files")
+    while len(states) > 1 and states[0].num_chunks == 0:
+        # a late joiner's empty first segment, moved by a crash-interrupted restart
+        empty = states.pop(0)
+        notes.append(f"empty first segment removed: {empty.ref.segment_path}")
+        if repair:
+            _unlink_pair(empty.ref)
+            changed = True
     while len(states) > 1 and states[-1].num_chunks == 0:
         empty = states.pop()
         notes.append(f"empty last segment removed: {empty.ref.segment_path}")

@@ -227,6 +227,39 @@ class SegmentSet:
         active.next_offset = header.next_offset
         return header
 
+    def append_raw(self, chunks: list[memoryview], records: list[bytes], next_offset: int) -> None:
+        """Write whole chunks verbatim at the end of the active segment and their index
+        records (the acceptor path: a replica copies its leader's bytes)."""
+        with self._files_lock:
+            self._open_files()
+            active = self.segments[-1]
+            size = sum(map(len, chunks))
+            pwrite_all(self._seg_fd, list(chunks), active.size)
+            write_all(self._idx_fd, list(records), INDEX_RECORD_SIZE * len(records))
+            self._dirty = True
+            active.size += size
+            active.num_chunks += len(chunks)
+            active.next_offset = next_offset
+
+    def restart_empty(self, first_offset: int) -> None:
+        """Move the only segment, empty, to start at ``first_offset`` (a late joiner's
+        first chunk): the new files are created and made durable before the old ones
+        go, and recovery drops an empty segment that has a successor."""
+        if len(self.segments) != 1 or self.segments[0].num_chunks:
+            raise SegmentNotSealedError("only an empty log's segment can be moved")
+        old = self.segments[0]
+        with self._files_lock:
+            ref = segment_ref(self.stream_dir, first_offset)
+            create_segment_files(ref)
+            fsync_dir(self.stream_dir)
+            self._close_files()
+            for path in (old.ref.index_path, old.ref.segment_path):
+                os.unlink(path)
+            fsync_dir(self.stream_dir)
+            self.segments[0] = OpenSegment(ref, FILE_HEADER_SIZE, 0, first_offset)
+            self.refs = (ref,)
+            self._open_files()
+
     def sync_data(self) -> None:
         """fdatasync the active segment. After a failure the kernel may have dropped the
         dirty pages and a later fsync can succeed without them, so the log refuses all
@@ -335,6 +368,13 @@ class SegmentSet:
 
     def read_into(self, first_offset: int, position: int, buf: memoryview) -> None:
         read_segment_into(self.find(first_offset).ref.segment_path, position, buf)
+
+
+def segment_full(size: int, num_chunks: int, max_bytes: int, max_chunks: int) -> bool:
+    """Whether a segment of ``size`` bytes holding ``num_chunks`` chunks is full, so the
+    next chunk starts a new one. The one roll rule: the writer and the acceptor path
+    both ask it before every chunk, so replicas roll at the same chunk as the leader."""
+    return (size >= max_bytes and num_chunks >= 2) or num_chunks >= max_chunks
 
 
 def create_segment_files(ref: SegmentRef) -> None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Literal
 
 from tierlog.formats.chunk import ChunkType, Entry, simple_entry
 from tierlog.formats.tracking import encode_delta
+from tierlog.log import acceptor, member_epoch
 from tierlog.log.append import (
     MAX_U64,
     Appender,
@@ -31,6 +33,7 @@ from tierlog.log.append import (
 from tierlog.log.batching import CommitBatcher, CommitListener
 from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
+from tierlog.log.epoch_history import EpochHistory, EpochRangeTuple
 from tierlog.log.errors import (
     InvalidAppendError,
     LogClosedError,
@@ -54,6 +57,7 @@ from tierlog.log.segments import (
     SegmentInfo,
     SegmentSet,
     create_segment_files,
+    segment_full,
 )
 from tierlog.log.tracking import TrackingState
 
@@ -114,6 +118,9 @@ class StreamLog:
         self._stream_first: int | None = None
         self._appender = Appender(self, config)
         self.recovery_notes = tuple(recovered.notes)
+        self._history = EpochHistory.load(self._segments.refs)
+        self._tiered_next: int | None = None
+        self._span_cursors: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -458,9 +465,10 @@ class StreamLog:
     ) -> SegmentChunkInfo:
         segments = self._segments
         active = segments.active
-        if (
-            active.size >= self._config.max_segment_bytes and active.num_chunks >= 2
-        ) or active.num_chunks >= self._config.max_segment_chunks:
+        config = self._config
+        if segment_full(
+            active.size, active.num_chunks, config.max_segment_bytes, config.max_segment_chunks
+        ):
             self._roll(self._next_offset)
             if not self._tracking.is_empty():
                 self._write_snapshot_chunk()
@@ -474,6 +482,7 @@ class StreamLog:
         self._next_offset = header.next_offset
         self._last_timestamp = timestamp
         self._last_chunk_id = chunk_id
+        self._history.add(self._epoch, chunk_id)
         if self._first_timestamp == 0:
             self._first_timestamp = timestamp
         self._commits.written = CommitPoint(
@@ -580,3 +589,76 @@ class StreamLog:
         """
         self.check_open()
         self._segments.delete_oldest(first_offset)
+
+    # ----------------------------------------------------------------- replication
+    # The acceptor path (``acceptor``): what a cluster member needs from its log.
+
+    @classmethod
+    def create_follower(
+        cls, stream_dir: str, config: LogConfig | None = None, first_chunk: bytes | None = None
+    ) -> StreamLog:
+        """Create an empty replica log in ``stream_dir`` (the stream's incarnation
+        directory, the same name on every member). With ``first_chunk`` (a leader's
+        tracking-snapshot chunk) the log starts at its offset; without, the first
+        accepted chunk decides (offset 0, or a snapshot past it for a late joiner)."""
+        parent = os.path.dirname(os.path.abspath(stream_dir))
+        os.makedirs(parent, exist_ok=True)
+        try:
+            os.mkdir(stream_dir)
+        except FileExistsError:
+            raise StreamExistsError(f"{stream_dir} already exists") from None
+        create_segment_files(segment_ref(stream_dir, 0))
+        fsync_dir(stream_dir)
+        fsync_dir(parent)
+        log = cls.open(stream_dir, config, adopt_disk_epoch=True)
+        if first_chunk is not None:
+            try:
+                log.accept_chunks(first_chunk)
+                log.sync_to_disk()
+            except BaseException:
+                log.close()
+                raise
+        return log
+
+    def accept_chunks(self, data: bytes | memoryview) -> int:
+        """Append a leader's whole chunks verbatim (``acceptor.accept_chunks``); returns
+        the new next offset. Written, not fsynced: ``sync_to_disk()`` then
+        ``durable_point().chunk_id`` is what a member reports as written."""
+        return acceptor.accept_chunks(self, data)
+
+    def truncate_after(self, keep_through_chunk_id: int) -> int:
+        """Cut every chunk after ``keep_through_chunk_id`` (-1: all), crash-safely and
+        fsynced; returns the new next offset (``acceptor.truncate_after``)."""
+        return acceptor.truncate_after(self, keep_through_chunk_id)
+
+    def start_epoch(self, epoch: int) -> int:
+        """A new leader's first write: from now on chunks carry ``epoch``; writes the
+        epoch's first chunk, a tracking snapshot, and returns its chunk id."""
+        return acceptor.start_epoch(self, epoch)
+
+    def epoch_history(self) -> tuple[EpochRangeTuple, ...]:
+        """``(epoch, first chunk id, last chunk id)`` per epoch, oldest first (written
+        chunks; the cluster layer turns them into ``EpochRange``s)."""
+        return self._history.ranges()
+
+    def tail(self) -> tuple[int, int]:
+        """(epoch of the last written chunk, its chunk id); ``(0, -1)`` when empty."""
+        return self._history.tail()
+
+    def chunk_span(self, from_offset: int, max_bytes: int) -> acceptor.ChunkSpan | None:
+        """Raw chunks for a fetch answer: a segment path and byte range to ``sendfile``
+        (``acceptor.chunk_span``). Safe from any thread."""
+        return acceptor.chunk_span(self, from_offset, max_bytes)
+
+    def set_tiered_offset(self, next_offset: int) -> None:
+        """The remote tier durably holds every offset below ``next_offset``: truncation
+        refuses to cut there (``TruncateBelowTieredError``)."""
+        self._tiered_next = next_offset
+
+    def read_member_epoch(self) -> int:
+        """The persisted highest epoch this member has seen for the stream (0: none)."""
+        return member_epoch.read_member_epoch(self._dir)
+
+    def persist_member_epoch(self, epoch: int) -> None:
+        """fsync ``epoch`` as the highest seen (atomic replace) before answering it."""
+        member_epoch.persist_member_epoch(self._dir, epoch)

@@ -1,0 +1,300 @@
+"""The member side of replication: drives one stream's pure ``ReplicaSession``.
+
+Frames for the stream are queued and handled one at a time by a task that exists only
+while there is work (an idle followed stream costs no task, thread or connection). The
+session's actions are carried out in order, log work on the stream's executor (its
+writer lane): ``PersistEpoch`` (fsync the member epoch file before anything that
+follows it is sent), ``Truncate`` (``StreamLog.truncate_after``), ``AppendChunks``
+(``accept_chunks`` then ``sync_to_disk``: ``WRITTEN`` is only sent for fsynced chunks),
+``SetCommit`` (the stream's ``on_commit`` callback) and ``Send``.
+
+A fetch that gets no answer within ``fetch_timeout`` (a cut link, a lost frame) is sent
+again; a duplicate answer is harmless (the session ignores a range that does not
+continue the log). A refusal (leader not serving yet, or not the leader) is retried
+after ``retry_delay``. Frames from a newer epoch's leader (``ADOPT``, or chunks or a
+commit in a newer epoch) switch the stream to that node.
+
+``CatchUpRun`` is the same machine run by a new leader on its own log against the
+member with the most up-to-date tail, until the log ends at that tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from tierlog.cluster.errors import ClusterError, StaleEpochError
+from tierlog.cluster.fetch_server import log_history
+from tierlog.cluster.log_history import History, Tail
+from tierlog.cluster.replication import (
+    Action,
+    AppendChunks,
+    PersistEpoch,
+    ReplicaSession,
+    Send,
+    SetCommit,
+    Truncate,
+)
+from tierlog.formats import replication as wire
+from tierlog.log.errors import AcceptError
+from tierlog.log.writer import StreamLog
+from tierlog.logs import get_logger
+
+log = get_logger(__name__)
+
+SendFn = Callable[[str, wire.Frame], None]
+
+
+class CatchUpError(ClusterError):
+    """A new leader could not take the most up-to-date member's log."""
+
+
+class _Refetch:
+    """Inbox item: send the fetch again (timeout or retry after a refusal)."""
+
+
+class _Follow:
+    def __init__(self, leader: str, epoch: int) -> None:
+        self.leader, self.epoch = leader, epoch
+
+
+_REFETCH = _Refetch()
+
+
+class FollowedStream:
+    """One stream this node replicates as a member."""
+
+    def __init__(
+        self,
+        stream: str,
+        log: StreamLog,
+        executor: Executor,
+        send: SendFn,
+        *,
+        on_commit: Callable[[int], None] | None = None,
+        fetch_bytes: int,
+        fetch_timeout: float,
+        retry_delay: float,
+    ) -> None:
+        self.stream = stream
+        self.log = log
+        self.executor = executor
+        self._send = send
+        self.on_commit = on_commit
+        self.fetch_bytes = fetch_bytes
+        self.fetch_timeout = fetch_timeout
+        self.retry_delay = retry_delay
+        self.leader: str | None = None
+        self.session: ReplicaSession | None = None
+        self.closed = False
+        self.errors = 0  # refused appends (bad chunks from the leader)
+        self._inbox: deque[tuple[str | None, Any]] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+
+    # -- input -----------------------------------------------------------------------
+    def follow(self, leader: str, epoch: int) -> None:
+        self._put(None, _Follow(leader, epoch))
+
+    def deliver(self, peer: str, frame: wire.Frame) -> None:
+        if peer == self.leader:
+            self._cancel_timer()
+        self._put(peer, frame)
+
+    def refetch(self) -> None:
+        self._put(None, _REFETCH)
+
+    def _put(self, peer: str | None, item: object) -> None:
+        if self.closed:
+            return
+        self._inbox.append((peer, item))
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name=f"replica-{self.stream}")
+
+    # -- processing ------------------------------------------------------------------
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self._loop.run_in_executor(self.executor, fn, *args)
+
+    def _state(self) -> tuple[History, int]:
+        return log_history(self.log), self.log.next_offset
+
+    async def _start_session(self) -> ReplicaSession:
+        highest = await self._run(self.log.read_member_epoch)
+        history, next_offset = await self._run(self._state)
+        self.session = ReplicaSession(self.stream, history, next_offset, highest, self.fetch_bytes)
+        return self.session
+
+    async def _drain(self) -> None:
+        try:
+            while self._inbox and not self.closed:
+                peer, item = self._inbox.popleft()
+                session = self.session or await self._start_session()
+                if isinstance(item, _Follow):
+                    try:
+                        actions = session.follow(item.epoch)
+                    except StaleEpochError as exc:
+                        log.warning("replica_follow_stale", stream=self.stream, error=str(exc))
+                        continue
+                    self.leader = item.leader
+                elif item is _REFETCH:
+                    if session.leader_epoch is None or self.leader is None:
+                        continue
+                    actions = [Send(session.fetch())]
+                elif isinstance(item, wire.Refused):
+                    if peer == self.leader:
+                        self._arm(self.retry_delay)
+                    continue
+                else:
+                    before = session.leader_epoch
+                    actions = session.on_frame(item)
+                    if (
+                        peer is not None
+                        and session.leader_epoch == getattr(item, "epoch", None)
+                        and session.guard.highest == session.leader_epoch
+                        and (before != session.leader_epoch or isinstance(item, wire.Adopt))
+                    ):
+                        self.leader = peer  # a newer leader (or one that adopted us)
+                        if isinstance(item, wire.Adopt):
+                            actions.append(Send(session.fetch()))  # follow it from now on
+                await self._execute(actions, peer)
+        except Exception as exc:
+            log.exception("replica_stream_failed", stream=self.stream, error=repr(exc))
+            self._arm(self.retry_delay)
+        finally:
+            self._task = None
+            if self._inbox and not self.closed:
+                self._task = asyncio.create_task(self._drain(), name=f"replica-{self.stream}")
+
+    async def _execute(self, actions: list[Action], peer: str | None) -> None:
+        session = self.session
+        assert session is not None
+        queue = deque(actions)
+        while queue and not self.closed:
+            action = queue.popleft()
+            if isinstance(action, PersistEpoch):
+                await self._run(self.log.persist_member_epoch, action.epoch)
+            elif isinstance(action, Truncate):
+                await self._run(self.log.truncate_after, action.keep_through)
+                history, next_offset = await self._run(self._state)
+                queue.extend(session.truncated(history, next_offset))
+            elif isinstance(action, AppendChunks):
+                try:
+                    await self._run(self._append, action.chunks.data)
+                except AcceptError as exc:
+                    self.errors += 1
+                    log.warning("replica_chunks_refused", stream=self.stream, error=str(exc))
+                history, next_offset = await self._run(self._state)
+                queue.extend(session.written(history, next_offset))
+                self.after_written(session)
+            elif isinstance(action, SetCommit):
+                if self.on_commit is not None:
+                    self.on_commit(action.chunk_id)
+            elif isinstance(action, Send):
+                frame = action.frame
+                to_leader = isinstance(frame, wire.Fetch | wire.Written)
+                dest = self.leader if to_leader or peer is None else peer
+                if dest is None:
+                    continue
+                self._send(dest, frame)
+                if isinstance(frame, wire.Fetch):
+                    self._arm(self.fetch_timeout)
+
+    def _append(self, data: bytes) -> None:
+        self.log.accept_chunks(data)
+        self.log.sync_to_disk()
+
+    def after_written(self, session: ReplicaSession) -> None:
+        """Hook for subclasses: the log grew."""
+
+    # -- timers ----------------------------------------------------------------------
+    def _arm(self, delay: float) -> None:
+        self._cancel_timer()
+        if not self.closed:
+            self._timer = self._loop.call_later(delay, self.refetch)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self._inbox.clear()
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+
+    def serving_epoch(self) -> int | None:
+        """The epoch this member adopted, in which it answers its leader's catch-up."""
+        session = self.session
+        if session is None or session.leader_epoch is None:
+            return None
+        return session.leader_epoch if session.guard.highest == session.leader_epoch else None
+
+
+class CatchUpRun(FollowedStream):
+    """A new leader taking ``source``'s log up to ``target`` (LeaderState's CatchUp)."""
+
+    def __init__(
+        self,
+        stream: str,
+        log: StreamLog,
+        executor: Executor,
+        send: SendFn,
+        *,
+        source: str,
+        epoch: int,
+        target: Tail,
+        fetch_bytes: int,
+        fetch_timeout: float,
+        retry_delay: float,
+        give_up_after: float,
+    ) -> None:
+        super().__init__(
+            stream,
+            log,
+            executor,
+            send,
+            fetch_bytes=fetch_bytes,
+            fetch_timeout=fetch_timeout,
+            retry_delay=retry_delay,
+        )
+        self.target = target
+        self.done: asyncio.Future[Tail] = self._loop.create_future()
+        self._give_up = self._loop.call_later(give_up_after, self._fail, "timed out")
+        self.follow(source, epoch)
+
+    def deliver(self, peer: str, frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Refused) and frame.code is not wire.RefusalCode.NOT_LEADER:
+            self._fail(f"{peer} refused: {frame.message}")
+            return
+        super().deliver(peer, frame)
+
+    async def _execute(self, actions: list[Action], peer: str | None) -> None:
+        # a catch-up never reports WRITTEN and has no commit to show
+        kept: list[Action] = [
+            a
+            for a in actions
+            if not isinstance(a, SetCommit)
+            and not (isinstance(a, Send) and isinstance(a.frame, wire.Written))
+        ]
+        await super()._execute(kept, peer)
+        self.after_written(self.session)  # type: ignore[arg-type]
+
+    def after_written(self, session: ReplicaSession) -> None:
+        if session is not None and session.tail >= self.target and not self.done.done():
+            self.done.set_result(session.tail)
+            self.close()
+
+    def _fail(self, why: str) -> None:
+        if not self.done.done():
+            self.done.set_exception(CatchUpError(f"catch-up of {self.stream}: {why}"))
+        self.close()
+
+    def close(self) -> None:
+        self._give_up.cancel()
+        super().close()

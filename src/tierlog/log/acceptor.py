@@ -1,0 +1,436 @@
+"""The acceptor path: a replica's log takes its leader's chunks verbatim.
+
+A replica never creates chunks or epochs of its own: it appends the exact bytes the
+leader wrote (``accept_chunks``), so segment and index files are byte-identical across
+members. That holds because every member starts its segments at the same chunk (the
+same roll rule, ``segments.segment_full``, asked before every chunk with the stream's
+own segment limits, which every member has) and writes index records for the same
+positions. A late joiner starts its first segment at a leader tracking-snapshot chunk
+(the chunk the leader wrote right after a roll), so from there on its files match too.
+
+Other members' logs may disagree with the leader's after a failover; the cluster
+decides what is a divergent uncommitted suffix and the log cuts it
+(``truncate_after``, crash-safe through ``truncation``'s intent file).
+
+The leader side reads raw chunk ranges for a fetch with ``chunk_span``: a segment path,
+a byte range and the chunk ids in it, which the transport sends with ``sendfile``
+without touching each chunk in Python.
+
+Every function here runs in the log's writer thread (``chunk_span`` in any thread: it
+reads only files and the atomically replaced written point).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections import OrderedDict
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader, ChunkType, decode_header
+from tierlog.formats.errors import FormatError
+from tierlog.formats.segment import (
+    INDEX_RECORD_DTYPE,
+    INDEX_RECORD_SIZE,
+    encode_index_record,
+    index_record_count,
+    index_record_position,
+)
+from tierlog.log.commit_point import CommitPoint
+from tierlog.log.epoch_history import EpochHistory
+from tierlog.log.errors import (
+    AcceptError,
+    BadChunkError,
+    ChunkGapError,
+    ChunkOverlapError,
+    LateJoinError,
+    LogError,
+    OlderEpochChunkError,
+    StaleEpochError,
+    TruncateBelowTieredError,
+)
+from tierlog.log.recovery import recover
+from tierlog.log.segment_files import pread_exact, validate_chunk
+from tierlog.log.segments import OpenSegment, SegmentSet, segment_full
+from tierlog.log.tracking import TrackingState, replay_chunk
+from tierlog.log.truncation import cut_files, remove_intent, write_intent
+
+if TYPE_CHECKING:
+    from tierlog.log.writer import StreamLog
+
+NO_CHUNK = -1
+SPAN_RECORDS = 4096  # index records read per chunk_span call at most
+_CURSORS = 64  # remembered "next chunk id -> index record" positions per log
+
+
+class ChunkNotLocalError(LogError):
+    """A fetch asked for a chunk id that is not a chunk of the local log (below its
+    first offset, or not a chunk boundary)."""
+
+
+class ChunkSpan(NamedTuple):
+    """Whole consecutive chunks of one segment file, for a fetch answer.
+
+    ``length`` bytes from ``position`` of ``segment_path``; chunks ``first_chunk_id``
+    .. ``last_chunk_id`` (``chunk_count`` of them); ``next_offset`` follows the last.
+    """
+
+    segment_path: str
+    position: int
+    length: int
+    first_chunk_id: int
+    last_chunk_id: int
+    next_offset: int
+    chunk_count: int
+
+
+# --------------------------------------------------------------------- accepting
+
+
+def accept_chunks(log: StreamLog, data: bytes | memoryview) -> int:
+    """Append whole Osiris chunks verbatim; returns the log's new next offset.
+
+    Each chunk must decode, lie wholly in ``data``, have a valid data CRC, entries and
+    tracking content, zero reserved bytes, continue the log exactly (its id is the
+    log's next offset), carry an epoch not below the log's last one and a timestamp not
+    below the last one (what recovery trusts). An empty log also takes a first chunk
+    past its next offset when it is a tracking snapshot (a late joiner): its segment
+    moves to start there. Before each chunk the one roll rule decides whether a new
+    segment starts, exactly as on the leader. Tracking chunks and user-chunk trailers
+    update tracking as on the leader.
+
+    The chunks are written, not fsynced: call ``sync_to_disk`` before reporting them
+    written. Refusals are ``AcceptError`` subclasses; chunks before the refused one
+    are written (``error.next_offset`` says how far).
+    """
+    log.check_open()
+    view = memoryview(data).cast("B")
+    size = len(view)
+    segments: SegmentSet = log._segments
+    config = log._config
+    history: EpochHistory = log._history
+    pos = 0
+    batch: list[memoryview] = []
+    records: list[bytes] = []
+    active = segments.active
+    batch_size = 0
+    next_offset = log._next_offset
+    last_epoch = history.tail()[0]
+    last_timestamp = log._last_timestamp
+    try:
+        while pos < size:
+            if size - pos < HEADER_SIZE:
+                raise BadChunkError(f"{size - pos} bytes after the last whole chunk", next_offset)
+            try:
+                header = decode_header(view, pos)
+            except FormatError as exc:
+                raise BadChunkError(f"chunk header at {pos}: {exc}", next_offset) from exc
+            end = pos + header.total_size
+            if end > size:
+                raise BadChunkError(f"chunk {header.chunk_id} is cut short", next_offset)
+            chunk = view[pos:end]
+            empty_log = log._last_chunk_id == NO_CHUNK and not batch
+            if header.chunk_id != next_offset:
+                if header.chunk_id < next_offset:
+                    raise ChunkOverlapError(
+                        f"chunk {header.chunk_id} is before the next offset {next_offset}",
+                        next_offset,
+                    )
+                if not empty_log:
+                    raise ChunkGapError(
+                        f"chunk {header.chunk_id} leaves a gap after {next_offset}", next_offset
+                    )
+                if header.chunk_type != ChunkType.TRACKING_SNAPSHOT:
+                    raise LateJoinError(
+                        f"an empty log at {next_offset} cannot start at chunk "
+                        f"{header.chunk_id}: not a tracking snapshot",
+                        next_offset,
+                    )
+            if header.epoch < last_epoch:
+                raise OlderEpochChunkError(
+                    f"chunk {header.chunk_id} of epoch {header.epoch} after epoch {last_epoch}",
+                    next_offset,
+                )
+            if header.timestamp < last_timestamp:
+                raise BadChunkError(
+                    f"chunk {header.chunk_id} timestamp {header.timestamp} goes back",
+                    next_offset,
+                )
+            if bytes(chunk[45:48]) != b"\x00\x00\x00":
+                raise BadChunkError(f"chunk {header.chunk_id} reserved bytes", next_offset)
+            try:
+                validate_chunk(header, chunk)
+            except FormatError as exc:
+                raise BadChunkError(f"chunk {header.chunk_id}: {exc}", next_offset) from exc
+            if header.chunk_id != next_offset:  # a late joiner's first chunk
+                segments.restart_empty(header.chunk_id)
+                log._next_offset = next_offset = header.chunk_id
+                log._commits.written = CommitPoint(
+                    NO_CHUNK, next_offset, next_offset, segments.active.size
+                )
+                active = segments.active
+            if segment_full(
+                active.size + batch_size,
+                active.num_chunks + len(batch),
+                config.max_segment_bytes,
+                config.max_segment_chunks,
+            ):
+                _flush(log, batch, records)
+                batch_size = 0
+                log._roll(header.chunk_id)
+                active = segments.active
+            records.append(
+                encode_index_record(
+                    header.chunk_id,
+                    header.timestamp,
+                    header.epoch,
+                    active.size + batch_size,
+                    header.chunk_type,
+                )
+            )
+            batch.append(chunk)
+            batch_size += len(chunk)
+            next_offset = header.next_offset
+            last_epoch = header.epoch
+            last_timestamp = header.timestamp
+            pos = end
+    except AcceptError:
+        _flush(log, batch, records)
+        raise
+    _flush(log, batch, records)
+    return log._next_offset
+
+
+def _flush(log: StreamLog, batch: list[memoryview], records: list[bytes]) -> None:
+    """Write the pending chunks of the active segment and apply them to the log's state."""
+    if not batch:
+        return
+    segments: SegmentSet = log._segments
+    active = segments.active
+    first_position = active.size
+    last = decode_header(batch[-1])
+    segments.append_raw(batch, records, last.next_offset)
+    position = first_position
+    history: EpochHistory = log._history
+    tracking = log._tracking
+    for chunk in batch:
+        header = decode_header(chunk)
+        history.add(header.epoch, header.chunk_id)
+        if header.chunk_type != ChunkType.USER or header.trailer_length:
+            _replay(tracking, header, chunk)
+        if log._first_timestamp == 0:
+            log._first_timestamp = header.timestamp
+        position += len(chunk)
+    log._next_offset = last.next_offset
+    log._last_chunk_id = last.chunk_id
+    log._last_timestamp = last.timestamp
+    if last.epoch > log._max_epoch:
+        log._max_epoch = last.epoch
+    if last.epoch > log._epoch:
+        log._epoch = last.epoch  # never write below an epoch the log holds
+    log._commits.written = CommitPoint(
+        last.chunk_id, last.next_offset, active.ref.first_offset, active.size
+    )
+    batch.clear()
+    records.clear()
+
+
+def _replay(tracking: TrackingState, header: ChunkHeader, chunk: memoryview) -> None:
+    replay_chunk(tracking, header, 0, lambda p, n: chunk[p : p + n])
+
+
+# --------------------------------------------------------------------- epochs
+
+
+def start_epoch(log: StreamLog, epoch: int) -> int:
+    """Begin writing in ``epoch`` (a new leader): every following chunk carries it, and
+    the first is a tracking snapshot, written now; returns its chunk id. Refuses an
+    epoch below the log's highest (``StaleEpochError``)."""
+    log.check_open()
+    if epoch < log._max_epoch:
+        raise StaleEpochError(f"epoch {epoch} is below epoch {log._max_epoch} in the log")
+    log._epoch = epoch
+    log._max_epoch = epoch
+    info = log._write_snapshot_chunk()
+    log.after_write()
+    return info.chunk_id
+
+
+# --------------------------------------------------------------------- truncation
+
+
+def truncate_after(log: StreamLog, keep_through: int) -> int:
+    """Cut every chunk after chunk id ``keep_through`` (``-1``: every chunk), durably and
+    crash-safely; returns the new next offset. Refuses (``TruncateBelowTieredError``) to
+    cut offsets the remote tier durably holds (``set_tiered_offset``)."""
+    log.check_open()
+    if keep_through >= log._last_chunk_id:
+        return log._next_offset
+    new_next = _next_offset_after(log, keep_through)
+    tiered = log._tiered_next
+    if tiered is not None and new_next < tiered:
+        raise TruncateBelowTieredError(
+            f"{log._dir}: cutting after chunk {keep_through} would cut offsets from "
+            f"{new_next}, below {tiered} which the remote tier holds"
+        )
+    stream_dir = log._dir
+    log._commits.sync_to_disk()  # what stays is durable before anything is cut
+    log._segments.close(sync=True)
+    write_intent(stream_dir, keep_through)
+    cut_files(stream_dir, keep_through)
+    remove_intent(stream_dir)
+    _reload(log)
+    return log._next_offset
+
+
+def _next_offset_after(log: StreamLog, keep_through: int) -> int:
+    """The next offset of the log cut after ``keep_through``."""
+    refs = log._segments.refs
+    if keep_through < refs[0].first_offset:
+        return refs[0].first_offset
+    firsts = [r.first_offset for r in refs]
+    ref = refs[bisect.bisect_right(firsts, keep_through) - 1]
+    fd = os.open(ref.index_path, os.O_RDONLY)
+    seg = os.open(ref.segment_path, os.O_RDONLY)
+    try:
+        count = index_record_count(os.fstat(fd).st_size)
+        raw = pread_exact(fd, count * INDEX_RECORD_SIZE, index_record_position(0))
+        table = np.frombuffer(raw, INDEX_RECORD_DTYPE, count)
+        keep = int(np.searchsorted(table["chunk_id"], keep_through, side="right"))
+        if keep == 0:
+            return ref.first_offset
+        header = decode_header(pread_exact(seg, HEADER_SIZE, int(table["position"][keep - 1])))
+        return header.next_offset
+    finally:
+        os.close(seg)
+        os.close(fd)
+
+
+def _reload(log: StreamLog) -> None:
+    """Re-read the cut log's state from disk (recovery of the new last segment)."""
+    recovered = recover(log._dir, repair=True)
+    log._segments = SegmentSet(
+        log._dir,
+        [
+            OpenSegment(
+                s.ref,
+                s.size,
+                s.num_chunks,
+                s.last_chunk.next_offset if s.last_chunk else s.ref.first_offset,
+            )
+            for s in recovered.segments
+        ],
+    )
+    log._commits._sync_data = log._segments.sync_data
+    last = recovered.last_chunk
+    log._tracking = recovered.tracking
+    log._next_offset = recovered.next_offset
+    log._last_timestamp = recovered.last_timestamp
+    log._last_chunk_id = last.chunk_id if last else NO_CHUNK
+    log._first_timestamp = next(
+        (s.first_chunk.timestamp for s in recovered.segments if s.first_chunk), 0
+    )
+    log._max_epoch = max(recovered.max_epoch, 0)
+    log._history = EpochHistory.load(log._segments.refs)
+    active = log._segments.active
+    point = CommitPoint(log._last_chunk_id, log._next_offset, active.ref.first_offset, active.size)
+    log._commits.rewind(point)
+    log._span_cursors.clear()
+
+
+# --------------------------------------------------------------------- fetch spans
+
+
+def chunk_span(log: StreamLog, from_offset: int, max_bytes: int) -> ChunkSpan | None:
+    """Whole chunks from chunk id ``from_offset`` in one segment file, at most
+    ``max_bytes`` of them (at least one chunk), among the chunks written so far; None
+    when ``from_offset`` is the next offset (nothing to send yet). Any thread."""
+    written = log._commits.written
+    if from_offset >= written.next_offset:
+        if from_offset == written.next_offset:
+            return None
+        raise ChunkNotLocalError(f"chunk {from_offset} is past the log's end")
+    refs = log._segments.refs
+    firsts = [r.first_offset for r in refs]
+    i = bisect.bisect_right(firsts, from_offset) - 1
+    if i < 0:
+        raise ChunkNotLocalError(f"chunk {from_offset} is below the local log")
+    ref = refs[i]
+    cursors: OrderedDict[int, tuple[int, int]] = log._span_cursors
+    fd = os.open(ref.index_path, os.O_RDONLY)
+    try:
+        count = index_record_count(os.fstat(fd).st_size)
+        cursor = cursors.get(from_offset)
+        if cursor is not None and cursor[0] == ref.first_offset:
+            n = cursor[1]
+        else:
+            n = _find_record(fd, count, from_offset)
+        if n >= count:
+            raise ChunkNotLocalError(f"chunk {from_offset} is not a chunk of the local log")
+        want = min(count - n, SPAN_RECORDS, max(1, max_bytes // HEADER_SIZE) + 1)
+        raw = pread_exact(fd, want * INDEX_RECORD_SIZE, index_record_position(n))
+    finally:
+        os.close(fd)
+    table = np.frombuffer(raw, INDEX_RECORD_DTYPE, len(raw) // INDEX_RECORD_SIZE)
+    ids = table["chunk_id"].astype(np.int64)
+    if not len(ids) or int(ids[0]) != from_offset:
+        raise ChunkNotLocalError(f"chunk {from_offset} is not a chunk of the local log")
+    usable = int(np.searchsorted(ids, written.chunk_id, side="right"))
+    positions = table["position"][:usable].astype(np.int64)
+    in_written_segment = ref.first_offset == written.segment_first_offset
+    if usable < len(ids):
+        segment_end = int(table["position"][usable])  # the next chunk starts there
+    elif in_written_segment:
+        segment_end = written.end_position
+    else:
+        segment_end = os.path.getsize(ref.segment_path)  # sealed
+    ends = np.append(positions[1:], segment_end)
+    start = int(positions[0])
+    fits = int(np.searchsorted(ends - start, max_bytes, side="right"))
+    take = max(1, min(fits, usable))
+    end = int(ends[take - 1])
+    last_id = int(ids[take - 1])
+    if take < len(ids):
+        next_offset = int(ids[take])
+    else:
+        seg = os.open(ref.segment_path, os.O_RDONLY)
+        try:
+            last_header = decode_header(pread_exact(seg, HEADER_SIZE, int(positions[take - 1])))
+        finally:
+            os.close(seg)
+        next_offset = last_header.next_offset
+    cursors[next_offset] = (ref.first_offset, n + take)
+    while len(cursors) > _CURSORS:
+        cursors.popitem(last=False)
+    return ChunkSpan(ref.segment_path, start, end - start, from_offset, last_id, next_offset, take)
+
+
+def _find_record(fd: int, count: int, chunk_id: int) -> int:
+    """The index of the record with ``chunk_id`` (binary search, one pread per probe);
+    ``count`` when there is none."""
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        raw = pread_exact(fd, 8, index_record_position(mid))
+        if int.from_bytes(raw, "big") < chunk_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < count and int.from_bytes(pread_exact(fd, 8, index_record_position(lo)), "big") == (
+        chunk_id
+    ):
+        return lo
+    return count
+
+
+__all__ = [
+    "AcceptError",
+    "ChunkNotLocalError",
+    "ChunkSpan",
+    "accept_chunks",
+    "chunk_span",
+    "start_epoch",
+    "truncate_after",
+]

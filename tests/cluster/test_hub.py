@@ -1,0 +1,270 @@
+"""Replication between in-process hubs on loopback with real stream logs: verbatim
+copies (segment and index files byte-identical, rolls included), truncation of a
+divergent suffix, older epochs refused, a late joiner, a link cut mid-CHUNKS, malformed
+frames, a wrong secret, and a new leader's catch-up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.cluster.hub_helpers import (
+    SECRET,
+    STREAM,
+    Cluster,
+    CuttingProxy,
+    Recorder,
+    caught_up,
+    until,
+)
+from tests.log.acceptor_helpers import SMALL, replicate, stream_files, write_leader_chunks
+from tierlog.cluster.link import handshake_dialer, read_frame
+from tierlog.formats import replication as wire
+from tierlog.log.writer import StreamLog
+
+
+@pytest.fixture
+async def cluster():
+    c = Cluster()
+    yield c
+    await c.stop()
+
+
+def leader_log(tmp_path, node: str = "n1") -> StreamLog:
+    return StreamLog.create(str(tmp_path / node), "v", "s", SMALL, created_ns=1)
+
+
+def member_log(tmp_path, node: str) -> StreamLog:
+    return StreamLog.create_follower(str(tmp_path / node / STREAM), SMALL)
+
+
+async def test_members_get_byte_identical_files(cluster, tmp_path):
+    n1, n2, n3 = [await cluster.add(n) for n in ("n1", "n2", "n3")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 25)
+    recorder = Recorder()
+    n1.lead(STREAM, leader, 1, ("n2", "n3"), recorder)
+    n1.serve(STREAM)
+    logs = {n: member_log(tmp_path, n) for n in ("n2", "n3")}
+    commits: dict[str, list[int]] = {"n2": [], "n3": []}
+    for name, hub in (("n2", n2), ("n3", n3)):
+        hub.follow(STREAM, logs[name], "n1", 1, on_commit=commits[name].append)
+    for name in logs:
+        await until(caught_up(logs[name], leader), what=f"{name} catching up")
+    # more chunks while they follow: parked fetches are woken
+    write_leader_chunks(leader, 30, start=25)
+    n1.wake(STREAM)
+    for name in logs:
+        await until(caught_up(logs[name], leader), what=f"{name} following")
+    assert len(leader.list_segments()) > 5
+    await until(lambda: all(recorder.written.get(n) == leader.last_chunk_id for n in logs))
+    n1.set_commit(STREAM, leader.last_chunk_id)
+    await until(lambda: all(c and c[-1] == leader.last_chunk_id for c in commits.values()))
+    leader.sync()
+    expected = stream_files(leader.stream_dir)
+    for name, log in logs.items():
+        assert stream_files(log.stream_dir) == expected, name
+        assert log.read_member_epoch() == 1
+        assert log.epoch_history() == leader.epoch_history()
+    n2.unfollow(STREAM)
+    n3.unfollow(STREAM)
+    for log in logs.values():
+        log.close()
+    leader.close()
+
+
+async def test_divergent_suffix_is_truncated_before_following(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 8)
+    old = member_log(tmp_path, "n2")
+    replicate(leader, old)
+    # n2 led epoch 1 for a while alone: a suffix nobody else has
+    old.close()
+    deposed = StreamLog.open(old.stream_dir, SMALL, adopt_disk_epoch=True)
+    write_leader_chunks(deposed, 9, start=8)
+    assert deposed.tail()[0] == 1 and deposed.last_chunk_id > leader.last_chunk_id
+    # n1 leads epoch 2
+    leader.start_epoch(2)
+    write_leader_chunks(leader, 4, start=100)
+    n1.lead(STREAM, leader, 2, ("n2",), Recorder())
+    n1.serve(STREAM)
+    n2.follow(STREAM, deposed, "n1", 2)
+    await until(caught_up(deposed, leader), what="truncate and catch up")
+    leader.sync()
+    assert stream_files(deposed.stream_dir) == stream_files(leader.stream_dir)
+    assert deposed.epoch_history() == leader.epoch_history()
+    assert deposed.read_member_epoch() == 2
+    n2.unfollow(STREAM)
+    deposed.close()
+    leader.close()
+
+
+async def test_older_epochs_are_refused(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 3)
+    member = member_log(tmp_path, "n2")
+    member.persist_member_epoch(3)
+    n2.follow(STREAM, member)
+    recorder = Recorder()
+    n1.lead(STREAM, leader, 2, ("n2",), recorder)
+    n1.request_adopt(STREAM, 2, ("n2",))
+    await until(lambda: recorder.refused == [("n2", 3)], what="adopt refusal")
+    assert member.read_member_epoch() == 3
+    n1.serve(STREAM)
+    n1.set_commit(STREAM, 0)  # a COMMIT in epoch 2: refused, nothing accepted
+    await asyncio.sleep(0.3)
+    assert member.next_offset == 0
+    # the same node leading epoch 4: adopted, persisted, replicated
+    n1.unlead(STREAM)
+    leader.start_epoch(4)
+    recorder = Recorder()
+    n1.lead(STREAM, leader, 4, ("n2",), recorder)
+    n1.request_adopt(STREAM, 4, ("n2",))
+    await until(lambda: "n2" in recorder.adopted, what="adopted")
+    assert recorder.adopted["n2"] == (4, 4, 0, -1)
+    assert member.read_member_epoch() == 4
+    n1.serve(STREAM)
+    await until(caught_up(member, leader), what="follow the adopting leader")
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+async def test_late_joiner_starts_at_a_snapshot_segment(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 40)
+    leader.sync()
+    for segment in leader.list_segments()[:3]:
+        leader.delete_segment(segment.first_offset)  # local retention ran
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    joiner = member_log(tmp_path, "n2")
+    n2.follow(STREAM, joiner, "n1", 1)
+    await until(caught_up(joiner, leader), what="late joiner")
+    assert joiner.first_offset == leader.first_offset > 0
+    assert stream_files(joiner.stream_dir) == stream_files(leader.stream_dir)
+    assert joiner.producer_sequence("prod") == leader.producer_sequence("prod")
+    n2.unfollow(STREAM)
+    joiner.close()
+    leader.close()
+
+
+async def test_link_cut_mid_chunks_resumes_without_gap_or_duplicate(cluster, tmp_path):
+    n1 = await cluster.add("n1", fetch_bytes=3000)
+    proxy = CuttingProxy(cluster.addresses["n1"], cut_after=5000)
+    proxied = await proxy.start()
+    n2 = await cluster.add("n2")
+    real = dict(cluster.addresses)
+    n2._peers = lambda node: proxied if node == "n1" else real[node]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 60)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="resume after the cut")
+    assert proxy.cuts == 1 and proxy.connections >= 2
+    leader.sync()
+    assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    assert n2.followed[STREAM].errors == 0
+    n2.unfollow(STREAM)
+    await proxy.stop()
+    member.close()
+    leader.close()
+
+
+async def test_malformed_frames_close_the_link_and_the_hub_stays_up(cluster, tmp_path):
+    n1 = await cluster.add("n1")
+    host, port = cluster.addresses["n1"]
+    # garbage before any handshake
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"\x00\x00\x00\x05garbage-garbage")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    # authenticated, then a malformed frame
+    reader, writer = await asyncio.open_connection(host, port)
+    assert await handshake_dialer(reader, writer, "rogue", SECRET, "n1") == "n1"
+    bad = bytearray(wire.encode(wire.Written(STREAM, 1, 5)))
+    bad[5] = 0x01  # reserved flags
+    writer.write(bytes(bad))
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    await until(lambda: n1.malformed_frames >= 2, what="malformed frames counted")
+    # still serving real members
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 5)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    n2 = await cluster.add("n2")
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="replication after bad peers")
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+async def test_wrong_secret_is_refused(cluster, tmp_path):
+    n1 = await cluster.add("n1")
+    n2 = await cluster.add("n2", secret=b"not-the-cluster-secret")
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 5)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member, "n1", 1)
+    await until(lambda: n2.auth_failures >= 1, what="the dialer refuses n1's proof")
+    await asyncio.sleep(0.3)
+    assert member.next_offset == 0 and "n1" not in n2.links and "n2" not in n1.links
+    # a dialer that does not hold the secret is refused by the acceptor too
+    reader, writer = await asyncio.open_connection(*cluster.addresses["n1"])
+    writer.write(wire.encode(wire.Hello("n9")) + wire.encode(wire.Challenge(bytes(32))))
+    for _ in range(3):
+        await read_frame(reader)  # HELLO, CHALLENGE, PROOF
+    writer.write(wire.encode(wire.Proof(bytes(32))))
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    await until(lambda: n1.auth_failures >= 1, what="the acceptor refuses a bad proof")
+    assert "n9" not in n1.links
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+async def test_new_leader_catches_up_from_the_most_up_to_date_member(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    ahead = leader_log(tmp_path, "n2-src")
+    write_leader_chunks(ahead, 20)
+    lagging = member_log(tmp_path, "n1")
+    while lagging.next_offset < 10:
+        from tests.log.acceptor_helpers import span_bytes
+
+        data, _ = span_bytes(ahead, lagging.next_offset, 1)
+        lagging.accept_chunks(data)
+    lagging.sync_to_disk()
+    member = member_log(tmp_path, "n2")
+    replicate(ahead, member)
+    ahead.close()
+    n2.follow(STREAM, member)
+    recorder = Recorder()
+    n1.lead(STREAM, lagging, 2, ("n2",), recorder)
+    n1.request_adopt(STREAM, 2, ("n2",))
+    await until(lambda: "n2" in recorder.adopted, what="adopted")
+    _, _, tail_epoch, tail_id = recorder.adopted["n2"]
+    assert (tail_epoch, tail_id) == member.tail()
+    new_tail = await n1.catch_up(STREAM, "n2", (tail_epoch, tail_id))
+    assert new_tail == member.tail() == lagging.tail()
+    lagging.sync_to_disk()
+    assert stream_files(lagging.stream_dir) == stream_files(member.stream_dir)
+    # then it leads: its epoch's first chunk, served to the member
+    lagging.start_epoch(2)
+    n1.serve(STREAM)
+    await until(caught_up(member, lagging), what="member follows the new leader")
+    assert member.tail() == (2, lagging.last_chunk_id)
+    n2.unfollow(STREAM)
+    member.close()
+    lagging.close()
