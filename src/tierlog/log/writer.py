@@ -549,19 +549,6 @@ class StreamLog:
         fsync_dir(self._dir)
         self.sync_to_disk()
 
-    def begin_epoch(self, epoch: int) -> int:
-        """Write from now on in ``epoch`` (a new leadership, above every epoch in the log):
-        appends a tracking-snapshot chunk carrying it, the epoch's first chunk, and
-        fsyncs it. Returns that chunk's id."""
-        self.check_open()
-        if epoch <= self._max_epoch:
-            raise StaleEpochError(f"new epoch {epoch} must exceed {self._max_epoch}")
-        self._epoch = epoch
-        self._max_epoch = epoch
-        chunk = self._write_snapshot_chunk()
-        self.sync_to_disk()
-        return chunk.chunk_id
-
     def list_segments(self) -> list[SegmentInfo]:
         """All local segments, oldest first; the last one is active (not sealed)."""
         return self._segments.infos()

@@ -58,6 +58,7 @@ from tierlog.cluster.state import (
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.commands import BrokerAddress, StreamMetadata
 from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.storage.errors import (
@@ -332,7 +333,7 @@ class ClusterService:
             effect = pending.pop(0)
             if isinstance(effect, AppendTrackingSnapshot):
                 chunk_id = await loop.run_in_executor(
-                    handle.executor, handle.log.begin_epoch, effect.epoch
+                    handle.executor, _start_epoch, handle.log, effect.epoch
                 )
                 pending.extend(leader.written(chunk_id, effect.epoch, [], [], time.monotonic()))
             elif isinstance(effect, StepDown | Commit):
@@ -456,6 +457,14 @@ def _call(done: Done, code: int) -> Any:
 
 def _refuse(done: Done) -> Any:
     return lambda reason: done(ResponseCode.STREAM_NOT_AVAILABLE)
+
+
+def _start_epoch(stream_log: StreamLog, epoch: int) -> int:
+    """The epoch's first chunk (a tracking snapshot), fsynced: the leader counts it as
+    written only once it is on disk."""
+    chunk_id = stream_log.start_epoch(epoch)
+    stream_log.sync_to_disk()
+    return chunk_id
 
 
 def _tail(handle: StreamHandle) -> Tail:
