@@ -204,12 +204,20 @@ async def test_a_leader_whose_lease_is_lost_stops_confirming_and_hands_the_strea
         await a.stop()
 
 
-@pytest.mark.parametrize("field", ["initial_cluster_size", "replication_port", "secret"])
-def test_replication_settings_are_refused_until_replication_runs(
-    tmp_path: Path, field: str
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        ({"initial_cluster_size": 3}, "set cluster.secret"),
+        ({"replication_port": 5553}, "needs cluster.secret"),
+        ({"replication_address": "127.0.0.1:5553"}, "needs cluster.secret"),
+        ({"secret": "short"}, "at least 16"),
+        ({"initial_cluster_size": 0}, "1..9"),
+    ],
+)
+def test_replication_settings_need_the_cluster_secret(
+    tmp_path: Path, settings: dict[str, object], error: str
 ) -> None:
     from tierlog.errors import ConfigError
 
-    value: object = {"initial_cluster_size": 3, "replication_port": 5553, "secret": "s"}[field]
-    with pytest.raises(ConfigError, match="replication"):
-        node_config(tmp_path, "a", **{field: value})
+    with pytest.raises(ConfigError, match=error):
+        node_config(tmp_path, "a", **settings)

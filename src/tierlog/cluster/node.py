@@ -38,6 +38,7 @@ from tierlog.cluster.membership import (
 from tierlog.cluster.state import (
     Commit,
     Effect,
+    Event,
     LeaderState,
     LeaseLost,
     LeaseRenewed,
@@ -156,9 +157,7 @@ class StreamLeader:
                 self.waiting.append(_Waiting(chunk_id, confirms, refuses))
         return self.handle(LocalWritten(chunk_id, epoch), now) if chunk_id != NO_CHUNK else []
 
-    def handle(
-        self, event: LocalWritten | LeaseRenewed | LeaseLost | Tick, now: float
-    ) -> list[Effect]:
+    def handle(self, event: Event, now: float) -> list[Effect]:
         effects = self.state.handle(event, now)
         self.apply_local(effects)
         return effects

@@ -295,6 +295,8 @@ class Server:
                     conn.transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.cluster is not None:
+            await self.cluster.detach()
         if self.broker is not None:
             await self.broker.close()
         if self.cluster is not None:

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tierlog.cluster.errors import (
-    ClusterError,
     LeaderAliveError,
     NotAMemberError,
     NotLeaderError,
 )
+from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.log_history import NO_CHUNK, Tail
-from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo
+from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo, StreamMembers
 from tierlog.cluster.node import (
     ClusterNode,
     DirectoryView,
@@ -47,20 +47,31 @@ from tierlog.cluster.node import (
 )
 from tierlog.cluster.state import (
     AppendTrackingSnapshot,
+    CatchUp,
+    CatchUpFailed,
+    CaughtUp,
     Commit,
     Effect,
+    EpochAdopted,
+    EpochRefused,
+    Event,
     LeaseLost,
     LeaseRenewed,
     LeaseTiming,
+    MemberAcked,
+    Phase,
+    PromoteLearner,
     RequestAdopt,
     StepDown,
 )
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.commands import BrokerAddress, StreamMetadata
 from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.log.config import LogConfig
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.server.cluster_members import Followers
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -112,6 +123,13 @@ class ClusterService:
         self._directory_threads = ThreadPoolExecutor(2, thread_name_prefix="cluster-directory")
         self.stepped_down = 0
         self.acquired = 0
+        self.hub: ReplicationHub | None = None
+        self.followers: Followers | None = None
+        self.replication_port = 0
+        self._acquired: dict[str, tuple[Leadership, float]] = {}  # by the scan, to open
+        self._ready: dict[str, asyncio.Future[None]] = {}  # elections in progress
+        self._new_voters: dict[tuple[str, str], tuple[str, ...]] = {}  # streams being created
+        self._effect_tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -119,16 +137,28 @@ class ClusterService:
         may still be held for up to one TTL after a crash)."""
         self.broker = broker
         broker.placement = self
+        replication_address = self.cluster.replication_address
+        if self.cluster.secret:
+            self.hub = ReplicationHub(
+                self.name, self.cluster.secret.encode(), self._peer_address, heartbeat=1.0
+            )
+            host = self.config.server.host
+            self.replication_port = await self.hub.start(host, self.cluster.replication_port)
+            self.followers = Followers(self.hub, self.config.storage.streams_dir)
+            advertised = stream_address.rpartition(":")[0]
+            replication_address = replication_address or f"{advertised}:{self.replication_port}"
         info = NodeInfo(
             self.name,
             self.cluster.stream_address or stream_address,
             self.cluster.admin_address or admin_address,
-            self.cluster.replication_address,
+            replication_address,
         )
         self.lease = NodeLease(self.directory, info, self.timing)
         self._tasks.append(asyncio.create_task(self._run()))
 
-    async def close(self) -> None:
+    async def detach(self) -> None:
+        """Before the broker closes its streams: stop scanning and following (the
+        follower logs close on their writer lanes, which the broker shuts down)."""
         self._stopping = True
         for task in self._tasks:
             task.cancel()
@@ -136,6 +166,17 @@ class ClusterService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.followers is not None:
+            await self.followers.close()
+
+    async def close(self) -> None:
+        """After the broker closed its streams: stop replication, resign what this
+        node led (a successor need not wait for the lease) and release the lease."""
+        await self.detach()
+        for task in list(self._effect_tasks):
+            task.cancel()
+        if self.hub is not None:
+            await self.hub.stop()
         for incarnation in list(self.node.leaders):
             leader = self.node.forget(incarnation)
             if leader is not None and not leader.stepped_down:
@@ -148,6 +189,12 @@ class ClusterService:
                 )
         self._lease_thread.shutdown(wait=False)
         self._directory_threads.shutdown(wait=False)
+
+    def _peer_address(self, node: str) -> tuple[str, int]:
+        """A node's replication address from the last directory scan (``KeyError``
+        while unknown: the hub retries)."""
+        host, _, port = self.view.nodes[node].replication_address.rpartition(":")
+        return host, int(port)
 
     async def _run(self) -> None:
         await self._register()
@@ -211,6 +258,18 @@ class ClusterService:
         while True:
             await asyncio.sleep(interval)
             self._carry(self.node.tick())
+            self._repeat_adopt_requests()
+
+    def _repeat_adopt_requests(self) -> None:
+        """An election waits for a majority to adopt its epoch; members that had not
+        opened the stream yet (a new stream) or were unreachable are asked again on
+        every tick until the election ends (adopting is idempotent)."""
+        if self.hub is None:
+            return
+        for incarnation, leader in self.node.leaders.items():
+            if leader.state.phase is Phase.ADOPTING and incarnation in self.hub.led:
+                others = tuple(m for m in leader.leadership.membership.members if m != self.name)
+                self.hub.request_adopt(incarnation, leader.epoch, others)
 
     async def _scan_loop(self) -> None:
         while True:
@@ -223,8 +282,9 @@ class ClusterService:
             await asyncio.sleep(self.cluster.scan_interval_seconds)
 
     async def scan(self) -> None:
-        """Read the directory and the catalog once; take over leaderless streams this
-        node is a voter of, learn streams led elsewhere, drop deleted ones."""
+        """Read the directory and the catalog once; follow the streams this node is a
+        member of, take over leaderless streams it is a voter of, learn streams led
+        elsewhere, drop deleted ones."""
         broker = self.broker
         assert broker is not None
         view, records = await self._directory(self._read)
@@ -235,19 +295,69 @@ class ClusterService:
         for record in records:
             if broker.get(record.vhost, record.name) is None:
                 broker.led_elsewhere(record)
-        for incarnation in view.to_take_over(self.name):
+        for incarnation, place in view.streams.items():
             record = by_incarnation.get(incarnation)
+            membership = place.record.membership
             if record is None or incarnation in self.handles:
                 continue
+            if self.name not in membership.members:
+                continue
             try:
-                await broker.take_over(record)
+                if place.leader is None:
+                    if membership.is_voter(self.name):
+                        await self._take_over(record)
+                elif place.leader.name != self.name:
+                    await self._follow(record, place.leader.name, place.record.epoch)
             except (TierlogError, OSError) as exc:
-                log.error("cluster_take_over_failed", stream=record.name, error=repr(exc))
+                log.error("cluster_member_action_failed", stream=record.name, error=repr(exc))
+        if self.followers is not None:
+            self.followers.nudge_idle(max(2, int(4.0 / self.cluster.scan_interval_seconds)))
         known = {(r.vhost, r.name) for r in records}
         for opening in broker.opening_streams():
             key = (opening.record.vhost, opening.record.name)
             if key not in known:
                 broker.forget_elsewhere(*key)
+
+    async def _follow(self, record: StreamRecord, leader: str, epoch: int) -> None:
+        if self.followers is None:
+            log.warning("cluster_cannot_follow", stream=record.name, reason="no cluster.secret")
+            return
+        assert self.broker is not None
+        lane = self.broker.writers.lane(record.name)
+        await self.followers.follow(record, self._log_config(record), lane, leader, epoch)
+
+    async def _take_over(self, record: StreamRecord) -> None:
+        """Acquire a leaderless stream (above every epoch this node's copy has seen),
+        then close the follower log and open the stream as its leader."""
+        assert self.broker is not None
+        node_lease = self.lease.lease if self.lease is not None else None
+        if node_lease is None:
+            return
+        incarnation = record.incarnation
+        seen = self.followers.seen_epochs(incarnation) if self.followers else ()
+        sent_at = time.monotonic()
+        try:
+            leadership: Leadership = await self._directory(
+                self.directory.acquire_leadership, incarnation, self.name, node_lease, seen
+            )
+        except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError):
+            return  # another voter got it first (the next scan follows it)
+        if self.followers is not None:
+            await self.followers.stop(incarnation)
+        self._acquired[incarnation] = (leadership, sent_at)
+        try:
+            await self.broker.take_over(record)
+        finally:
+            self._acquired.pop(incarnation, None)
+
+    def _log_config(self, record: StreamRecord) -> LogConfig:
+        settings = record.settings
+        return self.config.log.log_config(
+            settings.max_segment_bytes,
+            settings.max_segment_chunks,
+            self.config.server.frame_max,
+            settings.sync,
+        )
 
     def _read(self) -> tuple[DirectoryView, list[StreamRecord]]:
         return DirectoryView.read(self.directory), self.catalog.list()
@@ -262,7 +372,7 @@ class ClusterService:
         if existing is None:
             return True  # a stream from before the cluster: the first node to open it leads
         if not existing.membership.is_voter(self.name):
-            return False
+            return False  # a learner follows; a non-member is pointed at the leader
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
             record.incarnation
         )
@@ -272,46 +382,48 @@ class ClusterService:
         return False  # streams this node knows of are listed by the broker as led elsewhere
 
     async def leading(self, handle: StreamHandle) -> None:
-        """Acquire the stream's leadership for a log just opened here, begin its epoch
-        (a tracking-snapshot chunk), and gate its confirms on the cluster commit."""
+        """Lead a stream whose log was just opened here: acquire it (unless the
+        directory scan already did), win the election among its members (adopt, catch
+        up), begin the epoch with a tracking-snapshot chunk, and only then let clients
+        in, with confirms gated on the cluster commit."""
         await self.registered.wait()
-        node_lease = self.lease.lease if self.lease is not None else None
-        if node_lease is None:
-            raise NotLeaderError(f"{handle.name}: this node holds no lease right now")
         incarnation = handle.record.incarnation
         disk_epoch = handle.log.max_epoch
-        try:
-            await self._directory(register_stream, self.directory, incarnation, (self.name,))
-            sent_at = time.monotonic()
-            leadership: Leadership = await self._directory(
-                self.directory.acquire_leadership,
-                incarnation,
-                self.name,
-                node_lease,
-                (disk_epoch,),
-            )
-        except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError) as exc:
-            raise NotLeaderError(f"{handle.name}: {exc}") from exc
-        if leadership.membership.voters != (self.name,) or leadership.membership.learners:
-            # several members need replication between nodes, which is not wired here
+        acquired = self._acquired.pop(incarnation, None)
+        if acquired is None:
+            leadership, sent_at = await self._acquire(handle)
+        else:
+            leadership, sent_at = acquired
+        others = tuple(m for m in leadership.membership.members if m != self.name)
+        if others and self.hub is None:
             await self._directory(self.directory.resign, leadership)
-            raise NotLeaderError(
-                f"{handle.name}: members {leadership.membership.members} need replication"
-            )
+            raise NotLeaderError(f"{handle.name}: several members need cluster.secret")
         leader = self.node.lead(leadership, _tail(handle), sent_at)
         self.handles[incarnation] = handle
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(_retrieved)
+        self._ready[incarnation] = ready
         self.acquired += 1
+        if others:
+            assert self.hub is not None
+            self.hub.lead(
+                incarnation,
+                handle.log,
+                leadership.epoch,
+                others,
+                _MemberEvents(self, incarnation),
+                executor=handle.executor,
+            )
         try:
-            effects = leader.start(time.monotonic())
-            await self._carry_now(leader, handle, effects)
-        except BaseException:
-            self.node.forget(incarnation)
-            self.handles.pop(incarnation, None)
-            raise
-        if leader.stepped_down:
-            self.node.forget(incarnation)
-            self.handles.pop(incarnation, None)
-            raise NotLeaderError(f"{handle.name}: {leader.state.step_down_reason}")
+            self._apply(incarnation, leader.start(time.monotonic()))
+            await asyncio.wait_for(asyncio.shield(ready), 2 * self.timing.ttl)
+        except BaseException as exc:
+            self._step_down(incarnation, f"election did not finish: {exc!r}", release=False)
+            if isinstance(exc, NotLeaderError | asyncio.CancelledError):
+                raise
+            raise NotLeaderError(f"{handle.name}: {exc!r}") from exc
+        finally:
+            self._ready.pop(incarnation, None)
         handle.confirm_gate = _LeaderGate(self, leader)
         handle.commit_fence = _lease_fence(leader)
         log.info(
@@ -320,56 +432,129 @@ class ClusterService:
             incarnation=incarnation,
             epoch=leadership.epoch,
             disk_epoch=disk_epoch,
+            members=",".join(leadership.membership.members),
         )
 
-    async def _carry_now(
-        self, leader: StreamLeader, handle: StreamHandle, effects: list[Effect]
-    ) -> None:
-        """Carry out a new leader's first effects before the stream is used: begin the
-        epoch on the log (its writer lane), feed the chunk back."""
-        loop = asyncio.get_running_loop()
-        pending = list(effects)
-        while pending:
-            effect = pending.pop(0)
-            if isinstance(effect, AppendTrackingSnapshot):
-                chunk_id = await loop.run_in_executor(
-                    handle.executor, _start_epoch, handle.log, effect.epoch
-                )
-                pending.extend(leader.written(chunk_id, effect.epoch, [], [], time.monotonic()))
-            elif isinstance(effect, StepDown | Commit):
-                continue  # applied by the leader object itself
-            elif isinstance(effect, RequestAdopt) and not effect.members:
-                continue  # a single member: nobody else to ask
-            else:  # CatchUp, PromoteLearner, RequestAdopt to others: replication
-                raise ClusterError(f"{handle.name}: replication effect {effect!r} not supported")
+    async def _acquire(self, handle: StreamHandle) -> tuple[Leadership, float]:
+        node_lease = self.lease.lease if self.lease is not None else None
+        if node_lease is None:
+            raise NotLeaderError(f"{handle.name}: this node holds no lease right now")
+        incarnation = handle.record.incarnation
+        voters = self._new_voters.pop((handle.vhost, handle.name), (self.name,))
+        try:
+            await self._directory(register_stream, self.directory, incarnation, voters)
+            sent_at = time.monotonic()
+            leadership: Leadership = await self._directory(
+                self.directory.acquire_leadership,
+                incarnation,
+                self.name,
+                node_lease,
+                (handle.log.max_epoch, handle.log.read_member_epoch()),
+            )
+        except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError) as exc:
+            raise NotLeaderError(f"{handle.name}: {exc}") from exc
+        return leadership, sent_at
+
+    # -- effects --------------------------------------------------------------------------
+    def _feed(self, incarnation: str, event: Event) -> None:
+        leader = self.node.leaders.get(incarnation)
+        if leader is not None and not leader.stepped_down:
+            self._apply(incarnation, leader.handle(event, time.monotonic()))
+
+    def _apply(self, incarnation: str, effects: list[Effect]) -> None:
+        """Carry out a led stream's effects (on the event loop)."""
+        for effect in effects:
+            if isinstance(effect, StepDown):
+                self._step_down(incarnation, effect.reason)
+                return
+            leader = self.node.leaders.get(incarnation)
+            handle = self.handles.get(incarnation)
+            if leader is None or handle is None:
+                return
+            if isinstance(effect, RequestAdopt):
+                if effect.members and self.hub is not None:
+                    self.hub.request_adopt(incarnation, effect.epoch, effect.members)
+            elif isinstance(effect, AppendTrackingSnapshot):
+                self._spawn(self._begin_epoch(leader, handle, effect.epoch))
+            elif isinstance(effect, CatchUp):
+                self._spawn(self._catch_up(leader, effect))
+            elif isinstance(effect, Commit):
+                if self.hub is not None and incarnation in self.hub.led:
+                    self.hub.set_commit(incarnation, effect.chunk_id)
+            elif isinstance(effect, PromoteLearner):
+                log.warning("cluster_promotion_not_run", incarnation=incarnation)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._effect_tasks.add(task)
+        task.add_done_callback(self._effect_tasks.discard)
+
+    async def _begin_epoch(self, leader: StreamLeader, handle: StreamHandle, epoch: int) -> None:
+        incarnation = leader.incarnation
+        try:
+            chunk_id = await asyncio.get_running_loop().run_in_executor(
+                handle.executor, _start_epoch, handle.log, epoch
+            )
+        except (TierlogError, OSError) as exc:
+            self._step_down(incarnation, f"cannot begin epoch {epoch}: {exc!r}")
+            return
+        self._apply(incarnation, leader.written(chunk_id, epoch, [], [], time.monotonic()))
+        if leader.stepped_down:
+            return
+        if self.hub is not None and incarnation in self.hub.led:
+            self.hub.serve(incarnation)
+        ready = self._ready.get(incarnation)
+        if ready is not None and not ready.done():
+            ready.set_result(None)
+
+    async def _catch_up(self, leader: StreamLeader, effect: CatchUp) -> None:
+        assert self.hub is not None
+        target = (effect.tail.epoch, effect.tail.chunk_id)
+        try:
+            epoch, chunk_id = await self.hub.catch_up(
+                leader.incarnation, effect.source, target, give_up_after=self.timing.ttl
+            )
+        except Exception as exc:
+            self._feed(leader.incarnation, CatchUpFailed(repr(exc)))
+            return
+        self._feed(leader.incarnation, CaughtUp(Tail(epoch, chunk_id)))
 
     def _carry(self, effects: dict[str, list[Effect]]) -> None:
         for incarnation, stream_effects in effects.items():
-            for effect in stream_effects:
-                if isinstance(effect, StepDown):
-                    self._step_down(incarnation, effect.reason)
+            self._apply(incarnation, stream_effects)
 
-    def _step_down(self, incarnation: str, reason: str) -> None:
+    def _step_down(self, incarnation: str, reason: str, release: bool = True) -> None:
         leader = self.node.forget(incarnation)
         handle = self.handles.pop(incarnation, None)
+        if leader is not None and not leader.stepped_down:
+            leader.state.handle(LeaseLost(), time.monotonic())  # refuse what waits
+            leader.apply_local([StepDown(reason)])
+        if self.hub is not None:
+            self.hub.unlead(incarnation)
+        ready = self._ready.pop(incarnation, None)
+        if ready is not None and not ready.done():
+            ready.set_exception(NotLeaderError(reason))
+        if leader is None:
+            return
         self.stepped_down += 1
         log.warning("cluster_stream_step_down", incarnation=incarnation, reason=reason)
         if handle is not None and self.broker is not None:
-            asyncio.get_running_loop().create_task(self._release(handle, leader, reason))
+            self._spawn(self._release(handle if release else None, leader, reason))
 
     async def _release(
-        self, handle: StreamHandle, leader: StreamLeader | None, reason: str
+        self, handle: StreamHandle | None, leader: StreamLeader, reason: str
     ) -> None:
         assert self.broker is not None
-        await self.broker.release(handle, reason)
-        if leader is not None:
-            with contextlib.suppress(TierlogError, OSError):
-                await self._directory(self.directory.resign, leader.leadership)
+        if handle is not None:
+            await self.broker.release(handle, reason)
+        with contextlib.suppress(TierlogError, OSError):
+            await self._directory(self.directory.resign, leader.leadership)
 
     # -- what clients see ---------------------------------------------------------------
-    def check_create(self, arguments: Mapping[str, str]) -> None:
+    def check_create(self, vhost: str, name: str, arguments: Mapping[str, str]) -> None:
         """The replication factor asked for at creation (``x-initial-cluster-size``,
-        else ``cluster.initial_cluster_size``): refused unless this node can run it."""
+        else ``cluster.initial_cluster_size``): this node and the first other live
+        nodes by name become the voters. Refused (typed) when it cannot be run."""
         size = self.cluster.initial_cluster_size
         for key in CLUSTER_SIZE_ARGUMENTS:
             if key in arguments:
@@ -379,11 +564,16 @@ class ClusterService:
                     raise ConfigError(f"{key} must be an integer, got {arguments[key]!r}") from None
         if size < 1:
             raise ConfigError(f"initial-cluster-size must be >= 1, got {size}")
-        if size > 1:
+        if size > 1 and self.hub is None:
             raise ConfigError(
-                f"initial-cluster-size {size}: replication between nodes is not available"
-                " in this version (1 only)"
+                f"initial-cluster-size {size} needs replication: set cluster.secret on every node"
             )
+        others = sorted(n for n in self.view.nodes if n != self.name)
+        if size - 1 > len(others):
+            raise ConfigError(
+                f"initial-cluster-size {size}: only {len(others) + 1} live nodes in the cluster"
+            )
+        self._new_voters[(vhost, name)] = (self.name, *others[: size - 1])
 
     def locate(self, vhost: str, name: str) -> StreamLocation:
         """Leader and replicas of a stream as Metadata reports them."""
@@ -392,14 +582,26 @@ class ClusterService:
         handle = broker.get(vhost, name)
         me = self.lease.info if self.lease is not None else None
         if handle is not None and handle.record.incarnation in self.handles and me is not None:
-            return StreamLocation(ResponseCode.OK, me, ())
+            leader = self.node.leaders.get(handle.record.incarnation)
+            members = leader.leadership.membership.members if leader is not None else ()
+            replicas = tuple(
+                self.view.nodes[m] for m in members if m != self.name and m in self.view.nodes
+            )
+            return StreamLocation(ResponseCode.OK, me, replicas)
         opening = broker.opening(vhost, name)
         if opening is None:
             return StreamLocation(ResponseCode.STREAM_DOES_NOT_EXIST, None, ())
         place = self.view.streams.get(opening.record.incarnation)
         if place is None or place.leader is None or place.leader.name == self.name:
             return StreamLocation(ResponseCode.STREAM_NOT_AVAILABLE, None, ())
-        return StreamLocation(ResponseCode.OK, place.leader, ())
+        return StreamLocation(ResponseCode.OK, place.leader, self._replicas(place.record))
+
+    def _replicas(self, record: StreamMembers) -> tuple[NodeInfo, ...]:
+        return tuple(
+            self.view.nodes[m]
+            for m in record.membership.members
+            if m != record.leader and m in self.view.nodes
+        )
 
     def status(self) -> dict[str, Any]:
         return {
@@ -430,11 +632,36 @@ class _LeaderGate:
                 continue
             confirms.append(_call(done, ResponseCode.OK))
             refuses.append(_refuse(done))
+        incarnation = self.leader.incarnation
         effects = self.leader.written(
             chunk_id, handle.log.epoch, confirms, refuses, time.monotonic()
         )
+        hub = self.service.hub
+        if hub is not None:
+            hub.wake(incarnation)  # members' parked fetches
         if effects:
-            self.service._carry({self.leader.incarnation: effects})
+            self.service._apply(incarnation, effects)
+
+
+class _MemberEvents:
+    """What a led stream's members send (``LeaderListener``), fed to its leader."""
+
+    def __init__(self, service: ClusterService, incarnation: str) -> None:
+        self.service = service
+        self.incarnation = incarnation
+
+    def member_written(self, member: str, chunk_id: int, epoch: int) -> None:
+        self.service._feed(self.incarnation, MemberAcked(member, epoch, chunk_id))
+
+    def member_adopted(
+        self, member: str, epoch: int, highest: int, tail_epoch: int, tail_chunk_id: int
+    ) -> None:
+        self.service._feed(
+            self.incarnation, EpochAdopted(member, epoch, Tail(tail_epoch, tail_chunk_id))
+        )
+
+    def member_refused(self, member: str, highest_epoch: int) -> None:
+        self.service._feed(self.incarnation, EpochRefused(member, highest_epoch))
 
 
 def _lease_fence(leader: StreamLeader) -> Callable[[], None]:
@@ -457,6 +684,12 @@ def _call(done: Done, code: int) -> Any:
 
 def _refuse(done: Done) -> Any:
     return lambda reason: done(ResponseCode.STREAM_NOT_AVAILABLE)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """An election's outcome is read by whoever waits for it, if anyone still does."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _start_epoch(stream_log: StreamLog, epoch: int) -> int:

@@ -320,7 +320,9 @@ class ClusterSection:
     ``*_address`` are ``host:port`` strings announced to clients, admins and peers
     (empty: this server's own listener address). ``initial_cluster_size`` is the
     default replication factor of new streams (RabbitMQ's ``x-initial-cluster-size``
-    argument overrides it). ``scan_interval_seconds``: how often the directory is read
+    argument overrides it); above 1 it needs ``secret``, the shared secret that
+    authenticates replication links between nodes (listening on ``replication_port``,
+    0: a free port). ``scan_interval_seconds``: how often the directory is read
     (one read for every stream) to take over streams whose leader's lease is gone.
     """
 
@@ -371,20 +373,23 @@ class ClusterSection:
             raise ConfigError(
                 f"cluster.initial_cluster_size must be 1..9, got {self.initial_cluster_size}"
             )
-        # Replication between nodes is not wired into the server yet: a replication
-        # factor above 1, a replication listener or its secret would be settings that
-        # do nothing, so they are refused rather than ignored.
-        if self.initial_cluster_size != 1:
+        if not 0 <= self.replication_port <= 65535:
             raise ConfigError(
-                "cluster.initial_cluster_size above 1 needs replication between nodes,"
-                " which this version does not run yet"
+                f"cluster.replication_port must be 0..65535, got {self.replication_port}"
             )
-        for name in ("replication_address", "replication_port", "secret"):
-            value = getattr(self, name)
-            if value:
+        # Without a secret no replication link can be authenticated: the settings that
+        # only matter to replication would do nothing, so they are refused.
+        if not self.secret:
+            if self.initial_cluster_size != 1:
                 raise ConfigError(
-                    f"cluster.{name}: replication between nodes is not available in this version"
+                    "cluster.initial_cluster_size above 1 needs replication between nodes:"
+                    " set cluster.secret (the same on every node)"
                 )
+            for name in ("replication_address", "replication_port"):
+                if getattr(self, name):
+                    raise ConfigError(f"cluster.{name} needs cluster.secret (replication)")
+        elif len(self.secret) < 16:
+            raise ConfigError("cluster.secret must be at least 16 characters")
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")

@@ -46,7 +46,7 @@ class StreamHandlers(ConnectionCore):
         try:
             settings = settings_from_arguments(cmd.arguments)
             if isinstance(self.broker.placement, ClusterService):
-                self.broker.placement.check_create(cmd.arguments)
+                self.broker.placement.check_create(self.vhost, cmd.stream, cmd.arguments)
             await self.broker.create_stream(self.vhost, cmd.stream, settings)
             code = ResponseCode.OK
         except StreamExistsError:
