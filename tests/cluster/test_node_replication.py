@@ -90,7 +90,10 @@ async def test_three_members_replicate_and_a_follower_takes_over(tmp_path: Path)
 
         async def taken_over() -> bool:
             name = new_leader()
-            return name in ("b", "c") and servers[name].broker.get("/", "orders") is not None  # type: ignore[index,union-attr]
+            if name not in ("b", "c"):
+                return False
+            handle = servers[name].broker.get("/", "orders")  # type: ignore[union-attr]
+            return handle is not None and handle.unavailable is None
 
         await until(taken_over)
         successor = servers[new_leader()]  # type: ignore[index]

@@ -192,12 +192,18 @@ async def test_a_leader_whose_lease_is_lost_stops_confirming_and_hands_the_strea
         assert leader.stepped_down
 
         async def led_again() -> bool:
-            return any(lead.epoch > epoch for lead in service.node.leaders.values())
+            handle = a.broker.get("/", "orders")  # type: ignore[union-attr]
+            return (
+                any(lead.epoch > epoch for lead in service.node.leaders.values())
+                and handle is not None
+                and handle.unavailable is None
+            )
 
         await until(led_again)
         ca.close()
         ca = await AsyncRawClient.connect(a.stream_port)
-        await ca.request(c.DeclarePublisherRequest(ca.next_corr(), 1, "p", "orders"))
+        declared = await ca.request(c.DeclarePublisherRequest(ca.next_corr(), 1, "p", "orders"))
+        assert declared.response_code == ResponseCode.OK
         await publish_confirmed(ca, range(6, 11))
         ca.close()
     finally:

@@ -208,6 +208,10 @@ class StreamHandle:
     _source: StreamChunkSource | None = None
     confirm_gate: ConfirmGate | None = None
     commit_fence: Callable[[], None] | None = None
+    cluster_commit: Callable[[], int] | None = None
+    """In a cluster: the stream's last chunk committed on a majority (tiering stops
+    there); ``tier_poke`` is called when it advances."""
+    tier_poke: Callable[[], None] | None = None
     """In a cluster: called before each manifest commit of the stream; raises when its
     leader may no longer commit (see ``ManifestCommitter.fence``)."""
     """In a cluster: publishes are confirmed at the stream's cluster commit, not at the

@@ -426,6 +426,7 @@ class ClusterService:
             self._ready.pop(incarnation, None)
         handle.confirm_gate = _LeaderGate(self, leader)
         handle.commit_fence = _lease_fence(leader)
+        handle.cluster_commit = lambda: leader.committed
         log.info(
             "cluster_stream_leading",
             stream=handle.name,
@@ -481,6 +482,8 @@ class ClusterService:
             elif isinstance(effect, Commit):
                 if self.hub is not None and incarnation in self.hub.led:
                     self.hub.set_commit(incarnation, effect.chunk_id)
+                if handle.tier_poke is not None:
+                    handle.tier_poke()
             elif isinstance(effect, PromoteLearner):
                 log.warning("cluster_promotion_not_run", incarnation=incarnation)
 

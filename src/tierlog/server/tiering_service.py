@@ -137,6 +137,9 @@ class TieringService:
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         if handle.commit_fence is not None:
             tierer.committer.fence = handle.commit_fence
+        if handle.cluster_commit is not None:
+            tierer.commit_cap = handle.cluster_commit
+            handle.tier_poke = tierer.poke
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(handle.executor, tierer.start)
