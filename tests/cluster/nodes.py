@@ -158,6 +158,7 @@ class Cluster:
         s3: seaweed.SeaweedServer,
         names: tuple[str, ...] = ("n1", "n2", "n3"),
         proxied_etcd: bool = False,
+        replicated: bool = False,
     ) -> None:
         self.base = base
         etcd_host, etcd_port = etcd_endpoint.rsplit(":", 1)
@@ -190,6 +191,9 @@ lease_ttl_seconds = {TTL}
 drift_seconds = {DRIFT}
 scan_interval_seconds = 0.3
 """
+            if replicated:
+                config += 'secret = "cluster-secret-for-the-tests"\n'
+
             process = TierlogServerProcess(base / name, config_text=config, env=self.env)
             self.nodes[name] = Node(name, process, proxy)
         self.meta: MetaStore = open_meta_store(self.meta_uri)
@@ -220,6 +224,19 @@ scan_interval_seconds = 0.3
 
     def incarnation(self, stream: str) -> str:
         return Catalog(self.meta).require("/", stream).incarnation
+
+    def members_of(self, stream: str) -> tuple[str, ...]:
+        record = ClusterDirectory(self.meta).require_stream(self.incarnation(stream))
+        return record.membership.members
+
+    def stream_files(self, node: str, stream: str) -> dict[str, bytes]:
+        """A member's segment and index files of the stream."""
+        directory = self.nodes[node].process.data_dir / "streams" / self.incarnation(stream)
+        return {
+            p.name: p.read_bytes()
+            for p in sorted(directory.iterdir())
+            if p.suffix in (".segment", ".index")
+        }
 
     def leader_of(self, stream: str) -> tuple[str | None, int]:
         record = ClusterDirectory(self.meta).require_stream(self.incarnation(stream))
@@ -365,22 +382,23 @@ async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30
         got.append(id_of(bytes(msg)))
         last[0] = time.monotonic()
 
-    consumer = Consumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
-    await consumer.start()
     deadline = time.monotonic() + timeout
+    while True:  # the stream may still be opening (resolution after a take-over)
+        consumer = Consumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
+        await consumer.start()
+        try:
+            await consumer.subscribe(
+                stream,
+                on_message,
+                offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+            )
+            break
+        except StreamNotAvailable:
+            await consumer.close()
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
     try:
-        while True:  # the stream may still be opening (resolution after a take-over)
-            try:
-                await consumer.subscribe(
-                    stream,
-                    on_message,
-                    offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
-                )
-                break
-            except StreamNotAvailable:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
         while time.monotonic() < deadline:
             if len(got) >= at_least and time.monotonic() - last[0] > 1.0:
                 break

@@ -105,6 +105,7 @@ async def run_nodes_campaign(
             result.cycles += 1
         total = len(publisher.confirmed) + 100
         await asyncio.wait_for(publisher.run(lambda: False, limit=total), 120)
+        port = cluster.node("n1").process.stream_port  # n1 was restarted (new port)
         read = await read_stream(port, STREAM, total, timeout=60)
         watch.stop()
         result.problems += oracle(publisher.confirmed, read)

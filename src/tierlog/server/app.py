@@ -388,7 +388,12 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit code."""
     setup_logging(config.server.log_format, config.server.log_level)
     tune_allocator()
-    if config.server.use_uvloop:
+    use_uvloop = config.server.use_uvloop
+    if use_uvloop and config.cluster.secret:
+        # replication links send chunks with loop.sendfile, which uvloop does not have
+        log.info("uvloop_not_used", reason="cluster replication sends chunks with sendfile")
+        use_uvloop = False
+    if use_uvloop:
         try:
             import uvloop
         except ImportError:

@@ -87,6 +87,9 @@ if TYPE_CHECKING:
 
 log = get_logger("tierlog.server.cluster")
 
+SERVE_ON_REPLICAS = False
+"""Members other than the leader hold the stream's log but do not serve consumers yet."""
+
 CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
 
 
@@ -579,7 +582,15 @@ class ClusterService:
         self._new_voters[(vhost, name)] = (self.name, *others[: size - 1])
 
     def locate(self, vhost: str, name: str) -> StreamLocation:
-        """Leader and replicas of a stream as Metadata reports them."""
+        """Leader and replicas of a stream as Metadata reports them. Replicas are not
+        listed while members do not serve consumers (clients such as rstream read from
+        a listed replica when there is one): every client reads from the leader."""
+        where = self._locate(vhost, name)
+        if not SERVE_ON_REPLICAS:
+            return StreamLocation(where.code, where.leader, ())
+        return where
+
+    def _locate(self, vhost: str, name: str) -> StreamLocation:
         broker = self.broker
         assert broker is not None
         handle = broker.get(vhost, name)
