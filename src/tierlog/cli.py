@@ -78,12 +78,73 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--batch", type=int, default=1_000, help="records per append (chunk)")
     quick.set_defaults(func=cmd_quickstart)
     add_serve_command(sub)
+    add_lookup_command(sub)
     add_recover_pointers_command(sub)
     add_spark_commands(sub)
     from tierlog.msgstore.cli import add_msgstore_commands
 
     add_msgstore_commands(sub)
     return parser
+
+
+def add_lookup_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``tierlog lookup STREAM KEY``: a stream's records by key, through its key index."""
+    lookup = sub.add_parser(
+        "lookup", help="print a stream's records with a key (JSON lines), via its key index"
+    )
+    lookup.add_argument("stream", help="the stream's name")
+    lookup.add_argument("key", help="the record key (AMQP message-id)")
+    lookup.add_argument("--vhost", default="/", help="the stream's vhost (/)")
+    lookup.add_argument("--from", dest="from_", help="oldest chunk time: ms or ISO-8601")
+    lookup.add_argument("--to", help="newest chunk time: ms or ISO-8601")
+    lookup.add_argument("--config", help="the server's TOML config (stores, prefix, keys)")
+    lookup.add_argument("--object-store", help="object store URI (instead of --config)")
+    lookup.add_argument("--meta-store", help="metadata store URI (with --object-store)")
+    lookup.add_argument("--prefix", default="", help="key prefix of the remote tier")
+    lookup.set_defaults(func=cmd_lookup)
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    import json
+
+    from tierlog.remote.encryption import install_configured_keyring
+    from tierlog.remote.key_lookup import lookup_key, parse_timestamp
+    from tierlog.server.config import load_config
+    from tierlog.storage.meta_store import open_meta_store
+    from tierlog.storage.object_store import open_object_store
+
+    if bool(args.object_store) != bool(args.meta_store):
+        raise ConfigError("--object-store and --meta-store go together")
+    if args.object_store and args.config:
+        raise ConfigError("--config and --object-store are alternatives")
+    lo = parse_timestamp(args.from_, "--from") if args.from_ else None
+    hi = parse_timestamp(args.to, "--to") if args.to else None
+    if args.object_store:
+        object_store, meta_store, prefix = args.object_store, args.meta_store, args.prefix
+        install_configured_keyring(None)
+    else:
+        config = load_config(args.config)
+        storage = config.storage.resolved()
+        object_store, meta_store = storage.object_store, storage.meta_store
+        prefix = config.tier.prefix
+        install_configured_keyring(config.encryption.keyring())
+    with open_meta_store(meta_store) as meta, open_object_store(object_store) as store:
+        found = lookup_key(
+            meta,
+            store,
+            prefix,
+            args.vhost,
+            args.stream,
+            args.key.encode(),
+            from_timestamp=lo,
+            to_timestamp=hi,
+        )
+    try:
+        for item in found.to_json():
+            sys.stdout.write(json.dumps(item, separators=(",", ":")) + "\n")
+    except BrokenPipeError:
+        return 0
+    return 0
 
 
 def add_recover_pointers_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

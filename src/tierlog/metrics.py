@@ -379,6 +379,25 @@ class Metrics:
             "Uploads or commits of the stream in flight longer than store.task_stall_seconds.",
             "counter",
         )
+        self.cold_chunk_bytes = self._scrape_stream(
+            "tierlog_cold_chunk_bytes",
+            "Chunk bytes the stream's tierer encoded into compressed or encrypted fragments.",
+            "counter",
+        )
+        self.cold_stored_bytes = self._scrape_stream(
+            "tierlog_cold_stored_bytes",
+            "Frame bytes those chunks took in the fragments (after compression and sealing).",
+            "counter",
+        )
+        self.cold_compression_ratio = self._scrape_stream(
+            "tierlog_cold_compression_ratio",
+            "Chunk bytes per stored byte of the stream's coded fragments (0 before the first).",
+        )
+        self.cold_dictionary_trainings = self._scrape_stream(
+            "tierlog_cold_dictionary_trainings",
+            "Compression dictionaries trained for the stream (first and retrained).",
+            "counter",
+        )
         self.prefetch_memory_bytes = self._scrape(
             "tierlog_prefetch_memory_bytes",
             "Bytes held by remote-read prefetch buffers (all readers, one budget).",

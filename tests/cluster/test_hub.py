@@ -6,6 +6,7 @@ frames, a wrong secret, and a new leader's catch-up."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -268,3 +269,192 @@ async def test_new_leader_catches_up_from_the_most_up_to_date_member(cluster, tm
     n2.unfollow(STREAM)
     member.close()
     lagging.close()
+
+
+def test_file_cache_is_bounded_and_never_serves_a_replaced_file(tmp_path):
+    from tierlog.cluster.link import FileCache
+
+    cache = FileCache(max_open=2)
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"{i}.segment"
+        path.write_bytes(b"old-%d" % i)
+        paths.append(str(path))
+    pinned = cache.acquire(paths[0])
+    for path in paths[1:]:
+        cache.acquire(path)
+        cache.release(path)
+    assert len(cache) == 2 and paths[0] in cache._files  # the pinned one stays
+    cache.release(paths[0])
+    assert pinned.read() == b"old-0"
+    f = cache.acquire(paths[3])
+    cache.release(paths[3])
+    os.unlink(paths[3])
+    with open(paths[3], "wb") as out:
+        out.write(b"new-3")
+    again = cache.acquire(paths[3])
+    assert again is not f and again.read() == b"new-3"
+    cache.release(paths[3])
+    cache.close()
+
+
+async def test_links_over_mutual_tls(cluster, tmp_path):
+    import ssl
+
+    from tests.server.certificates import make_certificates
+
+    certs = make_certificates(tmp_path / "certs")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(certs.server_cert), str(certs.server_key))
+    server.load_verify_locations(cafile=str(certs.ca))
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(cafile=str(certs.ca))
+    client.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+    options = {"server_ssl": server, "client_ssl": client}
+    n1 = await cluster.add("n1", **options)
+    n2 = await cluster.add("n2", **options)
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 20)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="replication over TLS")
+    leader.sync()
+    assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+async def test_a_failed_append_is_retried_from_what_is_on_disk(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 20)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    member = member_log(tmp_path, "n2")
+    real_accept = member.accept_chunks
+    failures = []
+
+    def failing_once(data, **options):
+        if not failures:
+            failures.append(1)
+            raise OSError("disk hiccup")
+        return real_accept(data, **options)
+
+    member.accept_chunks = failing_once
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="catch up after a failed append")
+    assert failures == [1]
+    leader.sync()
+    assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+async def test_a_small_receive_budget_slows_links_but_loses_nothing(cluster, tmp_path):
+    n1 = await cluster.add("n1")
+    n2 = await cluster.add("n2", max_buffered_bytes=1000)
+    leaders, members = [], []
+    for i in range(4):
+        leader = StreamLog.create(str(tmp_path / "n1"), "v", f"b{i}", SMALL, created_ns=1)
+        write_leader_chunks(leader, 30)
+        name = os.path.basename(leader.stream_dir)
+        member = StreamLog.create_follower(str(tmp_path / "n2" / name), SMALL)
+        n1.lead(name, leader, 1, ("n2",), Recorder())
+        n1.serve(name)
+        n2.follow(name, member, "n1", 1)
+        leaders.append(leader)
+        members.append(member)
+    for leader, member in zip(leaders, members, strict=True):
+        await until(caught_up(member, leader), what="replication under a small budget")
+        leader.sync()
+        assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    await until(lambda: n2.budget.used == 0, what="budget given back")
+    for log in leaders + members:
+        log.close()
+
+
+async def test_late_joiner_of_a_stream_without_tracking(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    for i in range(40):
+        leader.append_records([b"plain-%d" % i] * 2)
+    leader.sync()
+    for segment in leader.list_segments()[:2]:
+        leader.delete_segment(segment.first_offset)
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    joiner = member_log(tmp_path, "n2")
+    n2.follow(STREAM, joiner, "n1", 1)
+    await until(caught_up(joiner, leader), what="late joiner without tracking snapshots")
+    assert joiner.first_offset == leader.first_offset > 0
+    assert stream_files(joiner.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    joiner.close()
+    leader.close()
+
+
+async def test_failover_converges_every_member_to_the_new_leaders_log(cluster, tmp_path):
+    """n1 leads epoch 1 and writes a suffix nobody copies; n2 takes over in epoch 2 with
+    n3's adoption; n1 then follows n2, cutting its suffix: three identical logs."""
+    hubs = {n: await cluster.add(n) for n in ("n1", "n2", "n3")}
+    logs = {"n1": leader_log(tmp_path, "n1")}
+    logs.update({n: member_log(tmp_path, n) for n in ("n2", "n3")})
+    write_leader_chunks(logs["n1"], 20)
+    hubs["n1"].lead(STREAM, logs["n1"], 1, ("n2", "n3"), Recorder())
+    hubs["n1"].serve(STREAM)
+    for n in ("n2", "n3"):
+        hubs[n].follow(STREAM, logs[n], "n1", 1)
+    for n in ("n2", "n3"):
+        await until(caught_up(logs[n], logs["n1"]), what=f"{n} in epoch 1")
+    # n1 is cut off: what it writes now is never replicated
+    for n in ("n2", "n3"):
+        hubs[n].unfollow(STREAM)
+    hubs["n1"].unlead(STREAM)
+    write_leader_chunks(logs["n1"], 6, start=20)
+    hubs["n1"].follow(STREAM, logs["n1"])  # a member again, answering adoptions
+    # n2 acquires epoch 2; n3 adopts (a majority with n2)
+    hubs["n3"].follow(STREAM, logs["n3"])
+    recorder = Recorder()
+    logs["n2"].persist_member_epoch(2)
+    hubs["n2"].lead(STREAM, logs["n2"], 2, ("n1", "n3"), recorder)
+    hubs["n2"].request_adopt(STREAM, 2, ("n3",))
+    await until(lambda: "n3" in recorder.adopted, what="n3 adopts epoch 2")
+    logs["n2"].start_epoch(2)
+    write_leader_chunks(logs["n2"], 5, start=40)
+    hubs["n2"].serve(STREAM)
+    await until(caught_up(logs["n3"], logs["n2"]), what="n3 follows n2")
+    # n1 learns the new leader (the directory): its epoch-1 suffix is cut
+    hubs["n1"].follow(STREAM, logs["n1"], "n2", 2)
+    await until(caught_up(logs["n1"], logs["n2"]), what="n1 truncates and follows")
+    logs["n2"].sync()
+    expected = stream_files(logs["n2"].stream_dir)
+    for n in ("n1", "n3"):
+        assert stream_files(logs[n].stream_dir) == expected, n
+        assert logs[n].read_member_epoch() == 2
+        assert logs[n].epoch_history() == logs["n2"].epoch_history()
+    assert [r[0] for r in logs["n1"].epoch_history()] == [1, 2]
+    for n in ("n1", "n3"):
+        hubs[n].unfollow(STREAM)
+    for log in logs.values():
+        log.close()
+
+
+async def test_adoption_is_asked_again_until_the_member_registers(cluster, tmp_path):
+    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    recorder = Recorder()
+    n1.lead(STREAM, leader, 3, ("n2",), recorder)
+    n1.request_adopt(STREAM, 3, ("n2",))
+    await asyncio.sleep(0.3)  # n2 does not know the stream yet: UNKNOWN_STREAM
+    assert not recorder.adopted
+    member = member_log(tmp_path, "n2")
+    n2.follow(STREAM, member)
+    await until(lambda: "n2" in recorder.adopted, what="adopted once registered")
+    assert member.read_member_epoch() == 3
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()

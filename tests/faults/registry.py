@@ -37,6 +37,7 @@ class FileKind:
     name: str
     locate: Locate
     repairable: bool  # a healthy copy exists (the other tier), so refusing is not allowed
+    campaign: str = "tiered-stream"  # which campaign builds files of this kind
 
 
 Damage = Literal["bitflip", "truncate", "zero_page", "delete"]

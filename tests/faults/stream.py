@@ -23,6 +23,10 @@ from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.strategies import ReadStrategy
 from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.catalog import Catalog
+from tierlog.remote.encryption import Keyring, set_process_keyring
+from tierlog.remote.key_index_build import index_stream
+from tierlog.remote.key_lookup import lookup_key
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 from tierlog.tiering.deletion import DeletionQueue
@@ -43,12 +47,29 @@ TIERING = TieringConfig(
 M = 2  # small fan-out: the manifest has branches
 
 
+COLD = StreamSettings(compression="zstd", dictionary=True, encryption="aes-256-gcm")
+"""The encrypted campaign stream's settings: its fragments, dictionaries, manifest,
+key-index files and key-index manifest are all sealed."""
+CAMPAIGN_KEYS = Keyring([("campaign", bytes(range(32)))])
+KEY_WINDOW_MS = 5
+ENCRYPTED_CAMPAIGN = "encrypted-tiered-stream"
+"""The file kinds' ``campaign`` of the stream built with ``build(..., encrypted=True)``."""
+LOOKUP_KEY = b"7/1"
+
+
+def campaign_key(record: memoryview) -> bytes:
+    """The campaign records' key: what precedes the first colon (``b"7/1"``)."""
+    return bytes(record).partition(b":")[0]
+
+
 @dataclass
 class CampaignStream:
     root: str
     incarnation: str
     confirmed: list[tuple[int, bytes]] = field(default_factory=list)
     next_offset: int = 0
+    encrypted: bool = False
+    lookup_expected: list[tuple[int, bytes]] = field(default_factory=list)
 
     @property
     def stream_dir(self) -> str:
@@ -66,26 +87,48 @@ class CampaignStream:
         if os.path.exists(root):
             shutil.rmtree(root)
         shutil.copytree(self.root, root)
-        return CampaignStream(root, self.incarnation, self.confirmed, self.next_offset)
+        return CampaignStream(
+            root,
+            self.incarnation,
+            self.confirmed,
+            self.next_offset,
+            self.encrypted,
+            self.lookup_expected,
+        )
 
     def tierer(self, log: StreamLog, store: FsObjectStore, catalog: Catalog) -> StreamTierer:
         deletions = DeletionQueue(catalog.meta, grace_seconds=3600.0)
+        if self.encrypted:
+            set_process_keyring(CAMPAIGN_KEYS)
         return StreamTierer(
-            log, store, catalog, deletions, epoch=max(1, log.max_epoch), config=TIERING, m=M
+            log,
+            store,
+            catalog,
+            deletions,
+            epoch=max(1, log.max_epoch),
+            config=TIERING,
+            m=M,
+            settings=(lambda: COLD) if self.encrypted else None,
         )
 
+    def lookup(self, meta: SqliteMetaStore, store: FsObjectStore) -> list[tuple[int, bytes]]:
+        """The encrypted stream's records with ``LOOKUP_KEY``, through its key index."""
+        set_process_keyring(CAMPAIGN_KEYS)
+        found = lookup_key(meta, store, "", "/", "matrix", LOOKUP_KEY, key_of=campaign_key)
+        return found.records
 
-def build(root: str) -> CampaignStream:
+
+def build(root: str, encrypted: bool = False) -> CampaignStream:
     """The pristine stream: remote-only head, both tiers in the middle, local-only tail."""
     os.makedirs(root)
     meta = SqliteMetaStore(os.path.join(root, "meta.db"))
     store = FsObjectStore(os.path.join(root, "objects"))
     catalog = Catalog(meta)
-    record = catalog.create("/", "matrix")
+    record = catalog.create("/", "matrix", COLD if encrypted else None)
     log = StreamLog.create(
         os.path.join(root, "streams"), "/", "matrix", LOG, created_ns=record.created_ns
     )
-    stream = CampaignStream(root, record.incarnation)
+    stream = CampaignStream(root, record.incarnation, encrypted=encrypted)
     tierer = stream.tierer(log, store, catalog)
     tierer.start()
     for i in range(60):
@@ -105,6 +148,13 @@ def build(root: str) -> CampaignStream:
         )
     stream.next_offset = log.next_offset
     log.close()
+    if encrypted:  # its key index: sealed window files and a sealed key-index manifest
+        index, built, _ = index_stream(
+            meta, store, "", "/", "matrix", KEY_WINDOW_MS, lambda keys: None, campaign_key
+        )
+        assert built >= 1 and index.uid is not None
+        stream.lookup_expected = stream.lookup(meta, store)
+        assert stream.lookup_expected, "the lookup key must be indexed"
     stream.confirmed = read_all(stream)[0]
     meta.close()
     store.close()
@@ -118,6 +168,7 @@ class Outcome:
     report: DamageReport
     error: TierlogError | None
     next_offset: int | None  # where a new append landed (None when refused)
+    lookup: list[tuple[int, bytes]] | None = None  # the encrypted stream's key lookup
 
 
 def read_all(
@@ -152,6 +203,8 @@ def _read(
 def restart_and_read(stream: CampaignStream) -> Outcome:
     """Restart as the server does: recovery (remote repair, else refuse and move aside),
     resolution, then one read of everything and one new append."""
+    if stream.encrypted:
+        set_process_keyring(CAMPAIGN_KEYS)
     meta = SqliteMetaStore(stream.meta_path)
     store = FsObjectStore(stream.objects)
     catalog = Catalog(meta)
@@ -171,9 +224,10 @@ def restart_and_read(stream: CampaignStream) -> Outcome:
             tierer = stream.tierer(log, store, catalog)
             tierer.start()
             records, appended = _read(log, tierer, append_after=True)
+            found = stream.lookup(meta, store) if stream.encrypted else None
         except TierlogError as exc:
             return Outcome([], report, exc, None)
-        return Outcome(records, report, None, appended)
+        return Outcome(records, report, None, appended, found)
     finally:
         if tierer is not None:
             tierer.stop(flush=False)

@@ -17,10 +17,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tests.faults.cold_kinds  # registers the encrypted file kinds
 import tests.faults.kinds  # noqa: F401  (registers the file kinds)
 from tests.faults.kinds import META_POINTER
 from tests.faults.registry import DAMAGES, FILE_KINDS, Target
-from tests.faults.stream import CampaignStream, Outcome, build, restart_and_read
+from tests.faults.stream import (
+    ENCRYPTED_CAMPAIGN,
+    CampaignStream,
+    Outcome,
+    build,
+    restart_and_read,
+)
 from tierlog.errors import TierlogError
 from tierlog.remote.catalog import pointer_key
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
@@ -32,6 +39,13 @@ OUTCOMES: collections.Counter[str] = collections.Counter()
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> CampaignStream:
     return build(str(tmp_path_factory.mktemp("matrix") / "pristine"))
+
+
+@pytest.fixture(scope="module")
+def pristine_encrypted(tmp_path_factory: pytest.TempPathFactory) -> CampaignStream:
+    """The same stream with cold settings (compressed, dictionary, encrypted) and a key
+    index, for the encrypted file kinds."""
+    return build(str(tmp_path_factory.mktemp("matrix") / "encrypted"), encrypted=True)
 
 
 def damage_file(target: Target, how: str, at: int, bit: int, stream: CampaignStream) -> None:
@@ -116,6 +130,12 @@ def judge(
     return "cut"
 
 
+def judge_lookup(stream: CampaignStream, outcome: Outcome) -> None:
+    """A key lookup that was not refused returns exactly the pristine stream's records."""
+    if stream.encrypted and outcome.error is None:
+        assert outcome.lookup == stream.lookup_expected, "a key lookup returned wrong records"
+
+
 @settings(
     max_examples=int(os.environ.get("MATRIX_EXAMPLES_PER_CELL", "3")),
     deadline=None,
@@ -123,14 +143,20 @@ def judge(
 )
 @given(data=st.data())
 @pytest.mark.parametrize("how", DAMAGES)
-@pytest.mark.parametrize("kind_name", sorted(FILE_KINDS))
+@pytest.mark.parametrize(
+    "kind_name",
+    sorted(k for k, v in FILE_KINDS.items() if v.campaign in ("tiered-stream", ENCRYPTED_CAMPAIGN)),
+)
 def test_corruption_matrix(
     tmp_path: Path,
-    pristine: CampaignStream,
+    request: pytest.FixtureRequest,
     kind_name: str,
     how: str,
     data: st.DataObject,
 ) -> None:
+    kind = FILE_KINDS[kind_name]
+    encrypted = kind.campaign == ENCRYPTED_CAMPAIGN
+    pristine = request.getfixturevalue("pristine_encrypted" if encrypted else "pristine")
     stream = pristine.copy_to(str(tmp_path / "copy"))
     targets = FILE_KINDS[kind_name].locate(stream)
     assert targets, f"no {kind_name} in the campaign stream"
@@ -141,6 +167,7 @@ def test_corruption_matrix(
     damage_file(target, how, at, bit, stream)
     outcome = restart_and_read(stream)
     verdict = judge(stream, target, how, outcome, before)
+    judge_lookup(stream, outcome)
     OUTCOMES[f"{kind_name}/{how}/{verdict}"] += 1
     OUTCOMES[verdict] += 1
 
@@ -155,7 +182,7 @@ def test_matrix_repairs_more_than_it_refuses() -> None:
     print("corruption matrix outcomes:\n" + summary)
     assert OUTCOMES["repaired"] > 0, summary
     for kind in FILE_KINDS.values():
-        if not kind.repairable:
+        if not kind.repairable or kind.campaign != "tiered-stream":
             continue
         counts = {
             verdict: sum(

@@ -112,6 +112,7 @@ def chunk_frames(draw: st.DrawFn) -> rp.Chunks:
         draw(chunk_ids),
         count,
         data,
+        bool(count) and draw(st.booleans()),
     )
 
 
@@ -192,6 +193,18 @@ def test_malformed_frames_rejected() -> None:
     refused = rp.encode(rp.Refused("s", 1, rp.RefusalCode.STALE_EPOCH, 4, "old"))
     with pytest.raises(UnsupportedError):
         rp.decode(patch(refused, 17, b"\x00\x63"))  # unknown refusal code
+
+
+def test_segment_start_flag_only_on_chunks_with_data() -> None:
+    chunks = rp.Chunks("s", 2, 10, 12, 9, 1, b"\x50\x00", segment_start=True)
+    raw = rp.encode(chunks)
+    assert raw[5] == rp.SEGMENT_START and rp.decode(raw) == chunks
+    assert rp.encode_chunks_header("s", 2, 10, 12, 9, 1, 2, True) + b"\x50\x00" == raw
+    with pytest.raises(UnsupportedError):
+        rp.decode(patch(rp.encode(rp.Written("s", 7, 5)), 5, b"\x01"))
+    empty = rp.encode(rp.Chunks("s", 2, 10, 10, 9, 0, b""))
+    with pytest.raises(FormatError):
+        rp.decode(patch(empty, 5, b"\x01"))
 
 
 def test_authentication_frames_are_connection_level() -> None:

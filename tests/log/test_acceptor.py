@@ -16,15 +16,16 @@ from tests.log.acceptor_helpers import (
     write_leader_chunks,
 )
 from tierlog.formats.chunk import HEADER_SIZE, encode_chunk
-from tierlog.log.acceptor import ChunkNotLocalError
 from tierlog.log.errors import (
     BadChunkError,
     ChunkGapError,
+    ChunkNotLocalError,
     ChunkOverlapError,
     LateJoinError,
     MemberEpochCorruptError,
     OlderEpochChunkError,
     StaleEpochError,
+    SyncFailedError,
     TruncateBelowTieredError,
 )
 from tierlog.log.member_epoch import member_epoch_path
@@ -238,3 +239,48 @@ def test_member_epoch_file(leader):
         f.write(raw[:5])
     with pytest.raises(MemberEpochCorruptError):
         leader.read_member_epoch()
+
+
+def test_late_joiner_at_a_segment_start_without_tracking(tmp_path):
+    leader = StreamLog.create(str(tmp_path / "l"), "v", "s", SMALL, created_ns=1)
+    for i in range(30):
+        leader.append_records([b"r-%d" % i] * 3)  # no producer, no offsets: no snapshots
+    segment = leader.list_segments()[2]
+    data, _ = span_bytes(leader, segment.first_offset, 10**6)
+    joiner = follower_log(tmp_path, "j")
+    with pytest.raises(LateJoinError):
+        joiner.accept_chunks(data)
+    joiner.accept_chunks(data, segment_start=True)
+    replicate(leader, joiner)
+    leader.sync()
+    leader_files = stream_files(leader.stream_dir)
+    joined = stream_files(joiner.stream_dir)
+    assert joined == {n: b for n, b in leader_files.items() if int(n[:20]) >= segment.first_offset}
+    joiner.close()
+    leader.close()
+
+
+def test_a_failed_write_refuses_more_until_reopened(leader, tmp_path, monkeypatch):
+    write_leader_chunks(leader, 6)
+    follower = follower_log(tmp_path)
+    first, after = span_bytes(leader, 0, 1)
+    follower.accept_chunks(first)
+    rest, _ = span_bytes(leader, after, 10**6)
+    import tierlog.log.segments as segments
+
+    def no_space(fd, parts, total):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(segments, "write_all", no_space)
+    with pytest.raises(SyncFailedError):
+        follower.accept_chunks(rest)
+    monkeypatch.undo()
+    with pytest.raises(SyncFailedError):
+        follower.accept_chunks(rest)
+    follower.close()
+    reopened = StreamLog.open(follower.stream_dir, SMALL, adopt_disk_epoch=True)
+    assert reopened.next_offset in (after, leader.next_offset)
+    replicate(leader, reopened)
+    leader.sync()
+    assert stream_files(reopened.stream_dir) == stream_files(leader.stream_dir)
+    reopened.close()

@@ -31,8 +31,9 @@ from tierlog.read.errors import (
 )
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher
+from tierlog.read.remote_cursor import aligned_spans
 from tierlog.read.strategies import ReadStrategy, TierView, choose_tier
-from tierlog.read.tiered_reader import TieredReader, _aligned_spans
+from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
 from tierlog.remote.errors import OffsetOvertakenError
@@ -520,7 +521,7 @@ def test_aligned_spans_tile_the_region_at_chunk_starts(
     for size in sizes[:-1]:
         positions.append(positions[-1] + size)
     end = positions[-1] + sizes[-1]
-    spans = list(_aligned_spans("k", positions, end, step))
+    spans = list(aligned_spans("k", positions, end, step))
     assert spans[0][1] == first and spans[-1][2] == end
     starts = set(positions)
     for (key, start, stop), nxt in zip(spans, [*spans[1:], ("k", end, end)], strict=True):

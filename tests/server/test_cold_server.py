@@ -67,6 +67,18 @@ async def test_rstream_round_trip_through_compressed_encrypted_fragments(tmp_pat
             assert b"page_view" not in store.get(key)  # sealed
         stored = sum(store.head(k).size for k in keys)
         assert stored < sum(len(b) for b in bodies) / 2
+        # the compression metrics say the same: bytes in, bytes out, ratio, trainings
+        text, _ = server.metrics.exposition()
+        samples = {
+            line.split("{")[0]: float(line.split()[-1])
+            for line in text.decode().splitlines()
+            if line.startswith("tierlog_cold_") and 'stream="cold"' in line
+        }
+        chunk_in = samples["tierlog_cold_chunk_bytes_total"]
+        stored_out = samples["tierlog_cold_stored_bytes_total"]
+        assert chunk_in >= sum(len(b) for b in bodies) and 0 < stored_out < chunk_in / 2
+        assert samples["tierlog_cold_compression_ratio"] == pytest.approx(chunk_in / stored_out)
+        assert samples["tierlog_cold_dictionary_trainings_total"] >= 1
     finally:
         await server.stop()
         reset_process_keyring()

@@ -69,7 +69,9 @@ def test_key_index_job_is_incremental_and_lookups_find_the_records(
     import time
 
     from tierlog.formats.amqp import encode_message
-    from tierlog.remote.key_index_files import list_index_files, lookup_records, message_id_key
+    from tierlog.remote.key_index_files import list_index_files, message_id_key
+    from tierlog.remote.key_index_manifest import KeyIndexManifestStore
+    from tierlog.remote.key_lookup import lookup_key
     from tierlog.spark.jobs.key_index import run_key_index
 
     bucket = TieredBucket(tmp_path, f"file://{tmp_path / 'objects'}")
@@ -92,9 +94,13 @@ def test_key_index_job_is_incremental_and_lookups_find_the_records(
         assert again.built == [] and again.skipped_existing == len(first.built)
         incarnation = stream.record.incarnation
         files = list_index_files(bucket.store, bucket.prefix, incarnation)
-        found = []
-        for f in files:
-            found += lookup_records(bucket.store, bucket.prefix, incarnation, "events", f, b"id-7")
+        manifest = (
+            KeyIndexManifestStore(bucket.meta, bucket.store, bucket.prefix, incarnation)
+            .read()
+            .manifest
+        )
+        assert [w.start for w in manifest.windows] == [f.window_start for f in files]
+        found = lookup_key(bucket.meta, bucket.store, bucket.prefix, "/", "events", b"id-7").records
         indexed_until = max(f.window_start for f in files) + 100
         expected = [
             (r.offset, r.body)

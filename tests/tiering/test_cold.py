@@ -31,6 +31,7 @@ from tierlog.remote.settings import StreamSettings
 from tierlog.storage.fs_object_store import FsObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 from tierlog.tiering.deletion import DeletionQueue
+from tierlog.tiering.errors import EncryptionKeyMissingError
 from tierlog.tiering.state import TieringConfig
 from tierlog.tiering.tierer import StreamTierer
 
@@ -238,14 +239,13 @@ def test_missing_dictionary_and_missing_key_are_typed_errors(
 def test_encryption_without_a_key_halts_uploads_visibly(tmp_path: Path) -> None:
     reset_process_keyring()
     os.environ.pop("TIERLOG_KEKS", None)
-    s = make(tmp_path, encryption="aes-256-gcm")
-    try:
-        s.publish(6, 50)
-        assert not s.tierer.flush(2)  # uploads fail (retried), nothing unencrypted goes out
-        assert s.fragment_keys() == []
-    finally:
-        s.close()
-        reset_process_keyring()
+    # the tierer cannot even commit its fencing root (roots are sealed too): it refuses to
+    # start with a typed error, and nothing unencrypted goes out
+    with pytest.raises(EncryptionKeyMissingError):
+        make(tmp_path, encryption="aes-256-gcm")
+    store = FsObjectStore(str(tmp_path / "objects"))
+    assert [m.key for m in store.list()] == []
+    reset_process_keyring()
 
 
 def test_keyring_from_environment_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

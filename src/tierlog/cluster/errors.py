@@ -42,6 +42,22 @@ class DivergentLogError(ClusterError):
     member must truncate its divergent suffix before it may fetch."""
 
 
+class LinkError(ClusterError):
+    """A node-to-node link failed."""
+
+
+class LinkAuthError(LinkError):
+    """The peer did not prove it holds the cluster secret (or named another node)."""
+
+
+class LinkClosedError(LinkError):
+    """The link is closed."""
+
+
+class CatchUpError(ClusterError):
+    """A new leader could not take the most up-to-date member's log."""
+
+
 class NotLeaderError(ClusterError):
     """This node does not lead the stream (another node does, or nobody can yet):
     clients are told to look the leader up again."""

@@ -18,16 +18,13 @@ member's own log in the new leader's epoch.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import TYPE_CHECKING, Protocol
 
 from tierlog.cluster.log_history import NO_CHUNK, EpochRange, History, Tail, holds
 from tierlog.cluster.replication import ServeChunks, answer_fetch
 from tierlog.formats import replication as wire
-from tierlog.formats.chunk import HEADER_SIZE, ChunkType, decode_header
-from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
-from tierlog.log.acceptor import ChunkNotLocalError
+from tierlog.log.errors import ChunkNotLocalError
 from tierlog.log.writer import StreamLog
 
 if TYPE_CHECKING:
@@ -50,37 +47,18 @@ def log_history(log: StreamLog) -> History:
     return tuple(EpochRange(e, f, la) for e, f, la in log.epoch_history())
 
 
-def first_snapshot_segment(log: StreamLog, at_or_after: int) -> int | None:
-    """The first offset of the first segment (starting at or after ``at_or_after``)
-    whose first chunk is a tracking snapshot: where a late joiner may start."""
+def segment_start_at_or_after(log: StreamLog, offset: int) -> int | None:
+    """The first local segment starting at or after ``offset``: where an empty member
+    may begin (its first chunk is a tracking snapshot, or tracking was empty there)."""
     for ref in log.segment_refs():
-        if ref.first_offset < at_or_after:
-            continue
-        try:
-            fd = os.open(ref.segment_path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # deleted by retention meanwhile
-        try:
-            raw = os.pread(fd, HEADER_SIZE, FILE_HEADER_SIZE)
-        finally:
-            os.close(fd)
-        try:
-            header = decode_header(raw)
-        except FormatError:
-            continue
-        if header.chunk_type == ChunkType.TRACKING_SNAPSHOT:
+        if ref.first_offset >= offset:
             return ref.first_offset
     return None
 
 
 def join_offset(log: StreamLog) -> int:
-    """Where an empty member starts: the log's start if that is offset 0 (it takes the
-    whole log), else the first segment that starts with a tracking snapshot."""
-    first = log.first_offset
-    if first == 0:
-        return 0
-    found = first_snapshot_segment(log, first)
-    return found if found is not None else first
+    """Where an empty member starts: the first segment the leader holds locally."""
+    return log.first_offset
 
 
 def answer(
@@ -92,28 +70,39 @@ def answer(
     if not isinstance(result, ServeChunks):
         link.send(result)
         return True
+    start = result.from_offset
+    if fetch.tail_chunk_id == NO_CHUNK:
+        # An empty member begins at one of our segment starts, never inside a segment:
+        # its files then match ours and its tracking is complete. None: it waits for
+        # our next roll (an empty log past our last segment start).
+        first_segment = segment_start_at_or_after(log, result.from_offset)
+        if first_segment is None:
+            return False
+        start = first_segment
     try:
-        span = log.chunk_span(result.from_offset, result.max_bytes)
-    except ChunkNotLocalError:
-        start = None
-        if fetch.tail_chunk_id == NO_CHUNK:
-            start = first_snapshot_segment(log, result.from_offset)
-        if start is None:
-            link.send(
-                wire.Refused(
-                    stream,
-                    epoch,
-                    wire.RefusalCode.OUT_OF_RANGE,
-                    epoch,
-                    f"chunk {result.from_offset} is not on the local log",
-                )
-            )
-            return True
         span = log.chunk_span(start, result.max_bytes)
+    except ChunkNotLocalError:
+        link.send(
+            wire.Refused(
+                stream,
+                epoch,
+                wire.RefusalCode.OUT_OF_RANGE,
+                epoch,
+                f"chunk {start} is not on the local log",
+            )
+        )
+        return True
     if span is None:
         return False
     header = wire.encode_chunks_header(
-        stream, epoch, span.first_chunk_id, span.next_offset, commit, span.chunk_count, span.length
+        stream,
+        epoch,
+        span.first_chunk_id,
+        span.next_offset,
+        commit,
+        span.chunk_count,
+        span.length,
+        segment_start=span.position == FILE_HEADER_SIZE,
     )
     link.send_span(header, span.segment_path, span.position, span.length)
     return True
@@ -153,6 +142,8 @@ class LedStream:
     def on_fetch(self, link: Link, fetch: wire.Fetch) -> None:
         if self.closed:
             return
+        if fetch.epoch > self.epoch:
+            self.listener.member_refused(link.peer, fetch.epoch)  # a newer leader exists
         if fetch.epoch == self.epoch:
             tail = Tail(fetch.tail_epoch, fetch.tail_chunk_id)
             if holds(log_history(self.log), tail):

@@ -45,17 +45,17 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+from tierlog.cluster.errors import LinkAuthError
 from tierlog.cluster.fetch_server import LeaderListener, LedStream, answer, log_history
 from tierlog.cluster.link import (
     HANDSHAKE_TIMEOUT,
     FileCache,
     Link,
-    LinkAuthError,
     handshake_acceptor,
     handshake_dialer,
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
-from tierlog.cluster.replica_runner import CatchUpRun, FollowedStream
+from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
 from tierlog.formats.errors import FormatError
@@ -83,7 +83,8 @@ class ReplicationHub:
         workers: int = 4,
         fetch_bytes: int = 8 << 20,
         max_open_files: int = 1024,
-        heartbeat: float = 1.0,
+        max_buffered_bytes: int = 256 << 20,
+        heartbeat: float = 2.0,
         fetch_timeout: float | None = None,
         retry_delay: float = 0.2,
         server_ssl: ssl.SSLContext | None = None,
@@ -98,6 +99,7 @@ class ReplicationHub:
         self._lanes: dict[str, Executor] = {}
         self.fetch_bytes = min(fetch_bytes, wire.MAX_FRAME_BYTES - 4096)
         self.files = FileCache(max_open_files)
+        self.budget = ByteBudget(max_buffered_bytes)
         self.heartbeat = heartbeat
         self.fetch_timeout = fetch_timeout if fetch_timeout is not None else 4 * heartbeat
         self.retry_delay = retry_delay
@@ -173,8 +175,11 @@ class ReplicationHub:
                 fetch_bytes=self.fetch_bytes,
                 fetch_timeout=self.fetch_timeout,
                 retry_delay=self.retry_delay,
+                budget=self.budget,
             )
             self.followed[stream] = followed
+        elif on_commit is not None:
+            followed.on_commit = on_commit
         if leader is not None and epoch is not None:
             followed.follow(leader, epoch)
 
@@ -303,6 +308,12 @@ class ReplicationHub:
             if isinstance(frame, wire.Refused):
                 if frame.code is wire.RefusalCode.STALE_EPOCH:
                     led.listener.member_refused(peer, frame.highest_epoch)
+                elif frame.code is wire.RefusalCode.UNKNOWN_STREAM and not led.serving:
+                    # the member's node has not registered the stream yet (starting up):
+                    # ask it to adopt again a little later, while the election runs
+                    asyncio.get_running_loop().call_later(
+                        5 * self.retry_delay, self._adopt_again, stream, led, peer
+                    )
             elif frame.epoch > led.epoch:
                 led.listener.member_refused(peer, frame.epoch)  # a newer leader exists
             return
@@ -319,6 +330,10 @@ class ReplicationHub:
                     f"{self.node} holds no member of {stream}",
                 )
             )
+
+    def _adopt_again(self, stream: str, led: LedStream, member: str) -> None:
+        if self.led.get(stream) is led and not led.serving and not led.closed:
+            self.send(member, wire.Adopt(stream, led.epoch))
 
     def _on_fetch(self, link: Link, fetch: wire.Fetch) -> None:
         led = self.led.get(fetch.stream)
@@ -430,7 +445,16 @@ class ReplicationHub:
                 writer.close()
                 return
             existing.close()
-        link = Link(peer, dialer, reader, writer, self.files, self._on_frame, self._closed)
+        link = Link(
+            peer,
+            dialer,
+            reader,
+            writer,
+            self.files,
+            self._on_frame,
+            self._closed,
+            self.budget.wait_for_room,
+        )
         self.links[peer] = link
         pending = self._pending.pop(peer, None)
         while pending:

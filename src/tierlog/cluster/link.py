@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
-from tierlog.cluster.errors import ClusterError
+from tierlog.cluster.errors import LinkAuthError, LinkClosedError, LinkError
 from tierlog.formats import replication as wire
 from tierlog.formats.errors import FormatError
 from tierlog.logs import get_logger
@@ -37,18 +37,6 @@ from tierlog.logs import get_logger
 log = get_logger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0
-
-
-class LinkError(ClusterError):
-    """A node-to-node link failed."""
-
-
-class LinkAuthError(LinkError):
-    """The peer did not prove it holds the cluster secret (or named another node)."""
-
-
-class LinkClosedError(LinkError):
-    """The link is closed."""
 
 
 def proof(secret: bytes, role: bytes, peer_nonce: bytes, dialer: str, acceptor: str) -> bytes:
@@ -138,7 +126,16 @@ class FileCache:
         return len(self._files)
 
     def acquire(self, path: str) -> BinaryIO:
+        """The open file at ``path`` (pinned until ``release``). A cached file whose
+        path now names another file (a segment cut away and written again under the
+        same name) is reopened: a span is never sent from a stale inode."""
         f = self._files.get(path)
+        if f is not None and path not in self._pins:
+            current = os.stat(path)
+            opened = os.fstat(f.fileno())
+            if (current.st_ino, current.st_dev) != (opened.st_ino, opened.st_dev):
+                self._files.pop(path).close()
+                f = None
         if f is None:
             f = open(path, "rb")  # noqa: SIM115 - kept open in the cache
             self._files[path] = f
@@ -171,7 +168,6 @@ class FileCache:
 
 
 Span = tuple[bytes, str, int, int]  # CHUNKS header, segment path, position, length
-FrameHandler = Callable[["Link", wire.Frame], Awaitable[None] | None]
 
 
 class Link:
@@ -187,8 +183,10 @@ class Link:
         files: FileCache,
         on_frame: Callable[[Link, wire.Frame], None],
         on_closed: Callable[[Link], None],
+        wait_for_room: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.peer = peer
+        self._wait_for_room = wait_for_room
         self.dialer = dialer
         self._reader = reader
         self._writer = writer
@@ -242,24 +240,32 @@ class Link:
                     await writer.drain()
                     continue
                 header, path, position, length = item
-                writer.write(header)
-                await writer.drain()
-                f = self._files.acquire(path)
                 try:
+                    f = self._files.acquire(path)
+                except OSError as exc:
+                    # gone since the fetch was answered (local retention): nothing was
+                    # sent for it, the member asks again
+                    log.info("replication_span_gone", peer=self.peer, path=path, error=str(exc))
+                    continue
+                try:
+                    writer.write(header)
+                    await writer.drain()
                     sent = await loop.sendfile(writer.transport, f, position, length)
                 finally:
                     self._files.release(path)
                 if sent != length:
                     raise LinkError(f"{path}: sent {sent} of {length} bytes (file shrank)")
                 self.bytes_sent += len(header) + length
-        except (OSError, ConnectionError, LinkError, RuntimeError) as exc:
-            self._fail(exc)
         except asyncio.CancelledError:
             pass
+        except Exception as exc:  # a link that cannot send is closed, never left half-dead
+            self._fail(exc)
 
     async def _receive_loop(self) -> None:
         try:
             while not self.closed:
+                if self._wait_for_room is not None:
+                    await self._wait_for_room()  # received chunks wait to be written
                 frame = await read_frame(self._reader)
                 self.frames_received += 1
                 try:

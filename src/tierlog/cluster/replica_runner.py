@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from tierlog.cluster.errors import ClusterError, StaleEpochError
+from tierlog.cluster.errors import CatchUpError, StaleEpochError
 from tierlog.cluster.fetch_server import log_history
 from tierlog.cluster.log_history import History, Tail
 from tierlog.cluster.replication import (
@@ -48,8 +48,29 @@ log = get_logger(__name__)
 SendFn = Callable[[str, wire.Frame], None]
 
 
-class CatchUpError(ClusterError):
-    """A new leader could not take the most up-to-date member's log."""
+class ByteBudget:
+    """Chunk bytes received but not yet written, over all followed streams of a node.
+    Links stop reading while it is over ``limit`` (TCP then slows the leaders), so many
+    streams catching up at once cannot fill the memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def take(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            self._room.clear()
+
+    def give(self, size: int) -> None:
+        self.used -= size
+        if self.used <= self.limit:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
 
 
 class _Refetch:
@@ -78,8 +99,10 @@ class FollowedStream:
         fetch_bytes: int,
         fetch_timeout: float,
         retry_delay: float,
+        budget: ByteBudget | None = None,
     ) -> None:
         self.stream = stream
+        self.budget = budget
         self.log = log
         self.executor = executor
         self._send = send
@@ -88,6 +111,7 @@ class FollowedStream:
         self.fetch_timeout = fetch_timeout
         self.retry_delay = retry_delay
         self.leader: str | None = None
+        self._epoch: int | None = None  # the leader epoch followed (survives a rebuild)
         self.session: ReplicaSession | None = None
         self.closed = False
         self.errors = 0  # refused appends (bad chunks from the leader)
@@ -101,8 +125,12 @@ class FollowedStream:
         self._put(None, _Follow(leader, epoch))
 
     def deliver(self, peer: str, frame: wire.Frame) -> None:
-        if peer == self.leader:
-            self._cancel_timer()
+        if peer == self.leader and isinstance(frame, wire.Chunks | wire.History | wire.Refused):
+            self._cancel_timer()  # the fetch was answered (a COMMIT does not answer it)
+        if self.closed:
+            return
+        if self.budget is not None and isinstance(frame, wire.Chunks):
+            self.budget.take(len(frame.data))
         self._put(peer, frame)
 
     def refetch(self) -> None:
@@ -132,42 +160,62 @@ class FollowedStream:
         try:
             while self._inbox and not self.closed:
                 peer, item = self._inbox.popleft()
-                session = self.session or await self._start_session()
-                if isinstance(item, _Follow):
-                    try:
-                        actions = session.follow(item.epoch)
-                    except StaleEpochError as exc:
-                        log.warning("replica_follow_stale", stream=self.stream, error=str(exc))
-                        continue
-                    self.leader = item.leader
-                elif item is _REFETCH:
-                    if session.leader_epoch is None or self.leader is None:
-                        continue
-                    actions = [Send(session.fetch())]
-                elif isinstance(item, wire.Refused):
-                    if peer == self.leader:
-                        self._arm(self.retry_delay)
-                    continue
-                else:
-                    before = session.leader_epoch
-                    actions = session.on_frame(item)
-                    if (
-                        peer is not None
-                        and session.leader_epoch == getattr(item, "epoch", None)
-                        and session.guard.highest == session.leader_epoch
-                        and (before != session.leader_epoch or isinstance(item, wire.Adopt))
-                    ):
-                        self.leader = peer  # a newer leader (or one that adopted us)
-                        if isinstance(item, wire.Adopt):
-                            actions.append(Send(session.fetch()))  # follow it from now on
-                await self._execute(actions, peer)
+                try:
+                    await self._handle(peer, item)
+                finally:
+                    if self.budget is not None and isinstance(item, wire.Chunks):
+                        self.budget.give(len(item.data))
         except Exception as exc:
+            # the log failed under an action (disk, closed): start again from what is
+            # on disk, in the epoch we followed
             log.exception("replica_stream_failed", stream=self.stream, error=repr(exc))
+            if self.session is not None and self.session.leader_epoch is not None:
+                self._epoch = self.session.leader_epoch
+            self.session = None
             self._arm(self.retry_delay)
         finally:
             self._task = None
             if self._inbox and not self.closed:
                 self._task = asyncio.create_task(self._drain(), name=f"replica-{self.stream}")
+
+    async def _handle(self, peer: str | None, item: object) -> None:
+        session = self.session or await self._start_session()
+        actions: list[Action]
+        if isinstance(item, _Follow):
+            try:
+                actions = session.follow(item.epoch)
+            except StaleEpochError as exc:
+                log.warning("replica_follow_stale", stream=self.stream, error=str(exc))
+                return
+            self.leader = item.leader
+        elif item is _REFETCH:
+            if self.leader is None:
+                return
+            if session.leader_epoch is None:
+                if self._epoch is None:
+                    return
+                actions = session.follow(self._epoch)  # a session rebuilt after a failure
+            else:
+                actions = [Send(session.fetch())]
+        elif isinstance(item, wire.Refused):
+            if peer == self.leader:
+                self._arm(self.retry_delay)
+            return
+        else:
+            assert isinstance(item, wire.Adopt | wire.History | wire.Chunks | wire.Commit)
+            before = session.leader_epoch
+            actions = session.on_frame(item)
+            if (
+                peer is not None
+                and session.leader_epoch == item.epoch
+                and session.guard.highest == session.leader_epoch
+                and (before != session.leader_epoch or isinstance(item, wire.Adopt))
+            ):
+                self.leader = peer  # a newer leader (or one that adopted us)
+                if isinstance(item, wire.Adopt):
+                    actions.append(Send(session.fetch()))  # follow it from now on
+        await self._execute(actions, peer)
+        self._epoch = session.leader_epoch
 
     async def _execute(self, actions: list[Action], peer: str | None) -> None:
         session = self.session
@@ -182,13 +230,24 @@ class FollowedStream:
                 history, next_offset = await self._run(self._state)
                 queue.extend(session.truncated(history, next_offset))
             elif isinstance(action, AppendChunks):
+                refused = False
                 try:
-                    await self._run(self._append, action.chunks.data)
+                    await self._run(self._append, action.chunks)
                 except AcceptError as exc:
                     self.errors += 1
+                    refused = True
                     log.warning("replica_chunks_refused", stream=self.stream, error=str(exc))
                 history, next_offset = await self._run(self._state)
-                queue.extend(session.written(history, next_offset))
+                follow_up = session.written(history, next_offset)
+                if refused:
+                    # ask again after a pause, not at once: the same bytes would come back
+                    follow_up = [
+                        a
+                        for a in follow_up
+                        if not (isinstance(a, Send) and isinstance(a.frame, wire.Fetch))
+                    ]
+                    self._arm(self.retry_delay)
+                queue.extend(follow_up)
                 self.after_written(session)
             elif isinstance(action, SetCommit):
                 if self.on_commit is not None:
@@ -203,8 +262,8 @@ class FollowedStream:
                 if isinstance(frame, wire.Fetch):
                     self._arm(self.fetch_timeout)
 
-    def _append(self, data: bytes) -> None:
-        self.log.accept_chunks(data)
+    def _append(self, chunks: wire.Chunks) -> None:
+        self.log.accept_chunks(chunks.data, segment_start=chunks.segment_start)
         self.log.sync_to_disk()
 
     def after_written(self, session: ReplicaSession) -> None:
@@ -224,6 +283,10 @@ class FollowedStream:
     def close(self) -> None:
         self.closed = True
         self._cancel_timer()
+        if self.budget is not None:
+            for _peer, item in self._inbox:
+                if isinstance(item, wire.Chunks):
+                    self.budget.give(len(item.data))
         self._inbox.clear()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()

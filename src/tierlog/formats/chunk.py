@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -47,6 +47,8 @@ MAX_COMPRESSION = 4
 """Highest sub-batch compression code: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd."""
 SUB_BATCH_FLAG = 0x80
 """The top bit of an entry's first byte: set for a sub-batch, clear for a simple entry."""
+SUB_BATCH_BIT = SUB_BATCH_FLAG << 24
+"""The same bit in an entry's first u32: a simple entry's length word is below it."""
 
 # The one declaration of the 48-byte chunk header, as a struct (one header at a time) and as
 # a numpy dtype (many headers at once, vectorised readers). Field order and offsets agree:
@@ -75,6 +77,8 @@ HEADER_DTYPE = np.dtype(
 HEADER_SIZE = HEADER.size  # 48
 DATA_LENGTH_POS = 36
 """Byte position of the u32 data length in the header."""
+RESERVED_POS = 45
+"""Byte position of the header's 3 reserved bytes (zero; the header ends after them)."""
 SECTION_SIZES = struct.Struct(">IIB")
 """Data length, trailer length, bloom filter size: header bytes from ``DATA_LENGTH_POS``."""
 
@@ -88,6 +92,7 @@ _U32 = struct.Struct(">I")
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 assert HEADER_DTYPE.fields is not None
 assert HEADER_DTYPE.fields["data_length"][1] == DATA_LENGTH_POS
+assert HEADER_DTYPE.fields["bloom_size"][1] + 1 == RESERVED_POS
 
 
 class ChunkType(IntEnum):
@@ -418,43 +423,80 @@ def iter_entries(data: bytes | memoryview, num_entries: int) -> Iterator[memoryv
 
 
 def iter_records(
-    chunk_id: int, data: bytes | memoryview, num_entries: int
+    chunk_id: int,
+    data: bytes | memoryview,
+    num_entries: int,
+    start: int = 0,
+    end: int | None = None,
+    on_error: Callable[[FormatError], Exception] | None = None,
 ) -> Iterator[tuple[int, memoryview]]:
-    """Yield (offset, record bytes) for every record of a user chunk, oldest first.
+    """Yield (offset, record bytes) for every record of the ``num_entries`` entries in
+    ``data[start:end]`` (a whole chunk and its data bounds, or just its entry data),
+    oldest first; the first record's offset is ``chunk_id``.
 
-    A tight loop over the chunk's bytes; sub-batches are decompressed (when the codec
-    is available) and their records get consecutive offsets.
+    The one walk over a chunk's entries that readers use, so it is the hot path: one
+    ``unpack_from`` and one slice of the caller's buffer per simple entry (no copy);
+    sub-batches are decompressed (when the codec is available) and their records get
+    consecutive offsets. Damage raises a ``FormatError``, or ``on_error(exc)`` when the
+    caller wants its own type (without a wrapping generator per record).
     """
     view = memoryview(data)
     unpack = _U32.unpack_from
-    end = len(view)
-    pos = 0
+    sub_batch_bit = SUB_BATCH_BIT
+    end = len(view) if end is None else end
+    pos = start
     offset = chunk_id
-    for _ in range(num_entries):
-        if pos + 4 > end:
-            raise TruncatedError("entry header runs past the chunk data")
-        (word,) = unpack(view, pos)
-        if word < 0x80000000:
-            pos += 4
-            nxt = pos + word
-            if nxt > end:
-                raise TruncatedError("entry body runs past the chunk data")
-            yield offset, view[pos:nxt]
-            offset += 1
-            pos = nxt
-            continue
-        if pos + SUB_BATCH_HEADER_SIZE > end:
-            raise TruncatedError("sub-batch header runs past the chunk data")
-        kind, count, uncompressed, length = SUB_BATCH_HEADER.unpack_from(view, pos)
-        pos += SUB_BATCH_HEADER_SIZE
-        if pos + length > end:
-            raise TruncatedError("sub-batch body runs past the chunk data")
-        body = decompress((kind >> 4) & 0x7, view[pos : pos + length], uncompressed)
-        yield from iter_sub_batch_records(offset, body, count)
-        offset += count
-        pos += length
-    if pos != end:
-        raise InvalidSizeError(f"chunk data has {end - pos} bytes after its last entry")
+    merged = 0  # records beyond the first of each sub-batch: entries = records - merged
+    try:
+        while pos < end:
+            # a length word read past ``end`` only makes the body check below fail
+            (word,) = unpack(view, pos)
+            if word < sub_batch_bit:
+                pos += SIMPLE_ENTRY_HEADER_SIZE
+                nxt = pos + word
+                if nxt > end:
+                    raise TruncatedError("entry body runs past the chunk data")
+                yield offset, view[pos:nxt]
+                offset += 1
+                pos = nxt
+                continue
+            if pos + SUB_BATCH_HEADER_SIZE > end:
+                raise TruncatedError("sub-batch header runs past the chunk data")
+            kind, count, uncompressed, length = SUB_BATCH_HEADER.unpack_from(view, pos)
+            pos += SUB_BATCH_HEADER_SIZE
+            if pos + length > end:
+                raise TruncatedError("sub-batch body runs past the chunk data")
+            body = decompress((kind >> 4) & 0x7, view[pos : pos + length], uncompressed)
+            yield from iter_sub_batch_records(offset, body, count)
+            offset += count
+            merged += count - 1
+            pos += length
+        entries = offset - chunk_id - merged
+        if entries != num_entries:
+            raise InvalidSizeError(f"chunk data holds {entries} entries, expected {num_entries}")
+    except struct.error as exc:  # a length word past the end of the buffer
+        error: FormatError = TruncatedError(f"entry header runs past the chunk data: {exc}")
+        if on_error is None:
+            raise error from exc
+        raise on_error(error) from exc
+    except FormatError as exc:
+        if on_error is None:
+            raise
+        raise on_error(exc) from exc
+
+
+def count_entries(data: bytes | memoryview, start: int, end: int) -> int:
+    """How many whole entries ``data[start:end]`` holds (entry headers only, no bodies)."""
+    count = 0
+    pos = start
+    while pos < end:
+        (word,) = _U32.unpack_from(data, pos)
+        if word & SUB_BATCH_BIT:
+            pos += SUB_BATCH_HEADER_SIZE + SUB_BATCH_HEADER.unpack_from(data, pos)[3]
+        else:
+            pos += SIMPLE_ENTRY_HEADER_SIZE + word
+        count += 1
+    return count
 
 
 def iter_sub_batch_records(
@@ -494,7 +536,7 @@ def uniform_record_size(data: bytes | memoryview, num_entries: int) -> int | Non
         return None
     (size,) = _U32.unpack_from(data, 0)
     stride = SIMPLE_ENTRY_HEADER_SIZE + size
-    if size & 0x80000000 or stride * num_entries != end:
+    if size & SUB_BATCH_BIT or stride * num_entries != end:
         return None
     if num_entries > 1:
         prefix = _U32.pack(size)
@@ -543,7 +585,7 @@ def count_entry_data(
         if pos + 4 > end:
             raise TruncatedError("entry header runs past the chunk data")
         (word,) = unpack(view, pos)
-        if word < 0x80000000:
+        if word < SUB_BATCH_BIT:
             if word > max_record_bytes:
                 raise RecordSizeError(f"record of {word} bytes exceeds {max_record_bytes}")
             pos += 4 + word
@@ -578,7 +620,7 @@ def single_entry_body(data: bytes | memoryview, num_entries: int) -> memoryview:
     if len(view) < 4:
         raise TruncatedError("tracking entry header truncated")
     (length,) = _U32.unpack_from(view, 0)
-    if length & 0x80000000:
+    if length & SUB_BATCH_BIT:
         raise FormatError("tracking chunk entry is a sub-batch")
     if 4 + length != len(view):
         raise InvalidSizeError("tracking entry length does not match the chunk data length")

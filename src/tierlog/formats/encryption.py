@@ -15,9 +15,11 @@ Key block layout (big-endian)::
 A sealed object (any object a stream owns that is not a fragment; fragments seal their own
 frames) is laid out as::
 
-    "TLSE" + u32 version 1 + u16 key block size + key block + u32 frame size + frames
+    "TLSE" + u32 version 2 + u16 key block size + key block + u32 frame size + frames
 
 where every frame but the last holds ``frame size`` plaintext bytes plus the 16-byte tag.
+Each frame's associated data also covers every byte before the frames (version 1, still
+read, covered only the first 10), so no header field can be edited unnoticed.
 
 The ``cryptography`` package (extra ``crypto``) is imported when a key is first used.
 """
@@ -48,7 +50,8 @@ MAX_KEK_ID = 64
 KEK_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 SEALED_MAGIC = b"TLSE"
-SEALED_VERSION = 1
+SEALED_VERSION = 2
+SEALED_VERSIONS = (1, 2)
 SEALED_HEADER = struct.Struct(">4sIH")
 DEFAULT_FRAME_SIZE = 1 << 20
 
@@ -178,10 +181,11 @@ def seal_object(
     block = cipher.key_block
     out = bytearray(SEALED_HEADER.pack(SEALED_MAGIC, SEALED_VERSION, len(block)))
     out += block + struct.pack(">I", frame_size)
+    prefix = bytes(out)  # the associated data of every frame (version 2)
     count = max(1, -(-view.nbytes // frame_size))
     for n in range(count):
         piece = bytes(view[n * frame_size : (n + 1) * frame_size])
-        out += cipher.seal(n, n == count - 1, piece, bytes(out[: SEALED_HEADER.size]))
+        out += cipher.seal(n, n == count - 1, piece, prefix)
     return bytes(out)
 
 
@@ -196,7 +200,7 @@ def open_object(
     magic, version, block_size = SEALED_HEADER.unpack_from(view, 0)
     if magic != SEALED_MAGIC:
         raise BadMagicError(f"not a sealed object: magic {magic!r}")
-    if version != SEALED_VERSION:
+    if version not in SEALED_VERSIONS:
         raise UnsupportedError(f"sealed object version {version} not supported")
     at = SEALED_HEADER.size + block_size
     if at + 4 > view.nbytes:
@@ -206,7 +210,7 @@ def open_object(
     if frame_size < 1:
         raise InvalidSizeError("sealed object frame size 0")
     at += 4
-    header = bytes(view[: SEALED_HEADER.size])
+    header = bytes(view[: SEALED_HEADER.size if version == 1 else at])
     out = bytearray()
     step = frame_size + TAG_SIZE
     n = 0

@@ -5,7 +5,7 @@ Every frame (all integers big-endian)::
 
     length u32          bytes after this field
     kind u8             FrameKind
-    flags u8            0 (reserved)
+    flags u8            0, except SEGMENT_START on CHUNKS (other bits reserved)
     stream length u16   bytes of the stream id (0 for connection-level frames)
     epoch u64           the sender's epoch for that stream (0 for connection-level)
     stream id           UTF-8 (the stream incarnation)
@@ -33,7 +33,9 @@ Bodies:
   chunk count u32, data length u32, then ``data length`` bytes of Osiris chunks exactly
   as they are in the leader's segment file (the member appends them verbatim). The
   header is encoded apart (``encode_chunks_header``) so the data can follow by
-  ``sendfile`` without passing through Python.
+  ``sendfile`` without passing through Python. Flag ``SEGMENT_START`` (0x01): the
+  first chunk starts a segment of the leader's log, where an empty member may begin
+  (a late joiner: tracking starts empty or with that chunk's snapshot there).
 * ``WRITTEN`` (member → leader): written (fsynced) chunk id i64.
 * ``COMMIT`` (leader → member): commit chunk id i64 (also a heartbeat).
 * ``REFUSED``: code u16 (RefusalCode), highest seen epoch u64, message (u16 length +
@@ -45,7 +47,7 @@ Decoders reject anything malformed with a typed ``FormatError``.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from tierlog.formats.errors import (
@@ -64,6 +66,7 @@ NO_CHUNK = -1
 
 _LENGTH = struct.Struct(">I")
 _HEADER = struct.Struct(">BBHQ")  # kind, flags, stream length, epoch (after the length)
+SEGMENT_START = 0x01  # CHUNKS flag: the first chunk starts a segment of the leader's log
 FRAME_HEADER_SIZE = _LENGTH.size + _HEADER.size  # 16
 _ADOPTED = struct.Struct(">BQQq")
 _FETCH = struct.Struct(">QQqI")
@@ -159,6 +162,7 @@ class Chunks:
     commit_chunk_id: int
     chunk_count: int
     data: bytes
+    segment_start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +225,9 @@ def _text(value: str, what: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def _frame(kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0) -> bytes:
+def _frame(
+    kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0, flags: int = 0
+) -> bytes:
     """Header (with room for ``extra`` bytes sent after it) + body."""
     sid = stream.encode()
     if len(sid) > MAX_STREAM_ID_BYTES:
@@ -229,7 +235,8 @@ def _frame(kind: FrameKind, stream: str, epoch: int, body: bytes, extra: int = 0
     length = _HEADER.size + len(sid) + len(body) + extra
     if length > MAX_FRAME_BYTES:
         raise InvalidSizeError(f"frame of {length} bytes > {MAX_FRAME_BYTES}")
-    return _LENGTH.pack(length) + _HEADER.pack(kind, 0, len(sid), _u64(epoch, "epoch")) + sid + body
+    header = _HEADER.pack(kind, flags, len(sid), _u64(epoch, "epoch"))
+    return _LENGTH.pack(length) + header + sid + body
 
 
 def encode_chunks_header(
@@ -240,6 +247,7 @@ def encode_chunks_header(
     commit_chunk_id: int,
     chunk_count: int,
     data_length: int,
+    segment_start: bool = False,
 ) -> bytes:
     """Everything of a ``CHUNKS`` frame but its data, which follows it on the wire."""
     if chunk_count < 0 or data_length < 0 or (chunk_count == 0) != (data_length == 0):
@@ -253,7 +261,8 @@ def encode_chunks_header(
         chunk_count,
         data_length,
     )
-    return _frame(FrameKind.CHUNKS, stream, epoch, body, extra=data_length)
+    flags = SEGMENT_START if segment_start and chunk_count else 0
+    return _frame(FrameKind.CHUNKS, stream, epoch, body, extra=data_length, flags=flags)
 
 
 def encode(frame: Frame) -> bytes:
@@ -305,6 +314,7 @@ def encode(frame: Frame) -> bytes:
             frame.commit_chunk_id,
             frame.chunk_count,
             len(frame.data),
+            frame.segment_start,
         )
         return header + frame.data
     if isinstance(frame, Written):
@@ -381,7 +391,8 @@ def decode(data: bytes | memoryview) -> Frame:
         kind = FrameKind(raw_kind)
     except ValueError as exc:
         raise UnsupportedError(f"unknown replication frame kind {raw_kind}") from exc
-    if flags != 0:
+    allowed = SEGMENT_START if kind is FrameKind.CHUNKS else 0
+    if flags & ~allowed:
         raise UnsupportedError(f"replication frame flags {flags:#x} are reserved")
     if sid_size > MAX_STREAM_ID_BYTES:
         raise InvalidSizeError(f"stream id of {sid_size} bytes > {MAX_STREAM_ID_BYTES}")
@@ -391,6 +402,11 @@ def decode(data: bytes | memoryview) -> Frame:
         raise FormatError("stream id is not UTF-8") from exc
     frame = _decode_body(kind, stream, epoch, reader)
     reader.done(kind)
+    if flags & SEGMENT_START:
+        assert isinstance(frame, Chunks)
+        if not frame.chunk_count:
+            raise FormatError("SEGMENT_START on a CHUNKS frame without chunks")
+        frame = replace(frame, segment_start=True)
     return frame
 
 

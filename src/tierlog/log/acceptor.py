@@ -5,8 +5,9 @@ leader wrote (``accept_chunks``), so segment and index files are byte-identical 
 members. That holds because every member starts its segments at the same chunk (the
 same roll rule, ``segments.segment_full``, asked before every chunk with the stream's
 own segment limits, which every member has) and writes index records for the same
-positions. A late joiner starts its first segment at a leader tracking-snapshot chunk
-(the chunk the leader wrote right after a roll), so from there on its files match too.
+positions. A late joiner starts its first segment where one of the leader's segments
+starts (the leader writes a tracking snapshot first after a roll whenever tracking is
+not empty), so from there on its files match too.
 
 Other members' logs may disagree with the leader's after a failover; the cluster
 decides what is a divergent uncommitted suffix and the log cuts it
@@ -44,9 +45,9 @@ from tierlog.log.errors import (
     AcceptError,
     BadChunkError,
     ChunkGapError,
+    ChunkNotLocalError,
     ChunkOverlapError,
     LateJoinError,
-    LogError,
     OlderEpochChunkError,
     StaleEpochError,
     TruncateBelowTieredError,
@@ -63,11 +64,6 @@ if TYPE_CHECKING:
 NO_CHUNK = -1
 SPAN_RECORDS = 4096  # index records read per chunk_span call at most
 _CURSORS = 64  # remembered "next chunk id -> index record" positions per log
-
-
-class ChunkNotLocalError(LogError):
-    """A fetch asked for a chunk id that is not a chunk of the local log (below its
-    first offset, or not a chunk boundary)."""
 
 
 class ChunkSpan(NamedTuple):
@@ -89,15 +85,17 @@ class ChunkSpan(NamedTuple):
 # --------------------------------------------------------------------- accepting
 
 
-def accept_chunks(log: StreamLog, data: bytes | memoryview) -> int:
+def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bool = False) -> int:
     """Append whole Osiris chunks verbatim; returns the log's new next offset.
 
     Each chunk must decode, lie wholly in ``data``, have a valid data CRC, entries and
     tracking content, zero reserved bytes, continue the log exactly (its id is the
     log's next offset), carry an epoch not below the log's last one and a timestamp not
     below the last one (what recovery trusts). An empty log also takes a first chunk
-    past its next offset when it is a tracking snapshot (a late joiner): its segment
-    moves to start there. Before each chunk the one roll rule decides whether a new
+    past its next offset (a late joiner) when it is a tracking snapshot, or when the
+    leader says it starts one of its segments (``segment_start``: a segment that does
+    not start with a snapshot began while tracking was empty): its segment moves to
+    start there. Before each chunk the one roll rule decides whether a new
     segment starts, exactly as on the leader. Tracking chunks and user-chunk trailers
     update tracking as on the leader.
 
@@ -142,10 +140,12 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview) -> int:
                     raise ChunkGapError(
                         f"chunk {header.chunk_id} leaves a gap after {next_offset}", next_offset
                     )
-                if header.chunk_type != ChunkType.TRACKING_SNAPSHOT:
+                if header.chunk_type != ChunkType.TRACKING_SNAPSHOT and not (
+                    segment_start and pos == 0
+                ):
                     raise LateJoinError(
                         f"an empty log at {next_offset} cannot start at chunk "
-                        f"{header.chunk_id}: not a tracking snapshot",
+                        f"{header.chunk_id}: neither a tracking snapshot nor a segment start",
                         next_offset,
                     )
             if header.epoch < last_epoch:
@@ -167,8 +167,8 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview) -> int:
             if header.chunk_id != next_offset:  # a late joiner's first chunk
                 segments.restart_empty(header.chunk_id)
                 log._next_offset = next_offset = header.chunk_id
-                log._commits.written = CommitPoint(
-                    NO_CHUNK, next_offset, next_offset, segments.active.size
+                log._commits.rewind(
+                    CommitPoint(NO_CHUNK, next_offset, next_offset, segments.active.size)
                 )
                 active = segments.active
             if segment_full(
@@ -209,10 +209,8 @@ def _flush(log: StreamLog, batch: list[memoryview], records: list[bytes]) -> Non
         return
     segments: SegmentSet = log._segments
     active = segments.active
-    first_position = active.size
     last = decode_header(batch[-1])
     segments.append_raw(batch, records, last.next_offset)
-    position = first_position
     history: EpochHistory = log._history
     tracking = log._tracking
     for chunk in batch:
@@ -222,7 +220,6 @@ def _flush(log: StreamLog, batch: list[memoryview], records: list[bytes]) -> Non
             _replay(tracking, header, chunk)
         if log._first_timestamp == 0:
             log._first_timestamp = header.timestamp
-        position += len(chunk)
     log._next_offset = last.next_offset
     log._last_chunk_id = last.chunk_id
     log._last_timestamp = last.timestamp

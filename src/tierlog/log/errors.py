@@ -142,3 +142,13 @@ class TruncateBelowTieredError(LogError):
 class MemberEpochCorruptError(LogError):
     """The stream's persisted highest-seen epoch file does not decode; the member may not
     answer for the stream (it could accept a deposed leader) until an operator fixes it."""
+
+
+class TruncationIntentError(LogError):
+    """A pending truncation intent does not decode: the log cannot tell which suffix
+    was being cut, so it is refused until an operator looks at it."""
+
+
+class ChunkNotLocalError(LogError):
+    """A fetch asked for a chunk id that is not a chunk of the local log (below its
+    first offset, or not a chunk boundary)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import struct
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -23,6 +22,7 @@ from tierlog.formats.chunk import (
     ChunkHeader,
     ChunkType,
     check_crc,
+    count_entries,
     decode_header,
     iter_records,
     iter_uniform_records,
@@ -42,7 +42,6 @@ from tierlog.log.segment_files import (
     pread_exact,
 )
 
-_U32 = struct.Struct(">I")
 _READ_AHEAD_CHUNKS = 2
 """Chunks ``records()`` reads ahead while CRCs are being checked. Two, because the
 helper thread can only start a CRC when the reading thread releases the GIL (in its
@@ -173,39 +172,28 @@ class ChunkRead:
         )
 
     def records_from(self, position: int, offset: int) -> Iterator[tuple[int, memoryview]]:
-        """Records of the entries starting at byte ``position`` of the chunk (at ``offset``)."""
+        """Records of the entries starting at byte ``position`` of the chunk (at ``offset``):
+        the one entry walk of ``formats.chunk``, over this chunk's buffer in place."""
         if self.raw is None:
             raise ValueError("chunk was read without its data (load=False)")
         header = self.header
-        end = header.data_start + header.data_length
-        data = self.raw[position:end]
-        entries = header.num_entries - _count_entries(self.raw[header.data_start : position])
-        try:
-            if offset >= self.skip_below:
-                yield from iter_records(offset, data, entries)
-            else:
-                skip = self.skip_below
-                for at, record in iter_records(offset, data, entries):
-                    if at >= skip:
-                        yield at, record
-        except FormatError as exc:
-            raise CorruptChunkError(
-                f"{self.segment_path}: chunk {header.chunk_id} at {self.position}: {exc}"
-            ) from exc
+        raw = self.raw
+        start = header.data_start
+        end = start + header.data_length
+        entries = header.num_entries
+        if position != start:
+            entries -= count_entries(raw, start, position)
+        records = iter_records(offset, raw, entries, position, end, self.corrupt_error)
+        if offset >= self.skip_below:
+            return records
+        skip = self.skip_below
+        return itertools.dropwhile(lambda record: record[0] < skip, records)
 
-
-def _count_entries(data: memoryview) -> int:
-    """How many whole entries ``data`` (a prefix of a chunk's entry data) holds."""
-    count = 0
-    pos = 0
-    while pos < len(data):
-        (word,) = _U32.unpack_from(data, pos)
-        if word & 0x80000000:
-            pos += 11 + _U32.unpack_from(data, pos + 7)[0]
-        else:
-            pos += 4 + word
-        count += 1
-    return count
+    def corrupt_error(self, exc: FormatError) -> Exception:
+        """The error a damaged chunk raises while its records are walked."""
+        return CorruptChunkError(
+            f"{self.segment_path}: chunk {self.header.chunk_id} at {self.position}: {exc}"
+        )
 
 
 class _Fetched(NamedTuple):
@@ -391,9 +379,9 @@ class LogReader:
         """(offset, record bytes) of committed user records until caught up (does not wait).
 
         Chunks of same-length simple entries are iterated by C iterators (no Python
-        frame per record); others are walked inline. CRC checks of large chunks run in
-        a helper thread one chunk ahead, so they overlap with handing out records; a
-        chunk's records are only handed out once its CRC matched.
+        frame per record); others by the one entry walk of ``formats.chunk``. CRC checks
+        of large chunks run in a helper thread one chunk ahead, so they overlap with
+        handing out records; a chunk's records are only handed out once its CRC matched.
         """
         return itertools.chain.from_iterable(self._chunk_record_iters())
 
@@ -420,42 +408,7 @@ class LogReader:
                 if more is None:
                     break
                 ahead.append(more)
-            yield self._chunk_records(self._settle(ahead.popleft()))
-
-    def _chunk_records(self, chunk: ChunkRead) -> Iterator[tuple[int, memoryview]]:
-        fast = chunk.uniform_records()
-        if fast is not None:
-            return fast
-        header = chunk.header
-        if header.chunk_id < self._skip_below or header.num_entries != header.num_records:
-            return chunk.records()
-        return self._walk_simple(chunk)
-
-    def _walk_simple(self, chunk: ChunkRead) -> Iterator[tuple[int, memoryview]]:
-        """Records of a chunk of simple entries (of different lengths)."""
-        header = chunk.header
-        raw = chunk.raw
-        assert raw is not None
-        unpack = _U32.unpack_from
-        pos = header.data_start
-        end = pos + header.data_length
-        offset = header.chunk_id
-        while pos < end:
-            (length,) = unpack(raw, pos)
-            if length >= 0x80000000:  # a sub-batch after all: the general path
-                rest = ChunkRead(header, chunk.segment_path, chunk.position, raw, 0)
-                yield from rest.records_from(pos, offset)
-                offset = header.next_offset
-                break
-            pos += 4
-            stop = pos + length
-            if stop > end:
-                raise self._corrupt(f"chunk {header.chunk_id}: bad entry", chunk.position)
-            yield offset, raw[pos:stop]
-            offset += 1
-            pos = stop
-        if offset != header.next_offset:
-            raise self._corrupt(f"chunk {header.chunk_id}: bad record count", chunk.position)
+            yield self._settle(ahead.popleft()).records()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until a chunk at or after the reader's position is committed."""

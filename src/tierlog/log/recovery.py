@@ -448,7 +448,7 @@ def recover_tracking(state: SegmentState) -> TrackingState:
     try:
         pos = FILE_HEADER_SIZE
         while pos < state.size:
-            header = decode_header(pread_exact(fd, 48, pos))
+            header = decode_header(pread_exact(fd, HEADER_SIZE, pos))
             replay_chunk(tracking, header, pos, read)
             pos += header.total_size
     finally:

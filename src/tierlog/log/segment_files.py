@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from tierlog.formats.chunk import (
     HEADER_SIZE,
+    RESERVED_POS,
     ChunkHeader,
     ChunkType,
     check_crc,
@@ -245,7 +246,7 @@ def scan_segment(
                 damage = f"chunk {header.chunk_id} timestamp {header.timestamp} below {timestamp}"
                 break
             info = chunk_info(header, pos)
-            if buf[pos - buf_pos + 45 : pos - buf_pos + 48] != b"\x00\x00\x00":
+            if buf[pos - buf_pos + RESERVED_POS : pos - buf_pos + HEADER_SIZE] != bytes(3):
                 damage = f"chunk {header.chunk_id} at {pos} has non-zero reserved bytes"
                 break
             if verify_crc:

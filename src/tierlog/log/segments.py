@@ -25,6 +25,7 @@ from tierlog.formats.crc import crc32
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
     INDEX_FILE_HEADER,
+    INDEX_RECORD_SIZE,
     SEGMENT_HEADER,
     encode_index_record,
 )
@@ -41,7 +42,6 @@ from tierlog.log.segment_files import (
     segment_ref,
 )
 
-INDEX_RECORD_SIZE = 29
 DEFAULT_MAX_OPEN = 4096
 
 
@@ -234,9 +234,14 @@ class SegmentSet:
             self._open_files()
             active = self.segments[-1]
             size = sum(map(len, chunks))
-            pwrite_all(self._seg_fd, list(chunks), active.size)
-            write_all(self._idx_fd, list(records), INDEX_RECORD_SIZE * len(records))
             self._dirty = True
+            try:
+                pwrite_all(self._seg_fd, list(chunks), active.size)
+                write_all(self._idx_fd, list(records), INDEX_RECORD_SIZE * len(records))
+            except OSError as exc:
+                # part of it may be in the files: nothing more until recovery (reopen)
+                self.sync_failed = exc
+                raise SyncFailedError(f"{self.stream_dir}: write failed: {exc!r}") from exc
             active.size += size
             active.num_chunks += len(chunks)
             active.next_offset = next_offset

@@ -29,18 +29,13 @@ from tierlog.formats.segment import (
     index_record_count,
     index_record_position,
 )
-from tierlog.log.errors import LogError
+from tierlog.log.errors import TruncationIntentError
 from tierlog.log.segment_files import fsync_dir, list_files, pread_exact, segment_ref
 
 INTENT_FILE = "truncate.intent"
 _INTENT = struct.Struct(">4sq")
 _CRC = struct.Struct(">I")
 _MAGIC = b"TLTR"
-
-
-class TruncationIntentError(LogError):
-    """A pending truncation intent does not decode: the log cannot tell which suffix
-    was being cut, so it is refused until an operator looks at it."""
 
 
 def intent_path(stream_dir: str) -> str:
@@ -52,10 +47,13 @@ def write_intent(stream_dir: str, keep_through: int) -> None:
     raw = body + _CRC.pack(crc32(body))
     path = intent_path(stream_dir)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if os.write(fd, raw) != len(raw):
+            raise OSError(f"{tmp}: short write")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
     fsync_dir(stream_dir)
 

@@ -607,11 +607,12 @@ class StreamLog:
                 raise
         return log
 
-    def accept_chunks(self, data: bytes | memoryview) -> int:
+    def accept_chunks(self, data: bytes | memoryview, *, segment_start: bool = False) -> int:
         """Append a leader's whole chunks verbatim (``acceptor.accept_chunks``); returns
         the new next offset. Written, not fsynced: ``sync_to_disk()`` then
-        ``durable_point().chunk_id`` is what a member reports as written."""
-        return acceptor.accept_chunks(self, data)
+        ``durable_point().chunk_id`` is what a member reports as written.
+        ``segment_start``: the first chunk starts one of the leader's segments."""
+        return acceptor.accept_chunks(self, data, segment_start=segment_start)
 
     def truncate_after(self, keep_through_chunk_id: int) -> int:
         """Cut every chunk after ``keep_through_chunk_id`` (-1: all), crash-safely and
@@ -643,8 +644,10 @@ class StreamLog:
         self._tiered_next = next_offset
 
     def read_member_epoch(self) -> int:
-        """The persisted highest epoch this member has seen for the stream (0: none)."""
-        return member_epoch.read_member_epoch(self._dir)
+        """The highest epoch this member has seen for the stream: the persisted one, and
+        never below the highest epoch in the log (a lost file cannot lower the fence
+        below what the chunks prove). ``MemberEpochCorruptError`` if the file is bad."""
+        return max(member_epoch.read_member_epoch(self._dir), self._history.tail()[0])
 
     def persist_member_epoch(self, epoch: int) -> None:
         """fsync ``epoch`` as the highest seen (atomic replace) before answering it."""

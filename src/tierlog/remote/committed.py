@@ -20,6 +20,7 @@ from tierlog.remote.catalog import Catalog, ManifestPointer
 from tierlog.remote.errors import StreamDeletedError
 from tierlog.remote.keys import root_key
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
+from tierlog.remote.sealing import open_object
 from tierlog.storage.errors import NotFoundError, TransientError
 from tierlog.storage.object_store import ObjectStore
 
@@ -41,9 +42,8 @@ def read_committed_root(
         if pointer is None or pointer.root_uid is None:
             return pointer, None
         try:
-            return pointer, store.get(
-                root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
-            )
+            key = root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
+            return pointer, bytes(open_object(key, store.get(key)))
         except NotFoundError:
             continue  # superseded and deleted under us: the pointer moved on
     raise TransientError(f"manifest root of {incarnation} keeps disappearing")

@@ -13,7 +13,6 @@ import contextlib
 import threading
 from collections import OrderedDict
 
-from tierlog.formats.encryption import SEALED_MAGIC
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import FragmentIndex, FragmentPlacement, encode_fragment
 from tierlog.formats.fragment_frames import (
@@ -29,8 +28,9 @@ from tierlog.formats.fragment_v2 import (
 )
 from tierlog.formats.zstd_dictionary import decode_dictionary, encode_dictionary
 from tierlog.remote import keys
-from tierlog.remote.encryption import Keyring, opener_for, process_keyring
+from tierlog.remote.encryption import Keyring, opener_for
 from tierlog.remote.errors import CorruptFragmentError, MissingDictionaryError
+from tierlog.remote.sealing import open_object
 from tierlog.storage.errors import AlreadyExistsError
 from tierlog.storage.object_store import ObjectStore
 
@@ -65,8 +65,11 @@ def put_dictionary(
         store.put_if_absent(key, body)
 
 
-def load_dictionary(store: ObjectStore, key: str, dictionary_id: bytes) -> bytes:
-    """The dictionary bytes under ``key``; typed errors when absent, damaged or foreign."""
+def load_dictionary(
+    store: ObjectStore, key: str, dictionary_id: bytes, *, sealed: bool = False
+) -> bytes:
+    """The dictionary bytes under ``key``; typed errors when absent, damaged or foreign.
+    ``sealed``: it is named by an encrypted fragment, so a plaintext one is refused."""
     from tierlog.storage.errors import NotFoundError
 
     try:
@@ -74,12 +77,7 @@ def load_dictionary(store: ObjectStore, key: str, dictionary_id: bytes) -> bytes
     except NotFoundError:
         raise MissingDictionaryError(f"{key}: dictionary is missing") from None
     try:
-        if body[:4] == SEALED_MAGIC:
-            ring = process_keyring()
-            if ring is None:
-                raise CorruptFragmentError(f"{key}: dictionary is encrypted and no key is held")
-            body = ring.open(key, body)
-        found_id, dictionary = decode_dictionary(body)
+        found_id, dictionary = decode_dictionary(open_object(key, body, require_sealed=sealed))
     except FormatError as exc:
         raise CorruptFragmentError(f"{key}: {exc}") from exc
     if found_id != dictionary_id:
@@ -97,13 +95,13 @@ class DictionaryCache:
         self._held: OrderedDict[str, bytes] = OrderedDict()
         self.loads = 0
 
-    def get(self, key: str, dictionary_id: bytes) -> bytes:
+    def get(self, key: str, dictionary_id: bytes, *, sealed: bool = False) -> bytes:
         with self._lock:
             found = self._held.get(key)
             if found is not None:
                 self._held.move_to_end(key)
                 return found
-        dictionary = load_dictionary(self.store, key, dictionary_id)
+        dictionary = load_dictionary(self.store, key, dictionary_id, sealed=sealed)
         with self._lock:
             self.loads += 1
             self._held[key] = dictionary
@@ -122,7 +120,7 @@ def frame_decoder(
     dictionary = None
     if index.dictionary_id != NO_DICTIONARY:
         dict_key = dictionary_key_beside(key, index.dictionary_id)
-        dictionary = dictionaries.get(dict_key, index.dictionary_id)
+        dictionary = dictionaries.get(dict_key, index.dictionary_id, sealed=index.encrypted)
     try:
         return FrameDecoder(index, dictionary=dictionary, cipher_for=opener_for(key))
     except FormatError as exc:

@@ -86,6 +86,23 @@ class Keyring:
             return cls.from_file(env[ENV_KEY_FILE])
         return None
 
+    @classmethod
+    def from_table(cls, keys: Mapping[str, str], current: str, *, source: str) -> Keyring:
+        """Keys as the server config names them: ``id = "base64:<key>"`` inline, or
+        ``id = "<path>"`` of a file holding the key (base64 text or the 32 raw bytes);
+        ``current`` is the id new objects are wrapped under (optional with one key)."""
+        if not keys:
+            raise ConfigError(f"{source}.keys is empty: name at least one key")
+        if not current:
+            if len(keys) > 1:
+                raise ConfigError(f"{source}.current must name one of {sorted(keys)}")
+            current = next(iter(keys))
+        if current not in keys:
+            raise ConfigError(f"{source}.current {current!r} is not one of {sorted(keys)}")
+        loaded = [(current, _load_key(current, keys[current], source))]
+        loaded += [(k, _load_key(k, v, source)) for k, v in keys.items() if k != current]
+        return cls(loaded)
+
     def new_cipher(self, object_key: str) -> AesGcmFrameCipher:
         """The cipher of a new object: fresh data key wrapped under the current KEK."""
         return new_cipher(object_key, self.current_id, self.keys[self.current_id])
@@ -100,6 +117,41 @@ class Keyring:
 
     def open(self, object_key: str, data: bytes) -> bytes:
         return open_object(data, object_key, self.keys)
+
+
+def _load_key(kek_id: str, value: str, source: str) -> bytes:
+    where = f"{source}.keys.{kek_id}"
+    if value.startswith("base64:"):
+        text = value[len("base64:") :]
+    else:
+        try:
+            with open(value, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read key file {value}: {exc.strerror}") from None
+        if len(raw) == 32:
+            return raw
+        text = raw.decode("ascii", errors="replace")
+    try:
+        key = base64.b64decode("".join(text.split()), validate=True)
+    except binascii.Error:
+        raise ConfigError(f"{where} is not base64 (nor a 32-byte key file)") from None
+    if len(key) != 32:
+        raise ConfigError(f"{where} is {len(key)} bytes, AES-256 needs 32")
+    return key
+
+
+def install_configured_keyring(keyring: Keyring | None) -> Keyring | None:
+    """Make the server config's keyring the process's, unless the environment configures
+    keys (``TIERLOG_KEKS`` / ``TIERLOG_KEK_FILE`` override the config file). Returns the
+    keyring in force."""
+    from_env = Keyring.from_environment()
+    if from_env is not None:
+        set_process_keyring(from_env)
+        return from_env
+    if keyring is not None:
+        set_process_keyring(keyring)
+    return process_keyring()
 
 
 _process_lock = threading.Lock()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tierlog.errors import TierlogError
+from tierlog.formats.errors import UnknownKeyError
 
 
 class RemoteTierError(TierlogError):
@@ -81,3 +82,15 @@ class StreamNotFoundError(TierlogError, KeyError):
 
 class MissingDictionaryError(CorruptFragmentError):
     """A fragment names a dictionary that is not in the object store."""
+
+
+class SealingKeyMissingError(UnknownKeyError):
+    """A stream asks for encryption and the process holds no key-encryption key."""
+
+
+class KeyIndexManifestError(RemoteTierError):
+    """The key-index manifest is damaged or cannot be committed."""
+
+
+class KeyIndexFencedError(KeyIndexManifestError):
+    """A writer of a higher epoch committed the key-index manifest."""

@@ -12,8 +12,8 @@ A record's key is chosen by ``KeyOf`` (default: the AMQP ``message-id`` property
 
 from __future__ import annotations
 
-import contextlib
 import re
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from tierlog.formats.amqp import decode_message
 from tierlog.formats.chunk import ChunkHeader, check_crc, decode_header, iter_records
+from tierlog.formats.encryption import SEALED_HEADER
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.formats.fragment_v2 import FragmentIndexV2, decode_fragment, stored_sizes
@@ -33,15 +34,20 @@ from tierlog.formats.key_index import (
     lookup,
     slots_for,
 )
+from tierlog.formats.key_index_manifest import WindowEntry
 from tierlog.remote import keys
 from tierlog.remote.dictionaries import DictionaryCache, frame_decoder
 from tierlog.remote.encryption import opener_for
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.remote.fragments import FragmentEntry, RemoteStream
+from tierlog.remote.sealing import RangedOpener, is_sealed, key_block_of, seal_ranged
+from tierlog.remote.settings import StreamSettings, check_index_key
 from tierlog.storage.errors import AlreadyExistsError
 from tierlog.storage.object_store import ObjectStore
 
 KeyOf = Callable[[memoryview], bytes | None]
+HEAD_PROBE = 256
+"""Bytes enough for a sealed file's header, key block and frame size."""
 _NAME = re.compile(r"(\d{20})\.(\d+)\.(\d+)\.kidx")
 
 
@@ -58,20 +64,87 @@ def message_id_key(record: memoryview) -> bytes | None:
     return str(value).encode()
 
 
+_PROPERTY_OF = {
+    "message-id": "message_id",
+    "correlation-id": "correlation_id",
+    "subject": "subject",
+}
+
+
+def _as_key(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode()
+
+
+def key_of_setting(index_key: str) -> KeyOf:
+    """The ``KeyOf`` of a stream's ``index_key`` setting (see ``StreamSettings``): an AMQP
+    property, or ``property:<name>`` for an application property. Records that are not
+    AMQP messages or lack the key are not indexed."""
+    if index_key == "message-id":
+        return message_id_key
+    check_index_key(index_key)
+    name = _PROPERTY_OF.get(index_key)
+
+    def key_of(record: memoryview) -> bytes | None:
+        try:
+            message = decode_message(record)
+        except FormatError:
+            return None
+        if name is not None:
+            return _as_key(message.properties.get(name))
+        return _as_key(message.application_properties.get(index_key[len("property:") :]))
+
+    return key_of
+
+
 def index_prefix(prefix: str, stream_dir: str) -> str:
     return keys.stream_prefix(prefix, stream_dir) + "kindex/"
 
 
 @dataclass(frozen=True, slots=True)
 class KeyIndexFile:
+    """One window file; ``key_block`` / ``frame_size`` are set when it is sealed (the
+    key-index manifest keeps them, so a ranged read needs no header GET)."""
+
     key: str
     window_start: int
     slot_count: int
     item_count: int
+    key_block: bytes = b""
+    frame_size: int = 0
 
     @property
     def header(self) -> KeyIndexHeader:
         return KeyIndexHeader(self.slot_count, self.item_count, self.window_start)
+
+    def reader(self, store: ObjectStore) -> Callable[[int, int], bytes]:
+        """Reads plaintext ranges ``[start, end)`` of the file: one GET each."""
+        if not self.key_block:
+            return lambda start, end: store.get(self.key, start, end)
+        opener = RangedOpener(self.key, self.key_block, self.frame_size, self.header.total_size)
+        return lambda start, end: opener.read(
+            start, end, lambda lo, hi: store.get(self.key, lo, hi)
+        )
+
+
+def window_file_key(prefix: str, stream_dir: str, window: WindowEntry) -> str:
+    return (
+        f"{index_prefix(prefix, stream_dir)}{window.start:020d}.{window.slots}.{window.items}.kidx"
+    )
+
+
+def file_of_window(prefix: str, stream_dir: str, window: WindowEntry) -> KeyIndexFile:
+    return KeyIndexFile(
+        window_file_key(prefix, stream_dir, window),
+        window.start,
+        window.slots,
+        window.items,
+        window.key_block,
+        window.frame_size,
+    )
 
 
 def parse_index_key(key: str) -> KeyIndexFile | None:
@@ -115,9 +188,11 @@ def build_window(
     window_start: int,
     window_end: int,
     key_of: KeyOf = message_id_key,
+    settings: StreamSettings | None = None,
 ) -> KeyIndexFile:
     """Index the records of ``fragments`` whose chunk timestamp is in
-    ``[window_start, window_end)`` and store the file (kept when it already exists)."""
+    ``[window_start, window_end)`` and store the file (sealed in small frames when
+    ``settings`` ask for encryption; an existing file, from an earlier run, is kept)."""
     hashes: list[int] = []
     offsets: list[int] = []
     stamps: list[int] = []
@@ -156,9 +231,30 @@ def build_window(
     slots = slots_for(len(items))
     body = encode_key_index(items, window_start, slots)
     name = f"{index_prefix(prefix, stream_dir)}{window_start:020d}.{slots}.{len(items)}.kidx"
-    with contextlib.suppress(AlreadyExistsError):  # an earlier run: same records, same bytes
-        store.put_if_absent(name, body)
-    return KeyIndexFile(name, window_start, slots, len(items))
+    sealed = seal_ranged(settings, name, body) if settings is not None else None
+    try:
+        store.put_if_absent(name, sealed.data if sealed is not None else body)
+    except AlreadyExistsError:  # an earlier run: the same records, sealed under its own key
+        return _existing_file(store, name, window_start, slots, len(items))
+    if sealed is None:
+        return KeyIndexFile(name, window_start, slots, len(items))
+    return KeyIndexFile(name, window_start, slots, len(items), sealed.key_block, sealed.frame_size)
+
+
+def _existing_file(
+    store: ObjectStore, name: str, window_start: int, slots: int, items: int
+) -> KeyIndexFile:
+    """The file an earlier run stored under ``name``: its key block when it is sealed."""
+    head = store.get(name, 0, min(HEAD_PROBE, store.head(name).size))
+    if not is_sealed(head):
+        return KeyIndexFile(name, window_start, slots, items)
+    try:
+        block = key_block_of(head)
+        at = SEALED_HEADER.size + len(block)
+        (frame_size,) = struct.unpack_from(">I", head, at)
+    except (FormatError, struct.error) as exc:
+        raise CorruptFragmentError(f"{name}: sealed key index header: {exc}") from exc
+    return KeyIndexFile(name, window_start, slots, items, block, frame_size)
 
 
 def list_index_files(store: ObjectStore, prefix: str, stream_dir: str) -> list[KeyIndexFile]:
@@ -179,13 +275,49 @@ def lookup_records(
     key: bytes,
     key_of: KeyOf = message_id_key,
     fragment_indexes: dict[str, FragmentIndex] | None = None,
+    from_timestamp: int | None = None,
+    to_timestamp: int | None = None,
 ) -> list[tuple[int, bytes]]:
-    """``(offset, record)`` of every record of the window whose key is ``key``, in offset
-    order: the index narrows to candidates, each candidate's frame is read and the record's
-    own key checked (hash collisions never return a wrong record)."""
-    candidates = lookup(
-        lambda start, end: store.get(index_file.key, start, end), index_file.header, stream, key
-    )
+    """``(offset, record)`` of every record of the window whose key is ``key`` (and whose
+    chunk timestamp is in ``[from_timestamp, to_timestamp]`` when given), in offset order:
+    the index narrows to candidates, each candidate's frame is read and the record's own key
+    checked (hash collisions never return a wrong record)."""
+    candidates = window_candidates(store, stream, index_file, key, from_timestamp, to_timestamp)
+    return read_candidates(store, prefix, stream_dir, candidates, key, key_of, fragment_indexes)
+
+
+def window_candidates(
+    store: ObjectStore,
+    stream: str,
+    index_file: KeyIndexFile,
+    key: bytes,
+    from_timestamp: int | None = None,
+    to_timestamp: int | None = None,
+) -> np.ndarray:
+    """The window's items whose hash is ``key``'s (and whose timestamp is in range): the
+    slot entry and the slot's items, two ranged GETs (one for an empty slot)."""
+    try:
+        candidates = lookup(index_file.reader(store), index_file.header, stream, key)
+    except FormatError as exc:
+        raise CorruptFragmentError(f"{index_file.key}: {exc}") from exc
+    if from_timestamp is not None:
+        candidates = candidates[candidates["timestamp"] >= from_timestamp]
+    if to_timestamp is not None:
+        candidates = candidates[candidates["timestamp"] <= to_timestamp]
+    return candidates
+
+
+def read_candidates(
+    store: ObjectStore,
+    prefix: str,
+    stream_dir: str,
+    candidates: np.ndarray,
+    key: bytes,
+    key_of: KeyOf = message_id_key,
+    fragment_indexes: dict[str, FragmentIndex] | None = None,
+) -> list[tuple[int, bytes]]:
+    """The records of ``candidates`` whose own key is ``key``: one GET per chunk frame
+    (and a v2 fragment's index once, kept in ``fragment_indexes``)."""
     out: list[tuple[int, bytes]] = []
     frames: dict[tuple[int, int], bytes | memoryview] = {}
     indexes = fragment_indexes if fragment_indexes is not None else {}

@@ -29,6 +29,7 @@ from tierlog.formats.manifest import (
 from tierlog.remote.errors import ManifestCorruptError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.remote.keys import branch_key, fragment_keys, segment_data_key
+from tierlog.remote.sealing import open_object
 from tierlog.storage.errors import NotFoundError
 
 Loader = Callable[[str], bytes]
@@ -108,7 +109,7 @@ def read_branch(
 
     Raises the loader's errors (NotFoundError), FormatError for bad bytes and
     ManifestCorruptError when the node contradicts its entry."""
-    node = decode_node(load(key))
+    node = decode_node(open_object(key, load(key)))
     mismatch = branch_mismatch(node.header, entry, stream_dir, next_offset)
     if mismatch:
         raise ManifestCorruptError(f"branch {key} does not match its entry: {mismatch}", mismatch)

@@ -13,6 +13,21 @@ DEFAULT_OFFLOAD_DELETION_LAG_SECONDS = 4 * 3600.0
 READ_STRATEGIES = ("DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE")
 SYNC_MODES = ("fsync", "os")
 COMPRESSIONS = ("none", "zstd")
+INDEX_KEYS = ("message-id", "correlation-id", "subject")
+INDEX_KEY_PROPERTY = "property:"
+
+
+def check_index_key(value: object) -> str:
+    """A record key for the key index: an AMQP property (``message-id``, ``correlation-id``,
+    ``subject``) or ``property:<name>`` (an application property)."""
+    if isinstance(value, str) and (
+        value in INDEX_KEYS
+        or (value.startswith(INDEX_KEY_PROPERTY) and len(value) > len(INDEX_KEY_PROPERTY))
+    ):
+        return value
+    raise ConfigError(f"index_key must be one of {INDEX_KEYS} or 'property:<name>', got {value!r}")
+
+
 ENCRYPTIONS = ("none", "aes-256-gcm")
 
 
@@ -37,6 +52,10 @@ class StreamSettings:
     format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
     fragments already written keep their format and stay readable. They apply to
     ``fragments`` mode only: a ``segments`` stream setting one is refused.
+
+    ``index_key`` is the record key the key index is built on: ``message-id`` (default),
+    ``correlation-id``, ``subject`` or ``property:<name>``; each index window records the
+    key it was built with, so changing it affects new windows only.
     """
 
     max_bytes: int | None = None
@@ -62,6 +81,7 @@ class StreamSettings:
     compression_level: int = 3
     dictionary: bool = False
     encryption: str = "none"
+    index_key: str = "message-id"
 
     @property
     def cold_coding(self) -> bool:
@@ -112,6 +132,9 @@ class StreamSettings:
             raise ConfigError("dictionary needs compression zstd")
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
+        check_index_key(self.index_key)
+        if self.tier_mode == "segments" and self.index_key != "message-id":
+            raise ConfigError("index_key applies to tier_mode 'fragments' only (key index)")
         if self.tier_mode == "segments" and (
             self.cold_coding or self.dictionary or self.compression_level != 3
         ):

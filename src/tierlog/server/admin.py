@@ -17,11 +17,15 @@ stream. Routes (``vhost`` is a query parameter, default ``/``):
   offload requested this way runs)
 * ``GET /api/streams/{name}/offload`` — that offload's status: ``not run``, ``running``,
   ``success`` or ``error`` (with ``error``), and the first offset not offloaded
+* ``GET /api/streams/{name}/messages?key=K[&from=T&to=T]`` — the stream's records whose
+  key is ``K`` (times: ms or ISO-8601), found through its key index:
+  ``{"stream", "key", "windows", "messages": [{"offset", "body" (base64 record)}]}``
 * ``GET /metrics`` — Prometheus text format (OpenMetrics when the scraper asks for it)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,7 +35,8 @@ from tierlog.errors import ConfigError
 from tierlog.metrics import Metrics
 from tierlog.offload.errors import OffloadRunningError
 from tierlog.offload.service import SegmentOffloadService
-from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
+from tierlog.remote.errors import RemoteTierError, StreamExistsError, StreamNotFoundError
+from tierlog.remote.key_lookup import lookup_key, parse_timestamp
 from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
@@ -213,6 +218,40 @@ def build_admin_app(
             return service
         return web.json_response(service.status().to_dict())
 
+    async def get_messages(request: web.Request) -> web.Response:
+        vhost, name = _handle(request)
+        guard.require(request, vhost, "read", name)
+        key = request.query.get("key")
+        if not key:
+            return _error(400, "the 'key' query parameter is required")
+        store = getattr(broker.lifecycle, "store", None)
+        if store is None:
+            return _error(503, "key lookups need the remote tier (tier.enabled)")
+        try:
+            lo, hi = (
+                parse_timestamp(request.query[b], b) if b in request.query else None
+                for b in ("from", "to")
+            )
+            found = await asyncio.to_thread(
+                lookup_key,
+                broker.catalog.meta,
+                store,
+                broker.config.tier.prefix,
+                vhost,
+                name,
+                key.encode(),
+                from_timestamp=lo,
+                to_timestamp=hi,
+            )
+        except StreamNotFoundError:
+            return _error(404, f"no stream {name!r} in vhost {vhost!r}")
+        except ConfigError as exc:
+            return _error(400, str(exc))
+        except RemoteTierError as exc:
+            return _error(500, f"key index of {name!r} unusable: {exc}")
+        body = {"stream": name, "key": key, "windows": found.windows}
+        return web.json_response({**body, "messages": found.to_json()})
+
     async def prometheus(request: web.Request) -> web.Response:
         body, content_type = metrics.exposition(request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -225,5 +264,6 @@ def build_admin_app(
     app.router.add_delete("/api/streams/{name}", delete_stream)
     app.router.add_put("/api/streams/{name}/offload", put_offload)
     app.router.add_get("/api/streams/{name}/offload", get_offload)
+    app.router.add_get("/api/streams/{name}/messages", get_messages)
     app.router.add_get("/metrics", prometheus)
     return app

@@ -26,8 +26,9 @@ from tierlog.errors import ConfigError, TierlogError
 from tierlog.log.segments import ACTIVE_FILES
 from tierlog.logs import get_logger, redact_uri, setup_logging
 from tierlog.metrics import Metrics
-from tierlog.read.tiered_reader import default_prefetcher
+from tierlog.read.remote_cursor import default_prefetcher
 from tierlog.remote.catalog import Catalog
+from tierlog.remote.encryption import install_configured_keyring
 from tierlog.server.admin import build_admin_app
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.allocator import tune_allocator
@@ -73,6 +74,8 @@ class Server:
         remote_status: RemoteStatusProvider | None = None,
     ) -> None:
         self.config = config
+        # the [encryption] keys become the process keyring (the environment overrides them)
+        install_configured_keyring(config.encryption.keyring())
         self.storage = config.storage.resolved()
         self.metrics = Metrics()
         self.meta: MetaStore | None = None

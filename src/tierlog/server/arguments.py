@@ -16,7 +16,7 @@ from typing import Any
 
 from tierlog.errors import ConfigError
 from tierlog.remote.encryption import process_keyring
-from tierlog.remote.settings import StreamSettings
+from tierlog.remote.settings import StreamSettings, check_index_key
 
 _UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([YMDhms]?)\s*$")
@@ -95,6 +95,7 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-compression-level": ("compression_level", _int),
     "x-tierlog-dictionary": ("dictionary", _bool),
     "x-tierlog-encryption": ("encryption", _encryption),
+    "x-tierlog-index-key": ("index_key", check_index_key),
 }
 """Argument name → (StreamSettings field, parser)."""
 
@@ -119,8 +120,8 @@ def settings_changes(arguments: Mapping[str, str]) -> dict[str, Any]:
         changes[field_name] = parse(str(raw_value))
     if changes.get("encryption", "none") != "none" and process_keyring() is None:
         raise ConfigError(
-            "x-tierlog-encryption needs a key-encryption key: set TIERLOG_KEKS or "
-            "TIERLOG_KEK_FILE on the server"
+            "x-tierlog-encryption needs a key-encryption key: configure [encryption] keys "
+            "(or TIERLOG_KEKS / TIERLOG_KEK_FILE) on the server"
         )
     return changes
 

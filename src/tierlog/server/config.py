@@ -18,9 +18,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tierlog.errors import ConfigError
-from tierlog.formats.chunk import SUB_BATCH_HEADER_SIZE
+from tierlog.formats.chunk import HEADER_SIZE, SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
+from tierlog.remote.encryption import Keyring
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 from tierlog.storage.retry import RetryPolicy
 
@@ -29,7 +30,7 @@ DEFAULT_ADMIN_PORT = 15552
 DEFAULT_TLS_PORT = 5551
 DEFAULT_FRAME_MAX = 1_048_576
 DEFAULT_HEARTBEAT_S = 60
-DELIVER_OVERHEAD = 13 + 48
+DELIVER_OVERHEAD = 13 + HEADER_SIZE
 """Deliver frame prefix (v2 at most) and chunk header around a chunk's data."""
 
 
@@ -309,6 +310,26 @@ class StoreSection:
 
 
 @dataclass(frozen=True, slots=True)
+class EncryptionSection:
+    """Key-encryption keys of streams created with ``x-tierlog-encryption``:
+    ``keys`` maps a key id to ``"base64:<32 bytes>"`` or the path of a key file (base64 text
+    or 32 raw bytes); ``current`` names the key new objects are wrapped under (may be left
+    out with one key). Older keys stay listed while objects wrapped under them exist.
+    ``TIERLOG_KEKS`` / ``TIERLOG_KEK_FILE`` in the environment override the whole table."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    current: str = ""
+
+    def keyring(self) -> Keyring | None:
+        """The configured keyring (None without keys); ConfigError when a key is bad."""
+        if not self.keys:
+            if self.current:
+                raise ConfigError("encryption.current is set but encryption.keys is empty")
+            return None
+        return Keyring.from_table(self.keys, self.current, source="encryption")
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSection:
     """Running as one node of a cluster (the ``[cluster]`` table). Off while ``node`` is
     empty: the server is then a single node, as without the table.
@@ -412,6 +433,7 @@ class ServerConfig:
     limits: LimitsSection = field(default_factory=LimitsSection)
     store: StoreSection = field(default_factory=StoreSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    encryption: EncryptionSection = field(default_factory=EncryptionSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -466,6 +488,7 @@ class ServerConfig:
                 "tier.epoch and log.epoch are taken from stream leadership in a cluster;"
                 " leave them unset when cluster.node is set"
             )
+        self.encryption.keyring()  # loads and checks every key file now, not at first use
         return self
 
 
@@ -479,6 +502,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "limits": LimitsSection,
     "store": StoreSection,
     "cluster": ClusterSection,
+    "encryption": EncryptionSection,
 }
 
 
@@ -516,6 +540,17 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return tuple(value)
         raise ConfigError(f"{where} must be a list of strings, got {value!r}")
+    if section == "encryption" and key == "keys":
+        if isinstance(value, str):  # TIERLOG_ENCRYPTION_KEYS="id:base64:...,id2:/path"
+            pairs = [p.split(":", 1) for p in value.split(",") if p.strip()]
+            if any(len(p) != 2 for p in pairs):
+                raise ConfigError(f"{where} must look like 'id:base64:<key>,id2:/key/file'")
+            return {k.strip(): v.strip() for k, v in pairs}
+        if isinstance(value, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return dict(value)
+        raise ConfigError(f'{where} must be a table of id = "base64:<key>" or "<key file>"')
     if isinstance(default, Mapping):
         if isinstance(value, str):
             pairs = [p.split(":", 1) for p in value.split(",") if p.strip()]
@@ -621,5 +656,5 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     return config.validate()
 
 
-_OTHER_ENV_PREFIXES = ("TIERLOG_S3_",)
+_OTHER_ENV_PREFIXES = ("TIERLOG_S3_", "TIERLOG_KEK")
 """``TIERLOG_*`` variables read elsewhere (the S3 backend's ``S3Config.from_env``)."""

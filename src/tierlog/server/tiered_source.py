@@ -19,15 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
+from tierlog.read.chunk_lookup import local_gap_resumes
 from tierlog.read.errors import FragmentExpiredError, ReadError
 from tierlog.read.manifest_source import ManifestSource
+from tierlog.read.remote_cursor import default_prefetcher
 from tierlog.read.strategies import ReadStrategy
-from tierlog.read.tiered_reader import (
-    TieredChunk,
-    TieredReader,
-    default_prefetcher,
-    local_gap_resumes,
-)
+from tierlog.read.tiered_reader import TieredChunk, TieredReader
 from tierlog.remote.committed import CommittedManifest
 from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.server.chunk_source import (

@@ -24,7 +24,7 @@ from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.offload.offloader import ObjectStoreOffloader
 from tierlog.offload.service import SegmentOffloadService
-from tierlog.read.tiered_reader import default_prefetcher
+from tierlog.read.remote_cursor import default_prefetcher
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
@@ -188,6 +188,7 @@ class TieringService:
             self.deletions,
             max(self.tier.epoch, handle.log.max_epoch),
             m=settings.manifest_fanout,
+            settings=lambda: handle.record.settings,
         )
         committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
         if handle.commit_fence is not None:
@@ -423,6 +424,20 @@ class TieringService:
         metrics.tier_lag_seconds.read = per_stream(lambda t: t.lag_seconds)
         metrics.tier_degraded.read = per_stream(lambda t: t.task_health.degraded)
         metrics.tier_stalled_tasks.read = per_stream(lambda t: t.task_health.stalls)
+        metrics.cold_chunk_bytes.read = per_stream(lambda t: t.coder.chunk_bytes if t.coder else 0)
+        metrics.cold_stored_bytes.read = per_stream(
+            lambda t: t.coder.stored_bytes if t.coder else 0
+        )
+        metrics.cold_compression_ratio.read = per_stream(
+            lambda t: (
+                t.coder.chunk_bytes / t.coder.stored_bytes
+                if t.coder and t.coder.stored_bytes
+                else 0.0
+            )
+        )
+        metrics.cold_dictionary_trainings.read = per_stream(
+            lambda t: t.coder.dictionaries_trained if t.coder else 0
+        )
 
         def task_failures() -> list[tuple[tuple[str, str, str], float]]:
             out = []

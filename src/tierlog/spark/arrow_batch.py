@@ -32,7 +32,6 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -46,7 +45,7 @@ from tierlog.formats.chunk import (
     HEADER_DTYPE,
     MAGIC_VERSION,
     SECTION_SIZES,
-    SUB_BATCH_FLAG,
+    SUB_BATCH_BIT,
     SUB_BATCH_HEADER,
     SUB_BATCH_HEADER_SIZE,
     ChunkType,
@@ -63,13 +62,13 @@ from tierlog.formats.errors import (
     UnsupportedError,
 )
 from tierlog.formats.fragment import decode_fragment
+from tierlog.remote.manifest_walk import Bounds
 
 Buffer = bytes | bytearray | memoryview
 IntArray = npt.NDArray[np.int64]
 
 _USER_CHUNK = int(ChunkType.USER)
 _CHUNK_TYPES = tuple(int(t) for t in ChunkType)
-_SIMPLE_MAX = SUB_BATCH_FLAG << 24  # an entry's first u32 at or above this is a sub-batch
 _INT64_MAX = (1 << 63) - 1
 _INT32_LIMIT = 1 << 31
 _U32 = struct.Struct(">I")
@@ -117,16 +116,6 @@ def record_batch_schema(*, include_amqp: bool, dictionary_stream: bool = False) 
     return pa.schema(fields)
 
 
-@dataclass(frozen=True, slots=True)
-class RowFilter:
-    """Inclusive bounds on offset and (chunk) timestamp; None means unbounded."""
-
-    min_offset: int | None = None
-    max_offset: int | None = None
-    min_ts: int | None = None
-    max_ts: int | None = None
-
-
 def chunks_to_record_batch(
     buf: Buffer,
     stream: str,
@@ -157,7 +146,7 @@ def chunks_to_record_batch(
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
     headers = _decode_headers(src, pos)
     _check_layout(headers, pos, len(src), sizes)
-    rows = RowFilter(min_offset, max_offset, min_ts, max_ts)
+    rows = Bounds(min_offset, max_offset, min_ts, max_ts)
     keep = _select_chunks(headers, rows)
     kept_pos = pos[keep]
     kept = headers[keep]
@@ -246,7 +235,9 @@ def _walk_positions(view: memoryview) -> IntArray:
     unpack = SECTION_SIZES.unpack_from
     while pos < end:
         if pos + CHUNK_HEADER_SIZE > end:
-            raise TruncatedError(f"chunk header at {pos} needs 48 bytes, buffer ends at {end}")
+            raise TruncatedError(
+                f"chunk header at {pos} needs {CHUNK_HEADER_SIZE} bytes, buffer ends at {end}"
+            )
         positions.append(pos)
         data_length, trailer_length, bloom = unpack(view, pos + DATA_LENGTH_POS)
         pos += CHUNK_HEADER_SIZE + bloom + data_length + trailer_length
@@ -272,7 +263,7 @@ def _check_layout(
         bad = int(np.argmin(headers["magic"] == MAGIC_VERSION))
         raise BadMagicError(
             f"chunk at {int(positions[bad])}: magic/version byte "
-            f"{int(headers['magic'][bad]):#04x}, expected 0x50"
+            f"{int(headers['magic'][bad]):#04x}, expected {MAGIC_VERSION:#04x}"
         )
     if not np.all(np.isin(headers["chunk_type"], _CHUNK_TYPES)):
         raise FormatError("unknown chunk type")
@@ -303,7 +294,7 @@ def _check_layout(
     return ends
 
 
-def _select_chunks(headers: np.ndarray, rows: RowFilter) -> npt.NDArray[np.bool_]:
+def _select_chunks(headers: np.ndarray, rows: Bounds) -> npt.NDArray[np.bool_]:
     """User chunks with records that overlap the offset range and match the time range."""
     keep = (headers["chunk_type"] == _USER_CHUNK) & (headers["num_records"] > 0)
     ids = headers["chunk_id"].astype(np.int64)
@@ -440,7 +431,7 @@ def _split_regions(
     first = np.full(count, -1, dtype=np.int64)
     has_word = region_len >= 4
     first[has_word] = _be32(src, region_start[has_word])
-    uniform = has_word & (first < _SIMPLE_MAX) & (region_len == region_count * (4 + first))
+    uniform = has_word & (first < SUB_BATCH_BIT) & (region_len == region_count * (4 + first))
     ok = uniform | ((region_count == 0) & (region_len == 0))
     region_of_row = np.repeat(np.arange(count), region_count)
     within = _within(region_count)
@@ -470,7 +461,7 @@ def _split_regions(
         following[np.cumsum(w_count) - 1] = w_end
         w_len = following - w_prefix - 4
         w_ok = np.array(finished, dtype=bool)
-        w_ok[w_region[(w_len < 0) | (w_len >= _SIMPLE_MAX)]] = False
+        w_ok[w_region[(w_len < 0) | (w_len >= SUB_BATCH_BIT)]] = False
         ok[w_idx] = w_ok
         w_rows = walk[region_of_row]
         prefix_at[w_rows] = w_prefix
@@ -541,7 +532,7 @@ class _EntryWalk:
             if pos + 4 > end:
                 raise TruncatedError("entry header runs past the chunk data")
             (word,) = _U32.unpack_from(view, pos)
-            if word < _SIMPLE_MAX:
+            if word < SUB_BATCH_BIT:
                 pos += 4
                 if pos + word > end:
                     raise TruncatedError("entry runs past the chunk data")
@@ -577,7 +568,7 @@ class _EntryWalk:
             raise InvalidSizeError(f"{end - pos} bytes after the last entry of the chunk data")
 
 
-def _offset_mask(offsets: IntArray, rows: RowFilter) -> npt.NDArray[np.bool_] | None:
+def _offset_mask(offsets: IntArray, rows: Bounds) -> npt.NDArray[np.bool_] | None:
     mask: npt.NDArray[np.bool_] | None = None
     if rows.min_offset is not None and len(offsets) and offsets[0] < rows.min_offset:
         mask = offsets >= rows.min_offset

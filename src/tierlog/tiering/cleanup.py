@@ -3,10 +3,10 @@
 ``Catalog.delete`` removes the catalog entry and enqueues a cleanup item in one
 MetaStore transaction. ``run_stream_cleanups`` (run on start and whenever woken) takes
 every pending item and, idempotently: deletes the incarnation's manifest pointer (so a
-writer still tiering it gets a typed "stream deleted" error), every remote object under
-the incarnation's prefix (offloaded segments included), its pending multipart uploads and
-in-flight offload records, and the local stream directory; then completes the item.
-A crash anywhere just means the next run repeats the remaining steps.
+writer still tiering it gets a typed "stream deleted" error) and its key-index pointer,
+every remote object under the incarnation's prefix (offloaded segments included), its
+pending multipart uploads and in-flight offload records, and the local stream directory;
+then completes the item. A crash anywhere just means the next run repeats the remaining steps.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import shutil
 
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog
+from tierlog.remote.key_index_manifest import pointer_key as key_index_pointer_key
 from tierlog.remote.keys import offload_attempts_prefix, stream_prefix
 from tierlog.storage.errors import NotFoundError, UnsupportedBackendError
 from tierlog.storage.object_store import ObjectStore
@@ -31,6 +32,8 @@ def clean_incarnation(
 ) -> int:
     """Delete everything of one incarnation; returns how many objects went."""
     catalog.delete_pointer(incarnation)
+    with contextlib.suppress(NotFoundError):
+        catalog.meta.delete(key_index_pointer_key(incarnation))
     prefix_of_stream = stream_prefix(prefix, incarnation)
     with contextlib.suppress(UnsupportedBackendError):  # a store without multipart uploads
         for upload in list(store.list_multipart_uploads(prefix_of_stream)):

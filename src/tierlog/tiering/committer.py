@@ -16,10 +16,12 @@ from collections.abc import Callable, Sequence
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, ManifestPointer
 from tierlog.remote.committed import read_committed_root
-from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.errors import SealingKeyMissingError, StreamDeletedError
 from tierlog.remote.fragments import FragmentEntry, RemoteStream
 from tierlog.remote.keys import new_uid
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
+from tierlog.remote.sealing import seal_object
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import (
     EpochFencedError,
     KeyDeletedError,
@@ -27,7 +29,7 @@ from tierlog.storage.errors import (
     TransientError,
 )
 from tierlog.tiering.deletion import DeletionQueue
-from tierlog.tiering.errors import CommitRetryError, DeposedError
+from tierlog.tiering.errors import CommitRetryError, DeposedError, EncryptionKeyMissingError
 
 log = get_logger(__name__)
 
@@ -50,8 +52,11 @@ class ManifestCommitter:
         deletions: DeletionQueue,
         epoch: int,
         m: int = DEFAULT_M,
+        settings: Callable[[], StreamSettings] | None = None,
     ) -> None:
         self.remote = remote
+        # an encrypted stream's roots and branches are sealed like all its objects
+        self._settings = settings
         self.catalog = catalog
         self.deletions = deletions
         self.epoch = epoch
@@ -124,14 +129,17 @@ class ManifestCommitter:
                 branches = [*branches, *trimmed.writes]
                 retired = trimmed.deletes
             for branch in branches:
-                store.put_if_absent(branch.key, branch.data)
+                store.put_if_absent(branch.key, self._sealed(branch.key, branch.data))
                 written.append(branch.key)
                 self.puts += 1
             uid = new_uid()
             root_key = self.remote.root_key(uid)
-            store.put_if_absent(root_key, attempt.encode_root(self.epoch))
+            store.put_if_absent(root_key, self._sealed(root_key, attempt.encode_root(self.epoch)))
             written.append(root_key)
             self.puts += 1
+        except SealingKeyMissingError as exc:  # not worth a retry: nothing goes out unsealed
+            self._discard(written)
+            raise EncryptionKeyMissingError(str(exc)) from exc
         except Exception as exc:  # typed or not (a raw OS error): unpublished, retry
             self._discard(written)
             raise CommitRetryError(f"writing manifest objects failed: {exc!r}") from exc
@@ -163,6 +171,11 @@ class ManifestCommitter:
             retired.append(self.remote.root_key(bytes.fromhex(old)))
         self.deletions.schedule(retired)
         return attempt
+
+    def _sealed(self, key: str, data: bytes) -> bytes:
+        if self._settings is None:
+            return data
+        return seal_object(self._settings(), key, data)
 
     def _resolve_ambiguous(self, uid: bytes, written: list[str], exc: Exception) -> int:
         pointer = None

@@ -19,6 +19,7 @@ from tierlog.remote.errors import CorruptPointerError
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.keys import metadata_prefix
 from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.remote.sealing import open_object
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
 
@@ -66,13 +67,12 @@ def _rebuild(
             continue
         uid = name[len("root.") : -len(".manifest")]
         try:
-            node = decode_node(store.get(meta.key))
+            root = bytes(open_object(meta.key, store.get(meta.key)))
+            node = decode_node(root)
         except (TierlogError, NotFoundError):
             continue  # damaged or deleted under us: not a candidate
         rank = (node.header.epoch, node.header.next_offset)
-        if (best is None or rank > best[0]) and _fragments_present(
-            remote, store.get(meta.key), prefix
-        ):
+        if (best is None or rank > best[0]) and _fragments_present(remote, root, prefix):
             best = (rank, uid)
     if best is None:
         return PointerRecovery(incarnation, "no-roots")

@@ -19,30 +19,23 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from tierlog.formats.chunk import decode_header
-from tierlog.formats.crc import crc32
 from tierlog.formats.fragment import (
-    HEADER_SIZE,
-    FragmentChunkInfo,
-    FragmentPlacement,
-    encode_fragment,
     fragment_size,
 )
 from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import BackPressureError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
-from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog
-from tierlog.remote.errors import CorruptFragmentError, StreamDeletedError
-from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
+from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.remote.settings import StreamSettings
-from tierlog.storage.errors import AlreadyExistsError, StorageError
+from tierlog.storage.errors import AlreadyExistsError
 from tierlog.storage.object_store import ObjectStore
 from tierlog.tiering.backpressure import BackPressure
 from tierlog.tiering.cold import FragmentCoder
@@ -51,30 +44,14 @@ from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.errors import (
     CommitRetryError,
     FragmentConflictError,
-    LocalChunkCorruptError,
     TieringError,
 )
+from tierlog.tiering.fragment_build import adopt_existing, build_fragment
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.rate_limit import RateLimiter
-from tierlog.tiering.resolution import (
-    Chain,
-    CommittedRange,
-    Fetched,
-    LocalChunk,
-    LocalLog,
-    adopted_before,
-    adoption_problem,
-    fetched_end,
-    follow_chain,
-    needs_committed_tail,
-    resolve,
-    stream_first_offset,
-)
+from tierlog.tiering.resolution_io import ResolveResult, StartupResolver
 from tierlog.tiering.retention import (
     RetentionPolicy,
-    describe_segments,
-    local_segments_to_free,
-    remote_trim_offset,
 )
 from tierlog.tiering.runtime import TieringRuntime, default_runtime
 from tierlog.tiering.state import (
@@ -96,40 +73,12 @@ from tierlog.tiering.state import (
     UploadSucceeded,
 )
 from tierlog.tiering.task_health import TaskHealth
+from tierlog.tiering.tierer_retention import RetentionMixin
 
 log = get_logger(__name__)
 
-RESOLUTION_BATCH = 64  # listed fragments fetched per round of resolution
 
-
-@dataclass(frozen=True, slots=True)
-class ResolveResult:
-    next_offset: int
-    adopted: int
-    restarted_local: bool
-
-
-def local_chunks(stream_log: StreamLog, first: int, end: int) -> dict[int, LocalChunk]:
-    """The local log's chunks with ids in ``[first, end)`` (those still held)."""
-    out: dict[int, LocalChunk] = {}
-    for seg in stream_log.list_segments():
-        if seg.next_offset <= first or seg.first_offset >= end:
-            continue
-        for c in stream_log.segment_chunks(seg.first_offset):
-            if first <= c.chunk_id < end:
-                out[c.chunk_id] = LocalChunk(epoch=c.epoch, crc=c.data_crc, size=c.size)
-    return out
-
-
-def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFragment | None:
-    """``read_fragment`` with a corrupt object turned into a conflict."""
-    try:
-        return remote.read_fragment(first_offset)
-    except CorruptFragmentError as exc:
-        raise FragmentConflictError(f"fragment {first_offset} is corrupt: {exc}") from exc
-
-
-class StreamTierer:
+class StreamTierer(RetentionMixin):
     """Tiers one stream's committed local log to the remote tier."""
 
     def __init__(
@@ -169,9 +118,10 @@ class StreamTierer:
             config = replace(config, segment_bytes=stream_log.config.max_segment_bytes)
         self.config = config
         self.clock = clock
-        self.committer = ManifestCommitter(self.remote, catalog, deletions, epoch, m=m)
+        self.committer = ManifestCommitter(
+            self.remote, catalog, deletions, epoch, m=m, settings=settings
+        )
         self.state: TieringState | None = None
-        self._uncommitted: tuple[RemoteFragment, ...] = ()  # the chain while resolving
         self.halted: str | None = None
         self.puts = 0
         # events wait in the inbox until the stream's lane of the shared event pool runs
@@ -319,155 +269,13 @@ class StreamTierer:
 
     # -- resolution -----------------------------------------------------------------------
     def resolve(self) -> ResolveResult:
-        """Fetch what resolution needs, let ``tiering.resolution`` decide, carry it out."""
-        tree = self.committer.load()
-        committed = CommittedRange(tree.first_offset, tree.next_offset, tree.is_empty)
-        chain = self._uncommitted_chain(tree.next_offset)
-        tail = None
-        if needs_committed_tail(committed, chain):
-            tail = self._last_fragment_position(tree.next_offset)
-        self.log.set_stream_first_offset(stream_first_offset(committed))
-        local = LocalLog(self.log.first_offset, self.log.next_offset, self.log.max_epoch)
-        decision = resolve(committed, chain, local, self.epoch, tail)
-        if decision.restart_epoch is not None:
-            # timestamps stay monotonic across the restart: the remote tail may be newer
-            remote_max_ts = max(
-                [tree.header().max_timestamp] + [f.entry().max_timestamp for f in chain.fragments]
-            )
-            self._uncommitted = chain.fragments  # the tracking replay reads the chain's tail
-            try:
-                self._restart_local(decision.next_offset, decision.restart_epoch, remote_max_ts)
-            finally:
-                self._uncommitted = ()
-        adopted = list(decision.adopted)
-        pointer = self.committer.pointer
-        already_fenced = (
-            pointer is not None and pointer.root_uid is not None and pointer.epoch == self.epoch
+        """Fetch what resolution needs, let ``tiering.resolution`` decide, carry it out
+        (``tiering.resolution_io``); the state machine starts from its decision."""
+        resolver = StartupResolver(
+            self.log, self.remote, self.committer, self.runtime.reads, self.epoch, self.config
         )
-        if adopted or decision.restart_epoch is not None or not already_fenced:
-            # a restart under the epoch the pointer already carries changes no owner: the
-            # commit would only rewrite the same root (two MetaStore writes and a PUT per
-            # stream, the bulk of a restart of thousands of streams)
-            self._fencing_commit(adopted)
-        self.state = TieringState(
-            self.config, committed_next=decision.next_offset, last_fragment=decision.last_fragment
-        )
-        return ResolveResult(decision.next_offset, len(adopted), decision.restart_epoch is not None)
-
-    def _uncommitted_chain(self, start: int) -> Chain:
-        """The adoptable chain after the committed manifest. Fragments chain by next offset,
-        known only from a trailer, so the candidates come from a listing of ``data/`` and
-        are read concurrently; an offset the listing missed is read when the chain gets
-        there, so an incomplete listing costs reads, never correctness."""
-        fetched: dict[int, Fetched] = {}
-        listed = self._listed_from(start)
-        want = listed or []
-        while True:
-            fetched.update(self._fetch_fragments([o for o in want if o not in fetched]))
-            local = local_chunks(self.log, start, fetched_end(start, fetched))
-            chain = follow_chain(start, fetched, self.epoch, local)
-            if chain.unfetched is None:
-                return chain
-            at = chain.unfetched
-            if listed is not None:  # list on from where the chain got to
-                listed = self._listed_from(at)
-            want = [at, *(o for o in listed or [] if o != at)]
-
-    def _listed_from(self, start: int) -> list[int] | None:
-        """First offsets of fragment objects at or after ``start`` (None: listing failed,
-        so the chain is followed one read at a time)."""
-        try:
-            return self.remote.uncommitted_offsets(start, RESOLUTION_BATCH)
-        except StorageError as exc:
-            log.warning(
-                "fragment_listing_failed", stream_dir=self.remote.stream_dir, error=str(exc)
-            )
-            return None
-
-    def _fetch_fragments(self, offsets: list[int]) -> dict[int, Fetched]:
-        """Metadata of the fragments at ``offsets``, read with bounded concurrency."""
-        if len(offsets) <= 1:
-            return {o: self._fetch_fragment(o) for o in offsets}
-        reads = self.runtime.reads  # shared by every stream resolving
-        return dict(zip(offsets, reads.map(self._fetch_fragment, offsets), strict=True))
-
-    def _fetch_fragment(self, first_offset: int) -> Fetched:
-        try:
-            return read_fragment_checked(self.remote, first_offset)
-        except Exception as exc:  # an error counts only if the chain reaches this offset
-            return exc
-
-    def _fencing_commit(self, adopted: list[FragmentEntry], attempts: int = 8) -> None:
-        """Commit our epoch (and what resolution adopted) before uploading anything."""
-        for attempt in range(attempts):
-            try:
-                self.committer.commit(adopted)
-                return
-            except CommitRetryError:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(min(self.config.retry_max, self.config.retry_base * 2**attempt))
-
-    def _last_fragment_position(self, next_offset: int) -> tuple[int, int] | None:
-        tree = self.committer.tree
-        loc = tree.locate_offset(next_offset - 1, self.remote.load)
-        fragment = read_fragment_checked(self.remote, loc.entry.first_offset)
-        if fragment is None:
-            return None
-        return (fragment.trailer.segment_first_offset, fragment.trailer.seq_no)
-
-    def _restart_local(self, next_offset: int, epoch: int, remote_max_timestamp: int = 0) -> None:
-        """The remote tier is ahead: continue the local log past it, with the tracking
-        state replayed from the remote tail's segment."""
-        tracking = self._remote_tracking(next_offset)
-        log.warning(
-            "local_log_restarted_past_remote",
-            stream_dir=self.remote.stream_dir,
-            remote_next_offset=next_offset,
-            local_next_offset=self.log.next_offset,
-            epoch=epoch,
-        )
-        self.log.restart_at(next_offset, epoch, tracking.to_bytes(), remote_max_timestamp)
-
-    def _remote_tracking(self, next_offset: int) -> TrackingState:
-        tracking = TrackingState()
-        tree = self.committer.tree
-        if tree.next_offset == 0 and next_offset == 0:
-            return tracking
-        # Walk back to the first fragment of the last segment, then replay forward.
-        first = self._fragment_starting_before(next_offset)
-        if first is None:
-            return tracking
-        segment = first.trailer.segment_first_offset
-        chain = [first]
-        while chain[-1].trailer.seq_no > 0 and chain[-1].trailer.first_offset > segment:
-            prev = self._fragment_starting_before(chain[-1].trailer.first_offset)
-            if prev is None or prev.trailer.segment_first_offset != segment:
-                break
-            chain.append(prev)
-        for fragment in reversed(chain):
-            key = self.remote.fragment_key(fragment.trailer.first_offset)
-            data = memoryview(self.remote.store.get(key))
-
-            def read(position: int, length: int, data: memoryview = data) -> memoryview:
-                return data[position : position + length]
-
-            for i in range(len(fragment.index)):
-                _info, position = fragment.index.chunk(i)
-                replay_chunk(tracking, decode_header(data, position), position, read)
-        return tracking
-
-    def _fragment_starting_before(self, offset: int) -> RemoteFragment | None:
-        """The remote fragment holding ``offset - 1`` (manifest or adopted chain)."""
-        target = offset - 1
-        if target < 0:
-            return None
-        tree = self.committer.tree
-        if not tree.is_empty and target < tree.next_offset:
-            loc = tree.locate_offset(target, self.remote.load)
-            return read_fragment_checked(self.remote, loc.entry.first_offset)
-        # Beyond the manifest: the chain resolution is adopting.
-        return adopted_before(self._uncommitted, target)
+        result, self.state = resolver.run()
+        return result
 
     # -- the event loop -------------------------------------------------------------------
     def _on_commit(self, point: CommitPoint) -> None:
@@ -535,17 +343,6 @@ class StreamTierer:
     def _deadline_reached(self) -> None:
         self._deadline_timer = None
         self._post(Tick())
-
-    def _arm_retention(self) -> None:
-        if self._stopping:
-            return
-        interval = max(0.01, self.retention_interval)
-        self._retention_timer = self.runtime.timer.call_later(interval, self._retention_due)
-
-    def _retention_due(self) -> None:
-        self.task_health.check_stalls()
-        self._maybe_retention()
-        self._arm_retention()
 
     def _cancel_timers(self) -> None:
         if self._deadline_timer is not None:
@@ -658,109 +455,6 @@ class StreamTierer:
         with self._durable:
             self._durable.notify_all()
 
-    # -- retention ----------------------------------------------------------------------
-    def set_retention(self, policy: RetentionPolicy) -> None:
-        self.retention = policy
-        self._next_retention = 0.0
-        if self._running:
-            self._maybe_retention()
-
-    def set_retention_if_changed(self, policy: RetentionPolicy) -> None:
-        if policy != self.retention:
-            self.set_retention(policy)
-
-    def _maybe_retention(self) -> None:
-        now = self.clock()
-        if now < self._next_retention or self._stopping:
-            return
-        if not self.retention.active and not self.deletions.shared_pass_due(
-            self.retention_interval
-        ):
-            return  # nothing to trim and the node's deletion pass is not due
-        self._next_retention = now + self.retention_interval
-        if self._retention_running.acquire(blocking=False) and not self._submit(
-            "retention", self._run_retention
-        ):
-            self._retention_running.release()
-
-    def _run_retention(self) -> None:
-        try:
-            self.trim_remote()
-            # the deletion list is the node's: one pass per interval, whichever stream
-            self.deletions.run_due_shared(self.remote.store, self.retention_interval)
-        except Exception:
-            log.exception("remote_retention_failed", stream_dir=self.remote.stream_dir)
-        finally:
-            self._retention_running.release()
-
-    def apply_retention(self, now_ms: int | None = None) -> int | None:
-        """Trim the remote tier by the stream's retention (idle streams too); delete
-        objects whose grace passed. Returns the new first offset if it trimmed."""
-        trimmed = self.trim_remote(now_ms)
-        self.deletions.run_due(self.remote.store)
-        return trimmed
-
-    def trim_remote(self, now_ms: int | None = None) -> int | None:
-        """Trim the remote tier by the stream's retention; the new first offset if it did."""
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        trimmed = None
-        if self.retention.active and not self.halted:
-            tree = self.committer.tree
-            trim_to = remote_trim_offset(tree, self.remote.load, self.retention, now_ms)
-            if trim_to is not None and trim_to > tree.first_offset:
-                self.committer.commit([], trim_to=trim_to)
-                self.retention_trims += 1
-                trimmed = self.committer.tree.first_offset
-                self.log.set_stream_first_offset(trimmed)
-                log.info(
-                    "remote_retention_trimmed",
-                    stream_dir=self.remote.stream_dir,
-                    first_offset=trimmed,
-                )
-        return trimmed
-
-    def local_segments_to_free(
-        self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
-    ) -> list[int]:
-        """Local segments that local retention may delete now: only those below the durably
-        committed manifest's next offset (``retention.local_segments_to_free``)."""
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-
-        # A sealed segment never changes once all its chunks are committed: its newest
-        # timestamp is read from its index once, not on every pass (~5 µs per chunk).
-        listed = self.log.list_segments()
-        chunk_counts = {s.first_offset: s.num_chunks for s in listed}
-        known = self._sealed_newest
-
-        def newest(first: int) -> int:
-            if max_age_seconds is None:
-                return 0  # not needed: spare reading the segment's index
-            if first in known:
-                return known[first]
-            chunks = self.log.segment_chunks(first)
-            stamp = chunks[-1].timestamp if chunks else 0
-            if len(chunks) == chunk_counts[first]:
-                known[first] = stamp
-            return stamp
-
-        segments = describe_segments(
-            [(s.first_offset, s.next_offset, s.size, s.sealed) for s in listed], newest
-        )
-        self._sealed_newest = {f: known[f] for f in chunk_counts if f in known}
-        tree = self.committer.tree
-        return local_segments_to_free(
-            segments, tree.next_offset, tree.first_offset, max_bytes, max_age_seconds, now_ms
-        )
-
-    def apply_local_retention(
-        self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
-    ) -> list[int]:
-        """Free local segments; call it on the log's writer thread."""
-        freed = self.local_segments_to_free(max_bytes, max_age_seconds, now_ms)
-        for first in freed:
-            self.log.delete_segment(first)
-        return freed
-
     # -- effects (run on the pool) ----------------------------------------------------------
     def _upload(self, plan: FragmentPlan) -> None:
         budget, size = self._memory_budget, 0
@@ -777,7 +471,7 @@ class StreamTierer:
 
     def _build_and_put(self, plan: FragmentPlan) -> None:
         try:
-            body, entry = self._build_fragment(plan)
+            body, entry = build_fragment(self.log, self.remote, self.coder, plan)
             key = self.remote.fragment_key(plan.first_offset)
             if self._limiter is not None:
                 self._limiter.acquire(len(body))
@@ -785,7 +479,7 @@ class StreamTierer:
                 self.remote.store.put_if_absent(key, body)
                 self.puts += 1
             except AlreadyExistsError:
-                entry = self._adopt_existing(plan)
+                entry = adopt_existing(self.log, self.remote, self.epoch, plan)
             self._post(UploadSucceeded(plan.plan_id, entry))
         except FragmentConflictError as exc:
             self.task_health.failed("upload", str(exc))
@@ -796,74 +490,6 @@ class StreamTierer:
             self._post(UploadFailed(plan.plan_id, reason))
         else:
             self.task_health.succeeded("upload")
-
-    def _build_fragment(self, plan: FragmentPlan) -> tuple[bytearray, FragmentEntry]:
-        """The whole fragment object in one buffer: the chunk bytes are read straight
-        into place (one pread, no join copy), then header, index and trailer around."""
-        first = plan.chunks[0]
-        span = plan.chunks[-1].position + plan.chunks[-1].size - first.position
-        body = bytearray(fragment_size(span, len(plan.chunks)))
-        raw = memoryview(body)[HEADER_SIZE : HEADER_SIZE + span]
-        self.log.read_segment_into(plan.segment, first.position, raw)
-        buffers: list[memoryview] = []
-        infos: list[FragmentChunkInfo] = []
-        for c in plan.chunks:
-            at = c.position - first.position
-            buf = raw[at : at + c.size]
-            header = decode_header(buf)
-            if header.chunk_id != c.chunk_id or header.data_crc != c.data_crc:
-                raise OSError(f"chunk {c.chunk_id} changed on disk under the tierer")
-            start = header.data_start
-            actual = crc32(buf[start : start + header.data_length])
-            if actual != header.data_crc:
-                # local bit rot must never become the only remote copy
-                raise LocalChunkCorruptError(
-                    f"{self.log.stream_dir} segment {plan.segment}: chunk {c.chunk_id} at "
-                    f"{c.position}: data CRC {actual:#010x} != "
-                    f"header {header.data_crc:#010x}; not uploaded, tiering of the stream stops"
-                )
-            buffers.append(buf)
-            infos.append(
-                FragmentChunkInfo(
-                    chunk_id=c.chunk_id,
-                    timestamp=c.timestamp,
-                    epoch=c.epoch,
-                    size=c.size,
-                    num_records=c.next_offset - c.chunk_id,
-                    crc=c.data_crc,
-                    chunk_type=c.chunk_type,
-                    num_entries=header.num_entries,
-                )
-            )
-        placement = FragmentPlacement(
-            seq_no=plan.seq, segment_first_offset=plan.segment, segment_position=first.position
-        )
-        key = self.remote.fragment_key(plan.first_offset)
-        if self.coder is not None and self.coder.wants_v2():
-            return self.coder.encode(key, placement, buffers, infos), plan.entry(key)
-        parts, _trailer = encode_fragment(placement, buffers, infos)
-        head, index, trailer = parts[0], parts[-2], parts[-1]
-        body[:HEADER_SIZE] = head
-        at = HEADER_SIZE + span
-        body[at : at + len(index)] = index
-        body[at + len(index) :] = trailer
-        return body, plan.entry(self.remote.fragment_key(plan.first_offset))
-
-    def _adopt_existing(self, plan: FragmentPlan) -> FragmentEntry:
-        """The key exists (an earlier attempt, or a crashed writer's upload)."""
-        fragment = read_fragment_checked(self.remote, plan.first_offset)
-        if fragment is None:
-            raise StorageError(f"fragment {plan.first_offset} vanished after AlreadyExists")
-        t = fragment.trailer
-        held = local_chunks(self.log, t.first_offset, t.next_offset)
-        problem = adoption_problem(fragment, self.epoch, held)
-        if problem is not None:
-            raise FragmentConflictError(problem)
-        if t.next_offset > self.log.commit_point().next_offset:
-            raise FragmentConflictError(
-                f"fragment {t.first_offset} ends at {t.next_offset}, past the local commit"
-            )
-        return fragment.entry()
 
     def _commit(self, effect: StartCommit) -> None:
         """Every outcome reaches the state machine: success, a retryable failure (any

@@ -22,7 +22,7 @@ from tierlog.formats.chunk import (
     MAX_COMPRESSION,
     MAX_SIMPLE_ENTRY_BYTES,
     SIMPLE_ENTRY_HEADER_SIZE,
-    SUB_BATCH_FLAG,
+    SUB_BATCH_BIT,
     simple_entry,
 )
 from tierlog.formats.chunk import SUB_BATCH_HEADER as _SUBBATCH
@@ -47,7 +47,6 @@ PUBLISH_V1_MESSAGE_HEADER_SIZE = _V1_MESSAGE_HEAD_DTYPE.itemsize  # 12
 _FAST_PATH_MAX_COUNT = 4096
 _CONFIRM_STRUCT_MAX_COUNT = 4096
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
-_SUB_BATCH_BIT = SUB_BATCH_FLAG << 24  # in the entry's first 4 bytes read as a u32
 
 
 @dataclass(slots=True)
@@ -117,7 +116,7 @@ def _decode_uniform(body: memoryview | bytes, publisher_id: int, count: int) -> 
     """Split a v1 frame of same-length simple entries with one unpack; None if it is not."""
     end = len(body)
     word = _ID_WORD.unpack_from(body, PUBLISH_HEADER_SIZE)[1]
-    if word & _SUB_BATCH_BIT:
+    if word & SUB_BATCH_BIT:
         return None
     entry_size = SIMPLE_ENTRY_HEADER_SIZE + word
     if count * (8 + entry_size) != end - PUBLISH_HEADER_SIZE:
@@ -151,7 +150,7 @@ def _decode_general(
     filter_values: list[str | None] | None = [] if version == 2 else None
     num_records = 0
     id_unpack = _ID_WORD.unpack_from
-    sub_batch_bit = _SUB_BATCH_BIT
+    sub_batch_bit = SUB_BATCH_BIT
     for index in range(count):
         if filter_values is not None:
             if pos + 8 > end:

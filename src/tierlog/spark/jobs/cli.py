@@ -37,7 +37,9 @@ def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -
     gc.add_argument("--report", help="also write the JSON report to this file")
     gc.set_defaults(func=cmd_gc)
 
-    kidx = jobs.add_parser("key-index", help="build key index files of complete time windows")
+    kidx = jobs.add_parser(
+        "key-index", aliases=["index"], help="build key index files of complete time windows"
+    )
     add_tier_arguments(kidx)
     kidx.add_argument("--stream", action="append", help="only this stream (repeatable)")
     kidx.add_argument("--vhost", default="/", help="vhost of --stream names (/)")

@@ -1,11 +1,17 @@
-"""``tierlog spark key-index``: build the key index files of every complete time window.
+"""``tierlog spark key-index`` (alias ``index``): build the key index files of every
+complete time window and record them in each stream's key-index manifest.
 
 The driver walks each stream's committed manifest and plans one task per window of
 ``window_seconds`` (aligned to multiples of it) that is complete -- the manifest already
 holds a chunk stamped at or after the window's end, and timestamps never go backwards -- and
-has no index file yet. A task reads the window's fragments and writes the file with a
-create-only put. So the job is incremental (only new windows are built) and idempotent (a
-rerun, or a retried task, finds or writes the same file).
+is not in the stream's key-index manifest yet. A task reads the window's fragments and writes
+the file with a create-only put (sealed when the stream is encrypted). The driver then commits
+the new windows to the key-index manifest (compare-and-swap on the pointer under the stream's
+writer epoch) and, in the same commit, drops the windows whose records are all past the
+stream's retention; their files and the superseded manifest go through the grace-period
+deletion queue. So the job is incremental (only new windows are built) and idempotent (a
+rerun finds every window listed; a file left by a run that died before its commit is found
+and reused, its key block included).
 """
 
 from __future__ import annotations
@@ -13,9 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tierlog.formats.key_index_manifest import WindowEntry
 from tierlog.remote.catalog import Catalog
-from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.key_index_files import build_window, list_index_files
+from tierlog.remote.key_index_build import (
+    StreamPlan,
+    WindowTask,
+    build_task,
+    commit_windows,
+    plan_stream,
+    plan_windows,
+)
 from tierlog.spark.jobs.common import (
     Progress,
     RemoteTier,
@@ -23,61 +36,34 @@ from tierlog.spark.jobs.common import (
     select_streams,
     walk_manifest,
 )
+from tierlog.tiering.deletion import DEFAULT_GRACE_SECONDS, DeletionQueue
 
-
-@dataclass(frozen=True)
-class WindowTask:
-    stream: str  # display name, hashed into the keys
-    incarnation: str
-    window_start: int
-    window_end: int
-    fragments: list[FragmentEntry]
+__all__ = ["KeyIndexReport", "WindowTask", "plan_windows", "run_key_index"]
 
 
 @dataclass
 class KeyIndexReport:
     built: list[dict[str, Any]] = field(default_factory=list)
     skipped_existing: int = 0
+    expired: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"built": self.built, "skipped_existing": self.skipped_existing}
+        return {
+            "built": self.built,
+            "skipped_existing": self.skipped_existing,
+            "expired": self.expired,
+        }
 
 
-def plan_windows(
-    stream: str,
-    incarnation: str,
-    fragments: list[FragmentEntry],
-    window_ms: int,
-    existing: set[int],
-) -> list[WindowTask]:
-    """Complete windows without an index file, each with the fragments it overlaps."""
-    if not fragments:
-        return []
-    newest = max(f.max_timestamp for f in fragments)
-    start = min(f.min_timestamp for f in fragments) // window_ms * window_ms
-    tasks = []
-    while start + window_ms <= newest:
-        end = start + window_ms
-        if start not in existing:
-            inside = [f for f in fragments if f.max_timestamp >= start and f.min_timestamp < end]
-            if inside:
-                tasks.append(WindowTask(stream, incarnation, start, end, inside))
-        start = end
-    return tasks
-
-
-def build_task(tier: RemoteTier, task: WindowTask) -> dict[str, Any]:
+def _build(tier: RemoteTier, task: WindowTask) -> dict[str, Any]:
     with tier.open_store() as store:
-        built = build_window(
-            store,
-            tier.prefix,
-            task.incarnation,
-            task.stream,
-            task.fragments,
-            task.window_start,
-            task.window_end,
-        )
-    return {"key": built.key, "items": built.item_count, "stream": task.stream}
+        window = build_task(store, tier.prefix, task)
+    return {
+        "items": window.items,
+        "stream": task.stream,
+        "incarnation": task.incarnation,
+        "window": window.to_json(),
+    }
 
 
 def run_key_index(
@@ -87,25 +73,42 @@ def run_key_index(
     *,
     vhost: str = "/",
     window_seconds: float = 3600.0,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
     progress: Progress | None = None,
 ) -> KeyIndexReport:
     say = progress or Progress("key-index")
     window_ms = max(1, int(window_seconds * 1000))
     report = KeyIndexReport()
-    tasks: list[WindowTask] = []
+    plans: dict[str, StreamPlan] = {}
     with tier.open_meta() as meta, tier.open_store() as store:
         catalog = Catalog(meta)
         for record in select_streams(catalog, streams, vhost):
             walk = walk_manifest(store, catalog, tier.prefix, record.incarnation)
-            existing = {
-                f.window_start for f in list_index_files(store, tier.prefix, record.incarnation)
-            }
-            report.skipped_existing += len(existing)
-            display = record.name if record.vhost == "/" else f"{record.vhost}/{record.name}"
-            tasks += plan_windows(display, record.incarnation, walk.fragments, window_ms, existing)
-    say(f"building {len(tasks)} window index file(s)")
-    report.built = run_distributed(
-        spark, tasks, lambda t: build_task(tier, t), "tierlog key-index: windows"
-    )
-    say(f"done: {len(report.built)} built")
+            plan = plan_stream(
+                meta,
+                store,
+                tier.prefix,
+                record,
+                window_ms,
+                epoch=walk.pointer.epoch if walk.pointer is not None else 1,
+                first_offset=walk.first_offset or 0,
+                fragments=walk.fragments,
+            )
+            report.skipped_existing += len(plan.committed.manifest.windows)
+            plans[record.incarnation] = plan
+        tasks = [task for plan in plans.values() for task in plan.tasks]
+        say(f"building {len(tasks)} window index file(s)")
+        report.built = run_distributed(
+            spark, tasks, lambda t: _build(tier, t), "tierlog key-index: windows"
+        )
+        deletions = DeletionQueue(meta, grace_seconds)
+        for incarnation, plan in plans.items():
+            built = [
+                WindowEntry.from_json(b["window"])
+                for b in report.built
+                if b["incarnation"] == incarnation
+            ]
+            _, dropped = commit_windows(plan, built, deletions.schedule)
+            report.expired += dropped
+    say(f"done: {len(report.built)} built, {report.expired} expired")
     return report
