@@ -20,12 +20,14 @@ import pytest
 from rstream import Producer
 
 from tests.cluster.nodes import (
+    DRIFT,
     HOST,
     STREAM_ARGS,
     TTL,
     Cluster,
     PointerWatch,
     Publisher,
+    log_time,
     oracle,
     read_stream,
     wait_for,
@@ -136,3 +138,60 @@ async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None
     assert watch.commits_in_epoch_after(epoch, woke_at) == []
     steps = [e for e in n1.log_events("cluster_stream_step_down")]
     assert steps, "the woken leader stepped down"
+
+
+register_crash_point(
+    CrashPoint(
+        "cluster-replicated-leader-etcd-cut",
+        "the leader of a stream with three members loses etcd (proxy cut) but still reaches"
+        " its members: it stops confirming at its lease deadline, a member takes over",
+    )
+)
+
+
+@pytest.fixture
+def proxied_cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True, proxied_etcd=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+async def test_replicated_leader_cut_from_etcd_but_not_from_its_members(
+    proxied_cluster: Cluster,
+) -> None:
+    cluster = proxied_cluster
+    await create(cluster)
+    watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
+    publisher = Publisher(cluster, STREAM)
+    await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
+    _, epoch = cluster.leader_of(STREAM)
+    n1 = cluster.node("n1")
+    assert n1.etcd_proxy is not None
+    cut_at = time.time()
+    n1.etcd_proxy.cut()
+
+    def taken_over() -> bool:
+        leader, now = cluster.leader_of(STREAM)
+        return leader in ("n2", "n3") and now > epoch
+
+    await asyncio.wait_for(publisher.run(taken_over), 6 * TTL)
+    await wait_for(taken_over, 6 * TTL, "a member takes over")
+    leader, _ = cluster.leader_of(STREAM)
+    assert leader is not None
+    leading = [
+        e
+        for e in cluster.node(leader).log_events("cluster_stream_leading")
+        if int(e["epoch"]) > epoch
+    ]
+    taken_at = log_time(leading[0])  # the new leader's election ended (its clock = ours)
+    n1.etcd_proxy.heal()
+    # n1 confirmed nothing after its lease deadline (the lease was renewed at most at
+    # the cut); confirms after the take-over come from the new leader
+    n1_late = [
+        i for i, t in publisher.confirm_times.items() if cut_at + TTL - DRIFT + 0.5 < t < taken_at
+    ]
+    assert n1_late == []
+    await check(cluster, publisher, watch)
+    assert watch.commits_in_epoch_after(epoch, cut_at + TTL - DRIFT + 0.5) == []
