@@ -764,9 +764,9 @@ class Broker:
         """Open a catalog stream this node may now lead (its leader's lease is gone);
         None if another node got it first or it is open already."""
         key = (record.vhost, record.name)
-        opening = self._opening.setdefault(key, StreamOpening(record, LED_ELSEWHERE))
-        if key in self._streams or self._closing or opening.state == "resolving":
+        if self.busy(record.vhost, record.name) or self._closing:
             return None
+        opening = self._opening.setdefault(key, StreamOpening(record, LED_ELSEWHERE))
         opening.state, opening.error = "resolving", None
         try:
             handle = await self._open(record)
@@ -779,6 +779,16 @@ class Broker:
         if self._opening.get(key) is opening:
             del self._opening[key]
         return handle
+
+    def busy(self, vhost: str, name: str) -> bool:
+        """Open, being created, or being opened here right now."""
+        key = (vhost, name)
+        opening = self._opening.get(key)
+        return (
+            key in self._streams
+            or key in self._creating
+            or (opening is not None and opening.state == "resolving")
+        )
 
     async def release(self, handle: StreamHandle, reason: str) -> None:
         """Stop serving a stream this node no longer leads: its users are told (they

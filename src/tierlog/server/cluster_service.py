@@ -305,11 +305,15 @@ class ClusterService:
                 continue
             if self.name not in membership.members:
                 continue
+            if broker.busy(record.vhost, record.name):
+                continue  # open, being created or being opened here right now
             try:
-                if place.leader is None:
+                if place.leader is None or place.leader.name == self.name:
+                    # leaderless, or recorded as ours but not open here (an acquisition
+                    # whose opening lost a race): take it (again, in a new epoch)
                     if membership.is_voter(self.name):
                         await self._take_over(record)
-                elif place.leader.name != self.name:
+                else:
                     await self._follow(record, place.leader.name, place.record.epoch)
             except (TierlogError, OSError) as exc:
                 log.error("cluster_member_action_failed", stream=record.name, error=repr(exc))
