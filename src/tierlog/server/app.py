@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import sqlite3
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -51,6 +52,9 @@ from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.retry import RETRY_LOG
 from tierlog.storage.startup import open_meta_store_for_startup, open_object_store_for_startup
+
+GIL_SWITCH_INTERVAL = 0.001
+"""Seconds a thread may hold the GIL while another waits for it (``serve`` only)."""
 
 log = get_logger("tierlog.server")
 
@@ -391,6 +395,11 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit code."""
     setup_logging(config.server.log_format, config.server.log_level)
     tune_allocator()
+    # The event loop shares the GIL with the writer, tiering and remote-read threads: a
+    # thread asking for it waits until the holder blocks or the switch interval passes
+    # (5 ms by default), and every confirm crosses it once or twice. A shorter interval
+    # bounds what busy cold-read threads add to a hot publisher's confirm latency.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     use_uvloop = config.server.use_uvloop
     if use_uvloop and config.cluster.secret:
         # replication links send chunks with loop.sendfile, which uvloop does not have
