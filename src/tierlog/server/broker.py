@@ -218,6 +218,9 @@ class StreamHandle:
     """In a cluster: the stream's last chunk committed on a majority (tiering stops
     there); ``tier_poke`` is called when it advances."""
     tier_poke: Callable[[], None] | None = None
+    delayed: Any = None
+    """The publish path of a stream created with ``x-tierlog-delayed=true`` (a
+    ``DelayedIntake``, set by the delayed-delivery service); None for every other stream."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -569,6 +572,9 @@ class Broker:
         self.all_open = asyncio.Event()
         self._closing = False
         self.placement: StreamPlacement | None = None
+        self.handle_opened: Callable[[StreamHandle], None] | None = None
+        """Told of every handle before it is published (delayed delivery attaches its
+        publish path to delayed streams here)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -725,6 +731,8 @@ class Broker:
             except BaseException:
                 await handle.close(notify=False)
                 raise
+        if self.handle_opened is not None:
+            self.handle_opened(handle)
         if self.lifecycle is not None:
             handle.unavailable = OPENING  # until the lifecycle (tiering) has resolved
         key = (record.vhost, record.name)
