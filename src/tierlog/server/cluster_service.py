@@ -25,9 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tierlog.cluster.errors import (
@@ -36,7 +35,7 @@ from tierlog.cluster.errors import (
     NotLeaderError,
 )
 from tierlog.cluster.hub import ReplicationHub
-from tierlog.cluster.log_history import NO_CHUNK, Tail
+from tierlog.cluster.log_history import Tail
 from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo, StreamMembers
 from tierlog.cluster.node import (
     ClusterNode,
@@ -52,25 +51,29 @@ from tierlog.cluster.state import (
     CaughtUp,
     Commit,
     Effect,
-    EpochAdopted,
-    EpochRefused,
     Event,
     LeaseLost,
     LeaseRenewed,
     LeaseTiming,
-    MemberAcked,
     Phase,
     PromoteLearner,
     RequestAdopt,
     StepDown,
 )
 from tierlog.errors import ConfigError, TierlogError
-from tierlog.formats.protocol.commands import BrokerAddress, StreamMetadata
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.log.config import LogConfig
-from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.server.cluster_gates import (
+    LeaderGate,
+    MemberEvents,
+    StreamLocation,
+    lease_fence,
+    retrieved,
+    start_epoch,
+    tail_of_handle,
+)
 from tierlog.server.cluster_members import Followers
 from tierlog.storage.errors import (
     KeyDeletedError,
@@ -79,10 +82,9 @@ from tierlog.storage.errors import (
     VersionConflictError,
 )
 from tierlog.storage.meta_store import MetaStore
-from tierlog.tiering.errors import DeposedError
 
 if TYPE_CHECKING:
-    from tierlog.server.broker import Broker, Done, StreamHandle
+    from tierlog.server.broker import Broker, StreamHandle
     from tierlog.server.config import ServerConfig
 
 log = get_logger("tierlog.server.cluster")
@@ -91,15 +93,6 @@ SERVE_ON_REPLICAS = False
 """Members other than the leader hold the stream's log but do not serve consumers yet."""
 
 CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
-
-
-@dataclass(frozen=True, slots=True)
-class StreamLocation:
-    """What Metadata tells a client about a stream: its leader and replicas."""
-
-    code: int
-    leader: NodeInfo | None
-    replicas: tuple[NodeInfo, ...]
 
 
 class ClusterService:
@@ -405,10 +398,10 @@ class ClusterService:
         if others and self.hub is None:
             await self._directory(self.directory.resign, leadership)
             raise NotLeaderError(f"{handle.name}: several members need cluster.secret")
-        leader = self.node.lead(leadership, _tail(handle), sent_at)
+        leader = self.node.lead(leadership, tail_of_handle(handle), sent_at)
         self.handles[incarnation] = handle
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ready.add_done_callback(_retrieved)
+        ready.add_done_callback(retrieved)
         self._ready[incarnation] = ready
         self.acquired += 1
         if others:
@@ -418,7 +411,7 @@ class ClusterService:
                 handle.log,
                 leadership.epoch,
                 others,
-                _MemberEvents(self, incarnation),
+                MemberEvents(self, incarnation),
                 executor=handle.executor,
             )
         try:
@@ -431,8 +424,8 @@ class ClusterService:
             raise NotLeaderError(f"{handle.name}: {exc!r}") from exc
         finally:
             self._ready.pop(incarnation, None)
-        handle.confirm_gate = _LeaderGate(self, leader)
-        handle.commit_fence = _lease_fence(leader)
+        handle.confirm_gate = LeaderGate(self, leader)
+        handle.commit_fence = lease_fence(leader)
         handle.cluster_commit = lambda: leader.committed
         log.info(
             "cluster_stream_leading",
@@ -503,7 +496,7 @@ class ClusterService:
         incarnation = leader.incarnation
         try:
             chunk_id = await asyncio.get_running_loop().run_in_executor(
-                handle.executor, _start_epoch, handle.log, epoch
+                handle.executor, start_epoch, handle.log, epoch
             )
         except (TierlogError, OSError) as exc:
             self._step_down(incarnation, f"cannot begin epoch {epoch}: {exc!r}")
@@ -630,128 +623,3 @@ class ClusterService:
             "stepped_down": self.stepped_down,
             "live_nodes": sorted(self.view.nodes),
         }
-
-
-class _LeaderGate:
-    """A led stream's confirm gate: a written group's confirms wait for the commit."""
-
-    def __init__(self, service: ClusterService, leader: StreamLeader) -> None:
-        self.service = service
-        self.leader = leader
-
-    def group_written(
-        self, handle: StreamHandle, chunk_id: int, dones: list[tuple[Done, int]]
-    ) -> None:
-        confirms = []
-        refuses = []
-        for done, code in dones:
-            if code != ResponseCode.OK:
-                done(code)
-                continue
-            confirms.append(_call(done, ResponseCode.OK))
-            refuses.append(_refuse(done))
-        incarnation = self.leader.incarnation
-        effects = self.leader.written(
-            chunk_id, handle.log.epoch, confirms, refuses, time.monotonic()
-        )
-        hub = self.service.hub
-        if hub is not None:
-            hub.wake(incarnation)  # members' parked fetches
-        if effects:
-            self.service._apply(incarnation, effects)
-
-
-class _MemberEvents:
-    """What a led stream's members send (``LeaderListener``), fed to its leader."""
-
-    def __init__(self, service: ClusterService, incarnation: str) -> None:
-        self.service = service
-        self.incarnation = incarnation
-
-    def member_written(self, member: str, chunk_id: int, epoch: int) -> None:
-        self.service._feed(self.incarnation, MemberAcked(member, epoch, chunk_id))
-
-    def member_adopted(
-        self, member: str, epoch: int, highest: int, tail_epoch: int, tail_chunk_id: int
-    ) -> None:
-        self.service._feed(
-            self.incarnation, EpochAdopted(member, epoch, Tail(tail_epoch, tail_chunk_id))
-        )
-
-    def member_refused(self, member: str, highest_epoch: int) -> None:
-        self.service._feed(self.incarnation, EpochRefused(member, highest_epoch))
-
-
-def _lease_fence(leader: StreamLeader) -> Callable[[], None]:
-    """The manifest-commit fence of a led stream (called from tiering threads): no
-    commit once the leader stepped down or is past its confirm deadline."""
-
-    def fence() -> None:
-        if leader.stepped_down or not leader.state.may_confirm(time.monotonic()):
-            raise DeposedError(
-                f"{leader.incarnation}: epoch {leader.epoch} may no longer commit"
-                f" ({leader.state.step_down_reason or 'lease deadline passed'})"
-            )
-
-    return fence
-
-
-def _call(done: Done, code: int) -> Any:
-    return lambda: done(code)
-
-
-def _refuse(done: Done) -> Any:
-    return lambda reason: done(ResponseCode.STREAM_NOT_AVAILABLE)
-
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    """An election's outcome is read by whoever waits for it, if anyone still does."""
-    if not future.cancelled():
-        future.exception()
-
-
-def _start_epoch(stream_log: StreamLog, epoch: int) -> int:
-    """The epoch's first chunk (a tracking snapshot), fsynced: the leader counts it as
-    written only once it is on disk."""
-    chunk_id = stream_log.start_epoch(epoch)
-    stream_log.sync_to_disk()
-    return chunk_id
-
-
-def _tail(handle: StreamHandle) -> Tail:
-    point = handle.log.commit_point()
-    if point.chunk_id == NO_CHUNK:
-        return Tail(0, NO_CHUNK)
-    return Tail(handle.log.max_epoch, point.chunk_id)
-
-
-def cluster_metadata(
-    service: ClusterService, vhost: str, names: Sequence[str]
-) -> tuple[list[BrokerAddress], list[StreamMetadata]]:
-    """A Metadata answer from the directory: each stream's leader (and replicas) with
-    their advertised stream addresses; a stream without a live leader is
-    STREAM_NOT_AVAILABLE (clients retry), never pointed at a lagging member."""
-    refs: dict[str, int] = {}
-    brokers: list[BrokerAddress] = []
-
-    def ref(info: NodeInfo) -> int:
-        if info.name not in refs:
-            host, _, port = info.stream_address.rpartition(":")
-            refs[info.name] = len(brokers)
-            brokers.append(BrokerAddress(len(brokers), host, int(port)))
-        return refs[info.name]
-
-    streams = []
-    for name in names:
-        where = service.locate(vhost, name)
-        if where.code != ResponseCode.OK or where.leader is None:
-            streams.append(StreamMetadata(name, where.code, NO_LEADER, ()))
-            continue
-        leader = ref(where.leader)
-        streams.append(
-            StreamMetadata(name, ResponseCode.OK, leader, tuple(ref(r) for r in where.replicas))
-        )
-    return brokers, streams
-
-
-NO_LEADER = 0xFFFF

@@ -27,7 +27,8 @@ from tierlog.logs import get_logger
 from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING
-from tierlog.server.cluster_service import ClusterService, cluster_metadata
+from tierlog.server.cluster_gates import cluster_metadata
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.connection_core import ConnectionCore
 from tierlog.server.delayed_intake import is_system_stream
 
