@@ -51,9 +51,8 @@ async def leader_port(ports: list[int], stream: str) -> int | None:
         except OSError:
             continue
         try:
-            meta = await client.request(
-                c.MetadataRequest(client.next_corr(), [stream]), c.MetadataResponse, timeout=2.0
-            )
+            client.send(c.MetadataRequest(client.next_corr(), [stream]).encode())
+            meta = await client.expect(c.MetadataResponse, timeout=2.0)
         except (OSError, ConnectionError, TimeoutError):
             continue
         finally:
@@ -67,22 +66,29 @@ async def leader_port(ports: list[int], stream: str) -> int | None:
     return None
 
 
-async def create(port: int, stream: str, arguments: dict[str, str]) -> None:
-    client = await AsyncRawClient.connect(port)
-    try:
-        response = await client.request(c.CreateRequest(client.next_corr(), stream, arguments))
-    finally:
-        client.close()
-    if response.response_code != ResponseCode.OK:
-        raise Refused(
-            f"the cluster would not create {stream!r} with {arguments} "
-            f"(response code {response.response_code})"
-        )
+async def create(port: int, stream: str, arguments: dict[str, str], wait: float = 20.0) -> None:
+    """Create a stream, retrying while the node does not know enough live nodes yet (each
+    node learns the others from the directory scan after they start)."""
+    deadline = time.monotonic() + wait
+    while True:
+        client = await AsyncRawClient.connect(port)
+        try:
+            response = await client.request(c.CreateRequest(client.next_corr(), stream, arguments))
+        finally:
+            client.close()
+        if response.response_code == ResponseCode.OK:
+            return
+        if time.monotonic() > deadline:
+            raise Refused(
+                f"the cluster would not create {stream!r} with {arguments} "
+                f"(response code {response.response_code})"
+            )
+        await asyncio.sleep(0.5)
 
 
 def start_cluster(workdir: Path, etcd: str, seaweed: SeaweedServer) -> Any:
     nodes = harness()
-    return nodes.Cluster(workdir, etcd, seaweed).start()
+    return nodes.Cluster(workdir, etcd, seaweed, replicated=True).start()
 
 
 def ports_of(cluster: Any) -> list[int]:
@@ -144,10 +150,10 @@ async def _publish_through_metadata(
             await asyncio.sleep(METADATA_PERIOD)
             continue
         try:
-            declared = await client.request(
-                c.DeclarePublisherRequest(client.next_corr(), 1, "failover-bench", stream),
-                timeout=2.0,
+            client.send(
+                c.DeclarePublisherRequest(client.next_corr(), 1, "failover-bench", stream).encode()
             )
+            declared = await client.expect(c.SimpleResponse, timeout=2.0)
             if declared.response_code != ResponseCode.OK:
                 raise ConnectionError(f"declare refused: {declared.response_code}")
             while not stop.is_set():
