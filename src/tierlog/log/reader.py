@@ -2,7 +2,8 @@
 
 A reader preads the segment files itself, so readers run in any thread while the
 writer appends. It sees committed chunks only (the writer's published commit point)
-and, by default, user chunks only (tracking chunks are skipped, as consumers expect).
+and, by default, user chunks only (tracking chunks are skipped, as consumers expect,
+but only once they verifiably are tracking chunks: see ``_verified_tracking``).
 Chunks are handed out as one buffer with memoryviews into it (no per-record copies)
 plus their file position and size for ``os.sendfile``.
 """
@@ -40,6 +41,7 @@ from tierlog.log.segment_files import (
     SegmentRef,
     crc32_in_background,
     pread_exact,
+    validate_chunk,
 )
 
 _READ_AHEAD_CHUNKS = 2
@@ -332,9 +334,15 @@ class LogReader:
             total = header.total_size
             self._pos = position + total
             self._next = header.next_offset
-            if self._user_only and header.chunk_type != ChunkType.USER:
-                continue
-            raw = None
+            if header.chunk_type != ChunkType.USER and (self._user_only or load):
+                tracking = self._verified_tracking(header, position)
+                if self._user_only:
+                    continue
+                chunk = ChunkRead(
+                    header, self._ref.segment_path, position, tracking, self._skip_below
+                )
+                return _Fetched(chunk, self._ref, None)
+            raw: memoryview | None = None
             if load:
                 data = pread_exact(self._fd, total, position)
                 if len(data) != total:
@@ -357,6 +365,30 @@ class LogReader:
                         raise self._corrupt(exc, position) from exc
             chunk = ChunkRead(header, self._ref.segment_path, position, raw, self._skip_below)
             return _Fetched(chunk, self._ref, None)
+
+    def _verified_tracking(self, header: ChunkHeader, position: int) -> memoryview:
+        """The bytes of a chunk whose header says tracking, once they verifiably are.
+
+        The chunk type is outside the data CRC and Osiris's readers take it on trust
+        (they skip any non-user chunk unread). A user chunk whose type byte flipped would
+        then vanish from the stream without an error; so a non-user chunk is skipped or
+        handed out only when its data CRC matches and it parses as the tracking chunk its
+        type names (one simple entry, one record, a snapshot or delta that decodes),
+        whatever ``verify_crc`` says (skipped chunks never reach a client that checks).
+        Tracking chunks are few and small: one pread and one parse each."""
+        data = pread_exact(self._fd, header.total_size, position)
+        if len(data) != header.total_size:
+            raise self._corrupt(f"chunk {header.chunk_id} is truncated", position)
+        raw = memoryview(data)
+        try:
+            validate_chunk(header, raw)
+        except FormatError as exc:
+            raise self._corrupt(
+                f"chunk {header.chunk_id} says chunk type {header.chunk_type} but is not a "
+                f"valid tracking chunk ({exc}); refused rather than skipped",
+                position,
+            ) from exc
+        return raw
 
     def _settle(self, fetched: _Fetched) -> ChunkRead:
         """The fetched chunk once its CRC (if computed in the helper thread) matches."""

@@ -34,6 +34,7 @@ import os
 from dataclasses import dataclass, field
 
 from tierlog.formats.chunk import (
+    CHUNK_TYPE_POS,
     HEADER_SIZE,
     ChunkHeader,
     ChunkType,
@@ -162,6 +163,10 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         if scan.damage:
             expected_id = scan.chunks[-1].next_offset if scan.chunks else offset
             trusted_after = _trusted_chunk_after(ref, scan.valid_end, expected_id)
+            if trusted_after is None and _mistyped_whole_chunk(ref, scan.valid_end, expected_id):
+                trusted_after = next_segment
+                if trusted_after is None:
+                    raise _damage(ref, scan.damage, scan.valid_end, expected_id, None)
             if not is_last or trusted_after is not None:
                 end = next_segment if trusted_after is None else trusted_after
                 raise _damage(ref, scan.damage, scan.valid_end, _scan_next(scan, offset), end)
@@ -325,6 +330,35 @@ def _trusted_chunk_after(ref: SegmentRef, damaged_at: int, expected_id: int) -> 
         return None
     finally:
         os.close(fd)
+
+
+def _mistyped_whole_chunk(ref: SegmentRef, position: int, expected_id: int) -> bool:
+    """Whether the chunk at ``position``, which failed validation, is a whole chunk whose
+    type byte alone disagrees with its index record: it validates (data CRC, entries,
+    tracking content) under the type the index names, with the chunk id the log expects.
+    A write a crash interrupted cannot leave that behind, so it is damage to confirmed
+    data and may not be cut as a torn tail."""
+    record = next((r for r in _index_records(ref) or [] if r.position == position), None)
+    if record is None or record.chunk_id != expected_id:
+        return False
+    fd = os.open(ref.segment_path, os.O_RDONLY)
+    try:
+        raw = bytearray(pread_exact(fd, HEADER_SIZE, position))
+        if len(raw) != HEADER_SIZE or raw[CHUNK_TYPE_POS] == record.chunk_type:
+            return False
+        raw[CHUNK_TYPE_POS] = record.chunk_type  # also an unknown type byte
+        header = decode_header(raw)
+        if header.chunk_id != expected_id:
+            return False
+        chunk = pread_exact(fd, header.total_size, position)
+        if len(chunk) != header.total_size:
+            return False
+        validate_chunk(header, memoryview(chunk))
+    except FormatError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _index_records(ref: SegmentRef) -> list[IndexRecord] | None:
