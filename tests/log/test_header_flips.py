@@ -33,6 +33,7 @@ FLIPS = [
     ("type->unknown", 1, 2),
     ("num_entries", 3, 0),
     ("num_records", 7, 1),
+    ("num_records-high", 4, 0),  # past the committed end: the reader looked caught up
     ("timestamp", 15, 3),
     ("epoch", 23, 0),
     ("chunk_id", 31, 2),
@@ -91,7 +92,8 @@ def victims(stream_dir: str) -> dict[str, tuple[str, int]]:
     segments = sorted({p for p, _, _ in chunks})
     sealed = next((p, pos) for p, pos, edge in chunks if p == segments[0] and not edge)
     last = next((p, pos) for p, pos, edge in chunks if p == segments[-1] and not edge)
-    return {"sealed-middle": sealed, "last-middle": last}
+    sealed_last = [(p, pos) for p, pos, edge in chunks if p == segments[0] and edge][-1]
+    return {"sealed-middle": sealed, "sealed-last": sealed_last, "last-middle": last}
 
 
 def check_read(stream_dir: str, expected: list[tuple[int, bytes]], damaged: str) -> str:
@@ -112,7 +114,7 @@ def check_read(stream_dir: str, expected: list[tuple[int, bytes]], damaged: str)
     return "intact"
 
 
-@pytest.mark.parametrize("where", ["sealed-middle", "last-middle"])
+@pytest.mark.parametrize("where", ["sealed-middle", "sealed-last", "last-middle"])
 @pytest.mark.parametrize(("field", "at", "bit"), FLIPS, ids=[f[0] for f in FLIPS])
 def test_header_flip_is_never_a_silent_skip(
     tmp_path: Path,
@@ -163,18 +165,18 @@ def test_type_flip_after_open_is_refused_by_readers(
         log.close()
 
 
-@pytest.mark.parametrize("bit", [0, 1, 2, 7])
-def test_type_flip_in_last_chunk_is_not_cut_as_a_torn_tail(
-    tmp_path: Path, pristine: tuple[str, list[tuple[int, bytes]]], bit: int
+@pytest.mark.parametrize(("at", "bit"), [(1, 0), (1, 1), (1, 2), (1, 7), (3, 0), (4, 0), (7, 1)])
+def test_header_flip_in_last_chunk_is_not_cut_as_a_torn_tail(
+    tmp_path: Path, pristine: tuple[str, list[tuple[int, bytes]]], at: int, bit: int
 ) -> None:
     """The last chunk of the log has no right neighbour; a complete chunk whose data CRC
-    matches and whose index record names it as a user chunk is no torn write: refused,
-    not cut."""
+    matches and whose index record names it is no torn write, whichever header field
+    outside the CRC (type, entry count, record count) is wrong: refused, not cut."""
     src, _expected = pristine
     stream_dir = str(tmp_path / "s")
     shutil.copytree(src, stream_dir)
     path, position, _ = user_chunks(stream_dir)[-1]
-    flip(path, position + 1, bit)
+    flip(path, position + at, bit)
     before = Path(path).read_bytes()
     with pytest.raises(DamagedSegmentError) as info:
         StreamLog.open(stream_dir)

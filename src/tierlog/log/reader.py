@@ -330,6 +330,13 @@ class LogReader:
                 raise self._corrupt(f"chunk id {header.chunk_id}, expected {self._next}")
             if header.chunk_id > commit.chunk_id:
                 return None
+            if header.next_offset > commit.next_offset:
+                # a record count (outside the CRC) pointing past the committed end would
+                # make the reader look caught up: the rest of the log silently unread
+                raise self._corrupt(
+                    f"chunk {header.chunk_id} holds {header.num_records} records, past the "
+                    f"committed end {commit.next_offset}"
+                )
             position = self._pos
             total = header.total_size
             self._pos = position + total

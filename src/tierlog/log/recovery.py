@@ -38,6 +38,7 @@ from tierlog.formats.chunk import (
     HEADER_SIZE,
     ChunkHeader,
     ChunkType,
+    check_crc,
     decode_header,
 )
 from tierlog.formats.errors import FormatError
@@ -138,7 +139,7 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         ref = segment_ref(stream_dir, offset)
         is_last = i == len(offsets) - 1
         next_segment = None if is_last else offsets[i + 1]
-        state = None if is_last else _check_sealed(ref)
+        state = None if next_segment is None else _check_sealed(ref, next_segment)
         if state is not None:
             states.append(state)
             continue
@@ -163,7 +164,7 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         if scan.damage:
             expected_id = scan.chunks[-1].next_offset if scan.chunks else offset
             trusted_after = _trusted_chunk_after(ref, scan.valid_end, expected_id)
-            if trusted_after is None and _mistyped_whole_chunk(ref, scan.valid_end, expected_id):
+            if trusted_after is None and _written_whole_chunk(ref, scan.valid_end, expected_id):
                 trusted_after = next_segment
                 if trusted_after is None:
                     raise _damage(ref, scan.damage, scan.valid_end, expected_id, None)
@@ -332,28 +333,30 @@ def _trusted_chunk_after(ref: SegmentRef, damaged_at: int, expected_id: int) -> 
         os.close(fd)
 
 
-def _mistyped_whole_chunk(ref: SegmentRef, position: int, expected_id: int) -> bool:
-    """Whether the chunk at ``position``, which failed validation, is a whole chunk whose
-    type byte alone disagrees with its index record: it validates (data CRC, entries,
-    tracking content) under the type the index names, with the chunk id the log expects.
-    A write a crash interrupted cannot leave that behind, so it is damage to confirmed
-    data and may not be cut as a torn tail."""
+def _written_whole_chunk(ref: SegmentRef, position: int, expected_id: int) -> bool:
+    """Whether the chunk at ``position``, which failed validation, is nevertheless a whole
+    written chunk: its index record names it (same position and chunk id), it lies wholly
+    in the file and its data CRC matches (read with the chunk type its index record names
+    when the header's type byte disagrees or is unknown); only a header field outside
+    the CRC (chunk type, entry or record count) is then wrong. A write a crash
+    interrupted cannot leave that behind, so it is damage to confirmed data and may not
+    be cut as a torn tail."""
     record = next((r for r in _index_records(ref) or [] if r.position == position), None)
     if record is None or record.chunk_id != expected_id:
         return False
     fd = os.open(ref.segment_path, os.O_RDONLY)
     try:
         raw = bytearray(pread_exact(fd, HEADER_SIZE, position))
-        if len(raw) != HEADER_SIZE or raw[CHUNK_TYPE_POS] == record.chunk_type:
+        if len(raw) != HEADER_SIZE:
             return False
-        raw[CHUNK_TYPE_POS] = record.chunk_type  # also an unknown type byte
+        raw[CHUNK_TYPE_POS] = record.chunk_type  # the header's may be unknown
         header = decode_header(raw)
         if header.chunk_id != expected_id:
             return False
         chunk = pread_exact(fd, header.total_size, position)
         if len(chunk) != header.total_size:
             return False
-        validate_chunk(header, memoryview(chunk))
+        check_crc(header, chunk[header.data_start : header.data_start + header.data_length])
     except FormatError:
         return False
     finally:
@@ -369,8 +372,15 @@ def _index_records(ref: SegmentRef) -> list[IndexRecord] | None:
         return None
 
 
-def _check_sealed(ref: SegmentRef) -> SegmentState | None:
-    """Cheap structural check of a sealed segment through its index; None if it fails."""
+def _check_sealed(ref: SegmentRef, next_segment: int) -> SegmentState | None:
+    """Cheap structural check of a sealed segment through its index; None if it fails.
+
+    The first and last chunk headers must equal their index records (chunk id, timestamp,
+    epoch, position and chunk type: the fields outside the data CRC) and the last chunk
+    must end the file and continue into the next segment (its record count). Chunks in
+    between are not read here (that would be a pread per chunk of every sealed segment
+    on every open): readers check each one they reach below ``trusted_from`` (data CRC,
+    chunk id continuity, and a chunk skipped as tracking must parse as tracking)."""
     try:
         index = IndexView.load(ref.index_path)
         size = os.path.getsize(ref.segment_path)
@@ -398,7 +408,7 @@ def _check_sealed(ref: SegmentRef) -> SegmentState | None:
     last_info = chunk_info(last_header, last.position)
     if first_info.index_record() != first or last_info.index_record() != last:
         return None
-    if last.position + last_header.total_size != size:
+    if last.position + last_header.total_size != size or last_info.next_offset != next_segment:
         return None
     return SegmentState(
         ref,
