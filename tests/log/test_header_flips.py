@@ -182,3 +182,25 @@ def test_header_flip_in_last_chunk_is_not_cut_as_a_torn_tail(
         StreamLog.open(stream_dir)
     assert info.value.segment_path == path
     assert Path(path).read_bytes() == before  # nothing cut
+
+
+def test_tracking_chunk_typed_as_user_is_refused(
+    tmp_path: Path, pristine: tuple[str, list[tuple[int, bytes]]]
+) -> None:
+    """The other direction: a tracking delta in the middle of a sealed segment whose type
+    reads "user" would be handed out as a record; its index record says otherwise."""
+    src, expected = pristine
+    stream_dir = str(tmp_path / "s")
+    shutil.copytree(src, stream_dir)
+    segments = sorted(n for n in os.listdir(stream_dir) if n.endswith(".segment"))
+    found = []
+    for name in segments[:-1]:
+        path = os.path.join(stream_dir, name)
+        chunks = scan_segment(path, int(name[:20])).chunks
+        found += [
+            (path, c.position) for c in chunks[1:-1] if c.chunk_type == ChunkType.TRACKING_DELTA
+        ]
+    assert found, "the pristine log has a tracking delta inside a sealed segment"
+    path, position = found[0]
+    flip(path, position + 1, 0)  # delta (1) -> user (0)
+    assert check_read(stream_dir, expected, path) != "intact"

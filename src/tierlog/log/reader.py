@@ -236,6 +236,8 @@ class LogReader:
         self._closed = False
         self._ahead: deque[_Fetched] = deque()  # read ahead by records(), not handed out
         self._ahead_error: CorruptChunkError | None = None  # met while reading ahead
+        self._index: IndexView | None = None  # of ``_index_ref``, for ``_check_not_tracking``
+        self._index_ref: SegmentRef | None = None
 
     @property
     def next_offset(self) -> int:
@@ -349,6 +351,13 @@ class LogReader:
                     header, self._ref.segment_path, position, tracking, self._skip_below
                 )
                 return _Fetched(chunk, self._ref, None)
+            if (
+                header.num_records == 1
+                and header.num_entries == 1
+                and header.trailer_length == 0
+                and (self._verify == "always" or header.chunk_id < self._source.trusted_from())
+            ):
+                self._check_not_tracking(header, position)
             raw: memoryview | None = None
             if load:
                 data = pread_exact(self._fd, total, position)
@@ -396,6 +405,37 @@ class LogReader:
                 position,
             ) from exc
         return raw
+
+    def _check_not_tracking(self, header: ChunkHeader, position: int) -> None:
+        """Refuse a user chunk that the segment's index names a tracking chunk.
+
+        The other direction of a flipped type byte: a tracking chunk (one simple entry,
+        one record, no trailer) whose type reads "user" would be handed out as a record.
+        Its shape is that of any single-record user chunk, so only the index record,
+        which repeats the type, tells them apart. Recovery compared every chunk of the
+        segments it scanned; this covers the chunks it did not read (below
+        ``trusted_from``): only single-record chunks, one index lookup each."""
+        if self._index_ref != self._ref:
+            try:
+                self._index = IndexView.load(self._ref.index_path)
+            except (OSError, FormatError):
+                self._index = None  # no second opinion: the chunk stands on its own
+            self._index_ref = self._ref
+        index = self._index
+        if index is None:
+            return
+        record = index.last_at_or_below(header.chunk_id, index.count)
+        if (
+            record is not None
+            and record.chunk_id == header.chunk_id
+            and record.position == position
+            and record.chunk_type != header.chunk_type
+        ):
+            raise self._corrupt(
+                f"chunk {header.chunk_id} has chunk type {header.chunk_type}, its index "
+                f"record says {record.chunk_type}; refused (the type is outside the CRC)",
+                position,
+            )
 
     def _settle(self, fetched: _Fetched) -> ChunkRead:
         """The fetched chunk once its CRC (if computed in the helper thread) matches."""

@@ -8,7 +8,8 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
 * An index only points into its segment and never vetoes a trustworthy chunk: when it
   disagrees with the segment, it is rebuilt from the segment.
 * Sealed segments (fsynced when they were rolled) get a structural check through
-  their index (records in order, first and last chunk consistent with the file size);
+  their index (records in order, first and last chunk consistent with the file size
+  and the last chunk's record count with the next segment's first offset);
   when that fails the segment is scanned chunk by chunk and its index rebuilt.
 * Only a torn tail of the *last* segment may be cut: damage there with nothing
   trustworthy after it (a write the crash interrupted). Any other damage (in a sealed
@@ -18,6 +19,21 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
   (``damage.quarantine``); a stream directory holding a moved-aside file stays refused.
   Bit rot inside a sealed chunk whose index passes the structural check is caught later
   by readers' CRC checks (a typed error, never served).
+* Header fields outside the CRC with no neighbour to corroborate them are checked
+  against the index record, which repeats chunk id, timestamp, epoch, position and
+  chunk type: the chunk type of every chunk of a scanned segment, the whole record for
+  a segment's first and last chunk. A disagreement is damage (repair from the remote
+  tier, else refuse), never a silent choice. A chunk at the end of the log that failed
+  validation but is whole, named by its index record and CRC-good is no torn write (a
+  header field such as the type or a count is wrong): refused, not cut. Chunks in the
+  middle of a sealed segment are not read on open; readers check each one they reach
+  (a chunk they would skip as tracking must parse as tracking, see ``reader``).
+* Osiris itself (``osiris_log``) has no header CRC either and checks less: on recovery
+  it walks the last index backwards and keeps the last record whose chunk lies within
+  the segment and passes the data CRC (the type and counts are not compared); its
+  readers match the magic/version and the expected chunk id, and take the chunk type
+  on trust (a reader of user data skips any non-user chunk unread). So a type flip in
+  RabbitMQ's own log drops the chunk silently; tierlog refuses it instead.
 * Index files without a segment are deleted; an empty last segment is deleted when
   an earlier segment exists (as Osiris does).
 * Tracking state is rebuilt from the last segment: its snapshot, deltas and the
