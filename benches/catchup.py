@@ -14,10 +14,14 @@ tiering on, default prefetch: 4 MiB requests, AIMD window, 256 MiB hard budget):
 3. Remote read: a lean consumer (``benches/lean_client.py``: our codec, per-chunk work
    only) reads ``cold`` from ``first``; then raw ranged GETs of the same fragment objects
    with the server's request size and concurrency (``S3ObjectStore.get_view``, 8 at a
-   time, 4 MiB). Local read: the lean consumer reads ``local`` (page cache warm).
+   time, 4 MiB). ``--rounds`` (3) pairs, the side that goes first alternating; the ratio
+   is the median of the pairs' ratios. Local read: the lean consumer reads ``local``
+   (page cache warm).
 4. 100 cold consumers (``--readers``) each read ``--reader-mib`` from ``first`` of
    ``cold`` at once, while a publisher sends 10 x 100 B frames every 5 ms to a third
    stream and times each confirm; the same publisher ran alone before (idle). The
+   publisher runs in a process of its own: in this process the readers' 100 threads
+   would hold its GIL, and its latency would measure the bench client. The
    server's RSS (/proc/<pid>/status) is sampled every 50 ms; the baseline is taken
    right before the readers start, ``after`` 10 s after they all closed.
 
@@ -39,6 +43,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,12 +160,37 @@ def gets(server: Server) -> float:
     return server.metric_sum("tierlog_object_store_requests_total", r'op="get')
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (all threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CPU_PIDS: dict[str, int] = {}
+"""Processes whose CPU time each read pass reports (server, SeaweedFS)."""
+
+
+def cpu_report(before: dict[str, float], size: int) -> str:
+    parts = [
+        f"{name} {(cpu_seconds(pid) - before[name]) / (size / 2**30):.2f}"
+        for name, pid in CPU_PIDS.items()
+    ]
+    return "CPU-s per GiB: " + ", ".join(parts)
+
+
+def cpu_snapshot() -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in CPU_PIDS.items()}
+
+
 def lean_read(server: Server, stream: str, messages: int) -> tuple[float, int]:
     """(seconds, chunk bytes) for one lean consumer reading ``stream`` from first."""
     consumer = LeanConsumer("127.0.0.1", server.port, stream, credit=16)
+    before = cpu_snapshot()
     started = time.perf_counter()
     records, size = consumer.read_until(messages)
     seconds = time.perf_counter() - started
+    print(f"    lean read of {stream}: {cpu_report(before, size)}", flush=True)
     consumer.close()
     assert records >= messages, (records, messages)
     return seconds, size
@@ -173,13 +203,16 @@ def raw_gets(store: S3ObjectStore, objects: list[tuple[str, int]]) -> tuple[floa
         for key, size in objects
         for start in range(0, size, REQUEST)
     ]
+    before = cpu_snapshot()
     started = time.perf_counter()
     total = 0
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         for view in pool.map(lambda r: store.get_view(*r), ranges):
             total += len(view)
             del view
-    return time.perf_counter() - started, total
+    seconds = time.perf_counter() - started
+    print(f"    raw GETs: {cpu_report(before, total)}", flush=True)
+    return seconds, total
 
 
 def hot_publisher(
@@ -199,6 +232,33 @@ def hot_publisher(
             time.sleep(pause)
     publisher.close()
     return latencies
+
+
+class HotPublisherProcess:
+    """``hot_publisher`` in a process of its own: the 100 reader threads of this process
+    would otherwise hold its GIL (a thread waiting for the GIL waits up to the 5 ms
+    switch interval), and the confirm latency would measure this client, not the server."""
+
+    def __init__(self, server: Server, stream: str, seconds: float) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--hot-publisher", str(server.port), stream, str(seconds)],
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
+
+    def latencies(self, stop: bool = False) -> list[float]:
+        if stop:
+            self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=3600)
+        return [float(x) for x in json.loads(out)]
+
+
+def hot_publisher_main(port: int, stream: str, seconds: float) -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server = Server(None, port, 0)  # type: ignore[arg-type]
+    latencies = hot_publisher(server, stream, seconds, stop)
+    print(json.dumps(latencies), flush=True)
 
 
 def p99(values: list[float]) -> float:
@@ -224,13 +284,8 @@ def cold_readers(server: Server, args: argparse.Namespace) -> tuple[float, float
         except BaseException as exc:
             errors.append(exc)
 
-    latencies: list[float] = []
-
-    def publish() -> None:
-        latencies.extend(hot_publisher(server, "hot", 3600, done))
-
-    hot = threading.Thread(target=publish)
-    hot.start()
+    hot = HotPublisherProcess(server, "hot", 3600)
+    time.sleep(1.0)  # connected and publishing before the readers start
     started = time.perf_counter()
     threads = [threading.Thread(target=read, args=(i,)) for i in range(args.readers)]
     for t in threads:
@@ -240,7 +295,7 @@ def cold_readers(server: Server, args: argparse.Namespace) -> tuple[float, float
         time.sleep(0.05)
     elapsed = time.perf_counter() - started
     done.set()
-    hot.join()
+    latencies = hot.latencies(stop=True)
     assert not errors, errors[:3]
     print(
         f"  {args.readers} readers x {args.reader_mib} MiB in {elapsed:.1f} s "
@@ -265,8 +320,16 @@ def main() -> int:
     parser.add_argument("--after", type=float, default=10.0)
     parser.add_argument("--hot-seconds", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="remote/raw pairs, alternating order (median)"
+    )
+    parser.add_argument("--hot-publisher", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--profile", help="py-spy collapsed stacks of the server's remote read")
     args = parser.parse_args()
+    if args.hot_publisher:  # the child process of HotPublisherProcess
+        port, stream, seconds = args.hot_publisher
+        hot_publisher_main(int(port), stream, float(seconds))
+        return 0
     if args.quick:
         args.mib, args.reader_mib, args.after, args.hot_seconds = 128, 8, 3.0, 5.0
     workdir = tempfile.mkdtemp(prefix="tierlog-bench-catchup-")
@@ -284,6 +347,7 @@ def main() -> int:
     )
     try:
         with tierlog_server(workdir, seaweed, prefix) as server:
+            CPU_PIDS.update(server=server.proc.pid, seaweed=seaweed.pid, bench=os.getpid())
             run(server, store, args)
     finally:
         store.close()
@@ -335,6 +399,24 @@ def run(server: Server, store: S3ObjectStore, args: argparse.Namespace) -> None:
     raw_mbs = raw_bytes / raw_s / 1e6
     print(f"  remote read (lean client): {cold_bytes / MiB:.0f} MiB at {cold_mbs:.0f} MB/s")
     print(f"  raw GETs ({CONCURRENCY} x {REQUEST // MiB} MiB): {raw_mbs:.0f} MB/s")
+    ratios = [cold_mbs / raw_mbs]
+    pairs = [(cold_mbs, raw_mbs)]
+    for i in range(1, args.rounds):  # alternate which side goes first
+        if i % 2:
+            raw_s, raw_bytes = raw_gets(store, objects)
+            cold_s, cold_bytes = lean_read(server, "cold", messages)
+        else:
+            cold_s, cold_bytes = lean_read(server, "cold", messages)
+            raw_s, raw_bytes = raw_gets(store, objects)
+        pairs.append((cold_bytes / cold_s / 1e6, raw_bytes / raw_s / 1e6))
+        ratios.append(pairs[-1][0] / pairs[-1][1])
+    if args.rounds > 1:
+        print(
+            "  rounds (remote MB/s, raw MB/s): "
+            + ", ".join(f"({a:.0f}, {b:.0f})" for a, b in pairs)
+        )
+        cold_mbs = statistics.median(a for a, _ in pairs)
+    remote_raw = statistics.median(ratios)
 
     load(server, "local", {"x-tierlog-read-strategy": "DISABLE"}, args.mib)
     local_s, local_bytes = lean_read(server, "local", messages)
@@ -344,14 +426,14 @@ def run(server: Server, store: S3ObjectStore, args: argparse.Namespace) -> None:
     setup = LeanConnection("127.0.0.1", server.port)
     setup.create("hot", {})
     setup.close()
-    idle = hot_publisher(server, "hot", args.hot_seconds, threading.Event())
+    idle = HotPublisherProcess(server, "hot", args.hot_seconds).latencies()
     print(f"  hot publisher idle: p99 {1000 * p99(idle):.2f} ms over {len(idle)} frames")
     rss_peak, rss_after, busy = cold_readers(server, args)
     print(f"  hot publisher with readers: p99 {1000 * p99(busy):.2f} ms over {len(busy)} frames")
     with open("/proc/loadavg") as f:
         print(f"load average at the end: {' '.join(f.read().split()[:3])}")
     print(
-        f"remote_raw_ratio={cold_mbs / raw_mbs:.2f} remote_local_ratio={cold_mbs / local_mbs:.2f} "
+        f"remote_raw_ratio={remote_raw:.2f} remote_local_ratio={cold_mbs / local_mbs:.2f} "
         f"seek_gets={seek_gets} cold100_rss_mib={rss_peak:.0f} "
         f"cold100_after_mib={rss_after:.0f} hot_p99_ratio={p99(busy) / p99(idle):.2f}"
     )

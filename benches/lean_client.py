@@ -166,6 +166,15 @@ class LeanConsumer(LeanConnection):
         # frames that arrived with the subscribe response are already decoded: replay
         self._early = [f for f in self._pending if hasattr(f, "chunk")]
         self._pending.clear()
+        # and the start of a frame that came in the same read stays in the splitter:
+        # it goes first into the receive buffer, or the stream would be read mid-frame
+        leftover = b"".join(self._splitter._parts)
+        self._splitter = FrameSplitter()
+        if len(leftover) > len(self._buf):
+            self._buf = bytearray(len(leftover) + BUFFER)
+            self._view = memoryview(self._buf)
+        self._buf[: len(leftover)] = leftover
+        self._end = len(leftover)
         self.first_chunk_id: int | None = None
 
     def read_until(self, next_offset: int) -> tuple[int, int]:

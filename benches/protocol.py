@@ -10,7 +10,9 @@ servers run one after the other, never together, so they do not share the 2 core
 Then, at a fixed offered rate (``--rate`` 20,000 msg/s of 100 B as ``send_batch`` of 20
 every 1 ms on an absolute clock, ``--rate-seconds`` 60, the code of
 benches/steady_publish.py): tierlog with ``log.sync = "os"``, tierlog with the default
-(fdatasync before confirm), RabbitMQ; each reports the server's CPU per message (user +
+(fdatasync before confirm), RabbitMQ, in ``--rounds`` (3) rounds whose order alternates
+(os, fsync, RabbitMQ; then RabbitMQ, fsync, os; ...), each side's figures the medians
+over its rounds; each reports the server's CPU per message (user +
 system of the server process, /proc, over the windows after the first) and the confirm
 p99 (send to the confirm of the frame's last message, windows after the first). The
 fdatasync p99 of this disk is measured in the same run (2,000 appends of 2 KiB, each
@@ -21,7 +23,9 @@ Last line: ``publish_ratio=<tierlog ÷ RabbitMQ msg/s> consume_ratio=<…>
 publish_cpu_ratio=<RabbitMQ CPU per message ÷ tierlog's (default mode)>
 confirm_p99_ratio=<tierlog (os mode) p99 ÷ RabbitMQ p99> confirm_p99_excess_ms=<tierlog
 (default) p99 - RabbitMQ p99 - fdatasync p99> steady_cpu_growth=<last 10 s window ÷
-second>`` (or ``rabbitmq=absent reason=… …`` when RabbitMQ could not be started).
+second> publish_cpu_ratio_os=<RabbitMQ CPU per message ÷ tierlog's in os mode, the same
+durability contract as RabbitMQ streams, which never fsync>`` (or ``rabbitmq=absent
+reason=… …`` when RabbitMQ could not be started).
 
     .venv/bin/python benches/protocol.py [--messages 500000] [--size 100] [--batch 1000]
         [--rate 20000] [--rate-seconds 60] [--steady-seconds 120]
@@ -37,6 +41,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -217,6 +222,7 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=20_000)
     parser.add_argument("--rate-seconds", type=float, default=60.0)
     parser.add_argument("--steady-seconds", type=float, default=120.0)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rate-phase rounds")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -225,10 +231,6 @@ def main() -> int:
 
     with tierlog_server() as (host, port, _pid):
         t_pub, t_con = run(host, port, args, "tierlog")
-    with tierlog_server("os") as (_host, port, pid):
-        os_us, os_p99 = at_rate(port, pid, args, "tierlog sync=os")
-    with tierlog_server() as (_host, port, pid):
-        fs_us, fs_p99 = at_rate(port, pid, args, "tierlog sync=fsync")
     probe_dir = tempfile.mkdtemp(prefix="tierlog-bench-")  # where the servers keep data
     try:
         sync_p99 = fdatasync_p99_ms(probe_dir)
@@ -240,7 +242,22 @@ def main() -> int:
 
         with rabbitmq_node() as node:
             r_pub, r_con = run(node.host, node.stream_port, args, "rabbitmq")
-            r_us, r_p99 = at_rate(node.stream_port, beam_pid(node.data_dir), args, "rabbitmq")
+            rabbit_pid = beam_pid(node.data_dir)
+            # Rate phases: tierlog (os), tierlog (fsync) and RabbitMQ, in alternating order
+            # per round (the machine is shared: one fixed order would measure its load);
+            # each side's figure is the median over the rounds.
+            results: dict[str, list[tuple[float, float]]] = {"os": [], "fsync": [], "rmq": []}
+            for i in range(args.rounds):
+                order = ["os", "fsync", "rmq"] if i % 2 == 0 else ["rmq", "fsync", "os"]
+                print(f"round {i + 1}: {', '.join(order)} (load {load_average()})", flush=True)
+                for side in order:
+                    if side == "rmq":
+                        results[side].append(
+                            at_rate(node.stream_port, rabbit_pid, args, "rabbitmq")
+                        )
+                        continue
+                    with tierlog_server(side) as (_host, port, pid):
+                        results[side].append(at_rate(port, pid, args, f"tierlog sync={side}"))
     except Exception as exc:  # installing or starting RabbitMQ failed
         reason = str(exc).replace("\n", " ")[:200]
         print(
@@ -248,6 +265,16 @@ def main() -> int:
             f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f}"
         )
         return 0
+    os_us, os_p99 = (statistics.median(x) for x in zip(*results["os"], strict=True))
+    fs_us, fs_p99 = (statistics.median(x) for x in zip(*results["fsync"], strict=True))
+    r_us, r_p99 = (statistics.median(x) for x in zip(*results["rmq"], strict=True))
+    for side, label in (
+        ("os", "tierlog sync=os"),
+        ("fsync", "tierlog sync=fsync"),
+        ("rmq", "rabbitmq"),
+    ):
+        runs = ", ".join(f"{us:.2f} µs/msg p99 {p:.2f} ms" for us, p in results[side])
+        print(f"{label} per round: {runs}")
     steady_args = argparse.Namespace(
         seconds=args.steady_seconds, rate=5_000, frame=10, size=100, profile=None
     )
@@ -260,7 +287,7 @@ def main() -> int:
         f"publish_ratio={t_pub / r_pub:.2f} consume_ratio={t_con / r_con:.2f} "
         f"publish_cpu_ratio={r_us / fs_us:.2f} confirm_p99_ratio={os_p99 / r_p99:.2f} "
         f"confirm_p99_excess_ms={fs_p99 - r_p99 - sync_p99:.2f} "
-        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f}"
+        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f} publish_cpu_ratio_os={r_us / os_us:.2f}"
     )
     return 0
 

@@ -50,6 +50,28 @@ class Lane(Executor):
     def idle(self) -> bool:
         return not self._tasks and not self._running
 
+    def try_enter(self) -> bool:
+        """Take the lane for the calling thread if nothing is queued or running on it:
+        the caller then runs its task inline (in order with the lane's others, never two
+        at once) and must call ``leave``. False when the lane is busy or shut down."""
+        with self._pool._cond:
+            if self._running or self._queued or self._tasks or self._closed:
+                return False
+            self._running = True
+            return True
+
+    def leave(self) -> None:
+        """End an inline task taken with ``try_enter``; tasks submitted meanwhile run."""
+        pool = self._pool
+        with pool._cond:
+            self._running = False
+            if self._tasks:
+                self._queued = True
+                pool._ready.append(self)
+                pool._wake()
+            elif pool._idle_waiters:
+                pool._cond.notify_all()  # lane shutdown(wait=True) waits for idle
+
 
 class SerialPool:
     """``workers`` threads (started on demand, then kept) shared by any number of lanes."""
@@ -63,6 +85,7 @@ class SerialPool:
         self._ready: deque[Lane] = deque()
         self._threads: list[threading.Thread] = []
         self._waiting = 0  # idle worker threads
+        self._idle_waiters = 0  # callers of a lane's shutdown(wait=True) (woken per task)
         self._shutdown = False
 
     def lane(self, name: str = "") -> Lane:
@@ -84,7 +107,10 @@ class SerialPool:
 
     def _wake(self) -> None:
         if self._waiting:
-            self._cond.notify()
+            if self._idle_waiters:  # notify() might wake a lane's shutdown waiter instead
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
         elif len(self._threads) < self.workers:
             thread = threading.Thread(
                 target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
@@ -123,7 +149,7 @@ class SerialPool:
                     lane._queued = True
                     self._ready.append(lane)
                     self._wake()
-                else:
+                elif self._idle_waiters:
                     cond.notify_all()  # lane shutdown(wait=True) waits for idle
 
     def _close_lane(self, lane: Lane, wait: bool, cancel_futures: bool) -> None:
@@ -133,10 +159,14 @@ class SerialPool:
                 while lane._tasks:
                     lane._tasks.popleft()[0].cancel()
             if wait:
-                while lane._tasks or lane._running:
-                    if not self._threads:
-                        break
-                    self._cond.wait(0.5)
+                self._idle_waiters += 1
+                try:
+                    while lane._tasks or lane._running:
+                        if not self._threads:
+                            break
+                        self._cond.wait(0.5)
+                finally:
+                    self._idle_waiters -= 1
 
     def shutdown(self, wait: bool = True) -> None:
         with self._cond:

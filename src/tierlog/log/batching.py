@@ -69,6 +69,10 @@ class CommitBatcher:
         self._last_sync = time.monotonic()
         return self.committed
 
+    @property
+    def sync_mode(self) -> str:
+        return "fsync" if self._fsync_on_commit else "os"
+
     def set_sync_mode(self, mode: str) -> None:
         """Switch between ``fsync`` and ``os`` for the following commits."""
         if mode not in ("fsync", "os"):

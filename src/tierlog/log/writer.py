@@ -430,6 +430,22 @@ class StreamLog:
         the next commit on (the stream's settings changed)."""
         self._commits.set_sync_mode(mode)
 
+    @property
+    def sync_mode(self) -> str:
+        """``fsync`` (commit after fdatasync) or ``os`` (commit once written)."""
+        return self._commits.sync_mode
+
+    def fits_active_segment(self, data_bytes: int, chunks: int) -> bool:
+        """True when ``chunks`` more chunks holding ``data_bytes`` of entries (plus
+        headers and a trailer each) cannot roll the active segment: such appends are a
+        ``pwritev`` each, with no fsync of a sealed segment."""
+        active = self._segments.active
+        config = self._config
+        return (
+            active.size + data_bytes + chunks * 512 < config.max_segment_bytes
+            and active.num_chunks + chunks < config.max_segment_chunks
+        )
+
     def durable_point(self) -> CommitPoint:
         """The last chunk known to be fdatasynced (trails the commit point only in
         ``os`` sync mode)."""

@@ -62,6 +62,11 @@ class PrefetchConfig:
     wait holds the reading thread, and the readers that would free room need threads
     too (the server reads on a small pool), so it must stay short: the overrun is then
     bounded by one request per thread reading at once, never by the number of readers."""
+    initial_window_bytes: int = 0
+    """The window a new reader starts with (0: one request). A reader catching up reads
+    far ahead, so starting at the pool's concurrency saves the ramp-up of one request
+    per hit; the window never starts above the reader's fair share of the budget
+    (``memory_bytes / (2 x open readers)``), and halves as usual on expiry."""
     max_bytes_per_second: int = 0
     """Node-wide cap on remote read bytes per second (every GET of every reader); 0 is
     unlimited. Cold readers share it, so they cannot take the disk, network or CPU a
@@ -80,6 +85,8 @@ class PrefetchConfig:
             raise ConfigError("memory_bytes and threads must be >= 1")
         if self.force_wait_seconds < 0:
             raise ConfigError("force_wait_seconds must be >= 0")
+        if self.initial_window_bytes < 0:
+            raise ConfigError("initial_window_bytes must be >= 0 (0: one request)")
         if self.max_bytes_per_second < 0:
             raise ConfigError("max_bytes_per_second must be >= 0 (0: unlimited)")
 
@@ -244,6 +251,17 @@ class Prefetcher:
         fair = config.memory_bytes // (2 * readers)
         return max(1, min(config.request_bytes, max(config.min_request_bytes, fair)))
 
+    def initial_window(self) -> int:
+        """The window of a reader opened now (see ``PrefetchConfig.initial_window_bytes``)."""
+        config = self.config
+        if config.initial_window_bytes <= config.request_bytes:
+            return config.request_bytes
+        with self._lock:
+            readers = max(1, len(self._streams))
+        fair = config.memory_bytes // (2 * readers)
+        window = min(config.initial_window_bytes, config.max_window_bytes, fair)
+        return max(config.request_bytes, window)
+
     def give_up_readahead(self, need: int, asking: RangeStream) -> int:
         """Drop read-ahead no consumer has reached yet, farthest first, from every
         stream not busy right now, until ``need`` bytes are free; return bytes freed."""
@@ -284,7 +302,7 @@ class RangeStream:
         self._lock = threading.RLock()
         self._reads = 0
         self._closed = False
-        self.window = self._config.request_bytes
+        self.window = prefetcher.initial_window()
         self.gets = 0
         self.hits = 0
         self.expired = 0

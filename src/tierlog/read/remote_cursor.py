@@ -25,7 +25,7 @@ from tierlog.formats.fragment_v2 import stored_sizes
 from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
 from tierlog.read.errors import RemoteDataCorruptError
 from tierlog.read.manifest_source import ManifestSource
-from tierlog.read.prefetch import Prefetcher, RangeStream, Span
+from tierlog.read.prefetch import PrefetchConfig, Prefetcher, RangeStream, Span
 from tierlog.remote.manifest_tree import FragmentLocation, ManifestTree
 from tierlog.remote.segments import SegmentChunkIndex, entry_runs
 
@@ -48,7 +48,10 @@ def default_prefetcher() -> Prefetcher:
     global _default_prefetcher
     with _default_lock:
         if _default_prefetcher is None:
-            _default_prefetcher = Prefetcher()
+            defaults = PrefetchConfig()
+            # a catch-up reader starts with as many GETs in flight as the pool runs
+            initial = defaults.threads * defaults.request_bytes
+            _default_prefetcher = Prefetcher(PrefetchConfig(initial_window_bytes=initial))
         return _default_prefetcher
 
 

@@ -16,6 +16,7 @@ import os
 import resource
 import signal
 import sqlite3
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -42,6 +43,7 @@ from tierlog.server.broker import (
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.data_dir_lock import DataDirLock
+from tierlog.server.delayed_service import DelayedService
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
@@ -50,6 +52,9 @@ from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.retry import RETRY_LOG
 from tierlog.storage.startup import open_meta_store_for_startup, open_object_store_for_startup
+
+GIL_SWITCH_INTERVAL = 0.001
+"""Seconds a thread may hold the GIL while another waits for it (``serve`` only)."""
 
 log = get_logger("tierlog.server")
 
@@ -81,6 +86,7 @@ class Server:
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
         self.broker: Broker | None = None
+        self.delayed: DelayedService | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
         self._server: asyncio.AbstractServer | None = None
@@ -149,6 +155,16 @@ class Server:
             lifecycle=self.tiering,
         )
         await self.broker.start()
+        self.delayed = DelayedService(
+            self.broker,
+            self.metrics,
+            self.meta,
+            objects=self.object_store,
+            tier_prefix=self.config.tier.prefix,
+            epoch=self.config.tier.epoch,
+            schedule_deletion=None if self.tiering is None else self.tiering.deletions.schedule,
+        )
+        await self.delayed.start()
         self._register_stream_metrics(self.broker)
         self.metrics.consumer_buffer_bytes.read = _consumer_buffers(self.broker)
         loop = asyncio.get_running_loop()
@@ -189,9 +205,9 @@ class Server:
             assert tls_sockets
             self.tls_port = int(tls_sockets[0].getsockname()[1])
         guard = AdminGuard(config.auth, gate)
-        self._runner = web.AppRunner(
-            build_admin_app(self.broker, self.metrics, guard), access_log=None
-        )
+        admin_app = build_admin_app(self.broker, self.metrics, guard)
+        self.delayed.add_routes(admin_app, guard)
+        self._runner = web.AppRunner(admin_app, access_log=None)
         await self._runner.setup()
         admin_tls = (
             server_context(config.tls, client_certificates=False) if config.tls.admin else None
@@ -288,6 +304,8 @@ class Server:
                     conn.transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.delayed is not None:
+            await self.delayed.close()
         if self.broker is not None:
             await self.broker.close()
         if self.tiering is not None:
@@ -377,6 +395,11 @@ def serve(config: ServerConfig) -> int:
     """Run the server until SIGTERM/SIGINT; returns the process exit code."""
     setup_logging(config.server.log_format, config.server.log_level)
     tune_allocator()
+    # The event loop shares the GIL with the writer, tiering and remote-read threads: a
+    # thread asking for it waits until the holder blocks or the switch interval passes
+    # (5 ms by default), and every confirm crosses it once or twice. A shorter interval
+    # bounds what busy cold-read threads add to a hot publisher's confirm latency.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     if config.server.use_uvloop:
         try:
             import uvloop

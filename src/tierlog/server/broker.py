@@ -29,11 +29,11 @@ import contextlib
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tierlog.concurrency import SerialPool
+from tierlog.concurrency import Lane, SerialPool
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
@@ -54,6 +54,7 @@ from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
+from tierlog.server.subscriptions import DeliveryTurns
 from tierlog.server.tiered_source import StreamChunkSource
 
 log = get_logger("tierlog.server.broker")
@@ -174,7 +175,11 @@ class StreamHandle:
     listeners: set[StreamListener] = field(default_factory=set)
     blocked: set[StreamListener] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _kick_scheduled: bool = False
     _source: StreamChunkSource | None = None
+    delayed: Any = None
+    """The publish path of a stream created with ``x-tierlog-delayed=true`` (a
+    ``DelayedIntake``, set by the delayed-delivery service); None for every other stream."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -247,16 +252,53 @@ class StreamHandle:
             await self._idle.wait()
 
     def _kick(self) -> None:
+        """Start the next group once per loop iteration: every frame that arrived in
+        this iteration (all connections) joins it."""
+        if self._kick_scheduled or self.writing or not self.pending or self.closed:
+            return
+        self._kick_scheduled = True
+        asyncio.get_running_loop().call_soon(self._start_group)
+
+    def _start_group(self) -> None:
+        self._kick_scheduled = False
         if self.writing or not self.pending or self.closed:
             return
         limit = self.broker.config.log.group_commit_max_frames
-        ops, self.pending = self.pending[:limit], self.pending[limit:]
-        self.pending_bytes -= sum(op.size for op in ops)
+        if len(self.pending) <= limit:
+            ops, self.pending = self.pending, []
+            self.pending_bytes = 0
+        else:
+            ops, self.pending = self.pending[:limit], self.pending[limit:]
+            self.pending_bytes -= sum(op.size for op in ops)
         self.writing = True
         self._idle.clear()
+        if self._write_inline(ops):
+            return
+        future = self.executor.submit(self._write_group, ops)
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.executor, self._write_group, ops)
-        future.add_done_callback(lambda f: self._group_done(ops, f))
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._group_finished, ops, f))
+
+    def _write_inline(self, ops: list[_Op]) -> bool:
+        """In ``os`` sync mode a group is a ``pwritev`` per chunk into the page cache,
+        cheaper than the hop to the writer thread and back: write it here, on the event
+        loop, when the stream's writer lane is idle and the group cannot roll the
+        segment (a roll fsyncs the sealed one: that stays on the writer thread)."""
+        lane = self.executor
+        if not isinstance(lane, Lane) or self.log.sync_mode != "os":
+            return False
+        data = sum(op.size for op in ops)
+        chunks = len(ops) + data // self.log.config.max_chunk_bytes + 1
+        if not self.log.fits_active_segment(data, chunks) or not lane.try_enter():
+            return False
+        try:
+            result = self._write_group(ops)
+        except Exception as exc:
+            log.error("group_failed", stream=self.name, error=repr(exc))
+            result = _GroupResult([ResponseCode.INTERNAL_ERROR] * len(ops))
+        finally:
+            lane.leave()
+        self._group_done(ops, result)
+        return True
 
     def _write_group(self, ops: Sequence[_Op]) -> _GroupResult:
         """Writer thread: append every op (same-producer runs as one chunk), fsync once."""
@@ -324,14 +366,18 @@ class StreamHandle:
             result.chunks += progress.chunks
             result.duplicates += progress.duplicates
 
-    def _group_done(self, ops: Sequence[_Op], future: asyncio.Future[_GroupResult]) -> None:
-        self.writing = False
-        metrics = self.broker.metrics
+    def _group_finished(self, ops: Sequence[_Op], future: Future[_GroupResult]) -> None:
         try:
             result = future.result()
         except Exception as exc:  # the executor itself failed
             log.error("group_failed", stream=self.name, error=repr(exc))
             result = _GroupResult([ResponseCode.INTERNAL_ERROR] * len(ops))
+        self._group_done(ops, result)
+
+    def _group_done(self, ops: Sequence[_Op], result: _GroupResult) -> None:
+        """On the loop: confirm (or refuse) every frame of a written group."""
+        self.writing = False
+        metrics = self.broker.metrics
         metrics.group_commits.inc()
         metrics.group_commit_frames.observe(len(ops))
         metrics.chunks_written.inc(result.chunks)
@@ -473,8 +519,12 @@ class Broker:
         self.catalog_loaded = asyncio.Event()
         self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.writers = SerialPool(config.server.writer_threads, "writer")
+        self.delivery_turns = DeliveryTurns()
         self.all_open = asyncio.Event()
         self._closing = False
+        self.handle_opened: Callable[[StreamHandle], None] | None = None
+        """Told of every handle before it is published (delayed delivery attaches its
+        publish path to delayed streams here)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -617,6 +667,8 @@ class Broker:
             executor.shutdown(wait=False)
             raise
         handle = StreamHandle(record, stream_log, self, executor)
+        if self.handle_opened is not None:
+            self.handle_opened(handle)
         if self.lifecycle is not None:
             handle.unavailable = OPENING  # until the lifecycle (tiering) has resolved
         key = (record.vhost, record.name)

@@ -316,6 +316,9 @@ class ConnectionCore(asyncio.Protocol):
             await self._can_write.wait()
             if self.state == "closed":
                 raise asyncio.CancelledError
+        await self.broker.delivery_turns.take(chunk.wire_size)
+        if self.state == "closed":
+            raise asyncio.CancelledError
         prefix = deliver_prefix(subscription_id, chunk.wire_size)
         if chunk.parts is not None:
             # Scatter-gather: the pieces (views into a fragment buffer for remote

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from typing import Protocol
 
 from tierlog.log.errors import CorruptChunkError
@@ -30,6 +31,58 @@ log = get_logger("tierlog.server.subscriptions")
 OVERTAKEN_PROPERTY = "x-tierlog-overtaken"
 OVERTAKEN_ACTIONS = ("notify", "skip")
 MAX_CREDIT = 0xFFFF * 16
+
+
+DELIVER_BYTES_PER_TURN = 1 << 20
+"""Chunk bytes all subscriptions of a node hand to sockets in one event-loop turn."""
+
+
+class DeliveryTurns:
+    """Paces deliveries: at most ``per_turn`` bytes are written per event-loop turn, node
+    wide; later deliveries wait (in arrival order) for the following turns.
+
+    A subscription with credit and chunks ready delivers without suspending, so a hundred
+    cold readers could write hundreds of MiB in one turn while a publisher's frames and
+    the writer's confirms wait for the loop to poll again. Between paced turns the loop
+    polls its sockets, so a hot publisher waits for at most one turn's worth of writes.
+    """
+
+    def __init__(self, per_turn: int = DELIVER_BYTES_PER_TURN) -> None:
+        self.per_turn = per_turn
+        self.used = 0
+        self._waiting: deque[tuple[asyncio.Future[None], int]] = deque()
+        self._reset_armed = False
+        self.deferred = 0  # deliveries that waited for a later turn
+
+    async def take(self, n: int) -> None:
+        """Return once ``n`` bytes may be written in this turn."""
+        if self.used < self.per_turn and not self._waiting:
+            self.used += n
+            self._arm()
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append((future, n))
+        self.deferred += 1
+        self._arm()
+        await future
+
+    def _arm(self) -> None:
+        if not self._reset_armed:
+            self._reset_armed = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._reset_armed = False
+        self.used = 0
+        waiting = self._waiting
+        while waiting and self.used < self.per_turn:
+            future, n = waiting.popleft()
+            if future.done():  # the waiting delivery was cancelled
+                continue
+            self.used += n
+            future.set_result(None)
+        if self.used or waiting:
+            self._arm()
 
 
 class DeliverySink(Protocol):

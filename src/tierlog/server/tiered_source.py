@@ -40,8 +40,13 @@ from tierlog.tiering.tierer import StreamTierer
 _REMOTE_READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="remote-read")
 
 READ_AHEAD_BYTES = 1 << 20
-"""Remote chunks one thread hop reads for a cursor (after the first): a hop costs tens
-of microseconds of the event loop and the GIL, a chunk can be a few hundred bytes."""
+"""Remote chunks one thread hop reads for a cursor at least (after the first): a hop
+costs tens of microseconds of the event loop and the GIL, a chunk can be a few hundred
+bytes."""
+MAX_READ_AHEAD_BYTES = 4 << 20
+"""At most this much per hop: one prefetch request while few readers share the budget
+(the views pin their fetched blocks until delivered, so it follows the request size,
+which shrinks as readers multiply)."""
 READ_AHEAD_CHUNKS = 256
 
 
@@ -106,6 +111,7 @@ class TieredChunkCursor:
         self._local: LocalChunkCursor | None = None
         self._next = -1
         self._ready: deque[TieredChunk] = deque()
+        self._served = False
 
     @property
     def next_offset(self) -> int:
@@ -125,9 +131,15 @@ class TieredChunkCursor:
         first = reader.read_chunk()
         if first is None or first.tier != "remote":
             return first
+        if not self._served:  # a seek: its first chunk goes out before any read-ahead
+            self._served = True
+            return first
         taken = first.header.data_length
         ready = self._ready
-        while taken < READ_AHEAD_BYTES and len(ready) < READ_AHEAD_CHUNKS:
+        limit = min(
+            MAX_READ_AHEAD_BYTES, max(READ_AHEAD_BYTES, default_prefetcher().request_size())
+        )
+        while taken < limit and len(ready) < READ_AHEAD_CHUNKS:
             chunk = reader.read_chunk()
             if chunk is None:
                 break

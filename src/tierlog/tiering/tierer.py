@@ -77,6 +77,11 @@ from tierlog.tiering.tierer_retention import RetentionMixin
 
 log = get_logger(__name__)
 
+COMMIT_TICK_DELAY = 0.02
+"""Commits within this many seconds share one turn of the state machine: a turn per
+commit would wake the event pool for every group commit (thousands per second with
+small publish frames) for decisions that only change at fragment size or age."""
+
 
 class StreamTierer(RetentionMixin):
     """Tiers one stream's committed local log to the remote tier."""
@@ -131,6 +136,7 @@ class StreamTierer(RetentionMixin):
         self._inbox_lock = threading.Lock()
         self._drain_queued = False
         self._tick_queued = False
+        self._commit_tick_armed = False
         self._lane = self.runtime.events.lane(self.remote.stream_dir)
         self._running = False
         self._tasks: set[Future[None]] = set()  # this stream's work on the upload pool
@@ -274,6 +280,15 @@ class StreamTierer(RetentionMixin):
 
     # -- the event loop -------------------------------------------------------------------
     def _on_commit(self, point: CommitPoint) -> None:
+        with self._inbox_lock:
+            if self._commit_tick_armed or self._tick_queued:
+                return  # a Tick is due anyway: it reads every chunk committed until then
+            self._commit_tick_armed = True
+        self.runtime.timer.call_later(COMMIT_TICK_DELAY, self._commit_tick)
+
+    def _commit_tick(self) -> None:
+        with self._inbox_lock:
+            self._commit_tick_armed = False
         self._post(Tick())
 
     def _post(self, event: Event) -> None:
