@@ -44,3 +44,29 @@ def test_every_chunk_type_flip_is_served_or_refused(
             verdicts[f"{ChunkType(chunk_type).name}->{to_type}/{verdict}"] += 1
     print(dict(sorted(verdicts.items())))
     assert sum(verdicts.values()) == sum(3 for _ in chunks)
+
+
+def test_every_record_count_flip_is_served_or_refused(
+    tmp_path: Path, campaign: CampaignStream
+) -> None:
+    """The record count (outside the CRC) one up or down: caught at the damaged chunk
+    itself (the next chunk's id disagrees), so its remote copy is served where one
+    exists; never records under shifted offsets or a reader that looks caught up."""
+    verdicts: collections.Counter[str] = collections.Counter()
+    for path, position, size, chunk_type in _chunks(campaign):
+        if chunk_type != ChunkType.USER:
+            continue
+        for at, bit in ((7, 0), (7, 1), (4, 0)):  # low bits, and 2^24 more records
+            stream = campaign.copy_to(str(tmp_path / "copy"))
+            local = path.replace(campaign.root, stream.root)
+            with open(local, "r+b") as f:
+                f.seek(position + at)
+                byte = f.read(1)[0]
+                f.seek(position + at)
+                f.write(bytes([byte ^ (1 << bit)]))
+            before = files_of(stream)
+            outcome = restart_and_read(stream)
+            target = Target(local, position, position + size, True)
+            verdicts[judge(stream, target, "bitflip", outcome, before)] += 1
+    print(dict(sorted(verdicts.items())))
+    assert verdicts["intact"] + verdicts["repaired"] > 0

@@ -31,6 +31,12 @@ from tierlog.formats.chunk import (
 )
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
+from tierlog.log.chunk_checks import (
+    index_type_mismatch,
+    load_index_or_none,
+    next_chunk_id,
+    verified_tracking,
+)
 from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import CorruptChunkError, LogClosedError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
@@ -41,7 +47,6 @@ from tierlog.log.segment_files import (
     SegmentRef,
     crc32_in_background,
     pread_exact,
-    validate_chunk,
 )
 
 _READ_AHEAD_CHUNKS = 2
@@ -360,10 +365,20 @@ class LogReader:
                 self._check_not_tracking(header, position)
             raw: memoryview | None = None
             if load:
-                data = pread_exact(self._fd, total, position)
-                if len(data) != total:
+                sealed = header.chunk_id < self._source.trusted_from()
+                peek = HEADER_SIZE if sealed else 0  # the next chunk's header, see below
+                data = pread_exact(self._fd, total + peek, position)
+                if len(data) < total:
                     raise self._corrupt(f"chunk {header.chunk_id} is truncated", position)
-                raw = memoryview(data)
+                if sealed:
+                    next_id = next_chunk_id(data, total)
+                    if next_id is not None and next_id != header.next_offset:
+                        raise self._corrupt(
+                            f"chunk {header.chunk_id} says {header.num_records} records but the "
+                            f"next chunk is {next_id}",
+                            position,
+                        )
+                raw = memoryview(data)[:total]
                 if self._verify == "always" or (
                     self._verify and header.chunk_id < self._source.trusted_from()
                 ):
@@ -383,59 +398,23 @@ class LogReader:
             return _Fetched(chunk, self._ref, None)
 
     def _verified_tracking(self, header: ChunkHeader, position: int) -> memoryview:
-        """The bytes of a chunk whose header says tracking, once they verifiably are.
-
-        The chunk type is outside the data CRC and Osiris's readers take it on trust
-        (they skip any non-user chunk unread). A user chunk whose type byte flipped would
-        then vanish from the stream without an error; so a non-user chunk is skipped or
-        handed out only when its data CRC matches and it parses as the tracking chunk its
-        type names (one simple entry, one record, a snapshot or delta that decodes),
-        whatever ``verify_crc`` says (skipped chunks never reach a client that checks).
-        Tracking chunks are few and small: one pread and one parse each."""
-        data = pread_exact(self._fd, header.total_size, position)
-        if len(data) != header.total_size:
-            raise self._corrupt(f"chunk {header.chunk_id} is truncated", position)
-        raw = memoryview(data)
+        """The bytes of a chunk whose header says tracking, once they verifiably are
+        (``chunk_checks.verified_tracking``)."""
         try:
-            validate_chunk(header, raw)
+            return verified_tracking(self._fd, header, position)
         except FormatError as exc:
-            raise self._corrupt(
-                f"chunk {header.chunk_id} says chunk type {header.chunk_type} but is not a "
-                f"valid tracking chunk ({exc}); refused rather than skipped",
-                position,
-            ) from exc
-        return raw
+            raise self._corrupt(exc, position) from exc
 
     def _check_not_tracking(self, header: ChunkHeader, position: int) -> None:
-        """Refuse a user chunk that the segment's index names a tracking chunk.
-
-        The other direction of a flipped type byte: a tracking chunk (one simple entry,
-        one record, no trailer) whose type reads "user" would be handed out as a record.
-        Its shape is that of any single-record user chunk, so only the index record,
-        which repeats the type, tells them apart. Recovery compared every chunk of the
-        segments it scanned; this covers the chunks it did not read (below
-        ``trusted_from``): only single-record chunks, one index lookup each."""
+        """Refuse a single-record user chunk that the segment's index names a tracking
+        chunk (``chunk_checks.index_type_mismatch``)."""
         if self._index_ref != self._ref:
-            try:
-                self._index = IndexView.load(self._ref.index_path)
-            except (OSError, FormatError):
-                self._index = None  # no second opinion: the chunk stands on its own
+            self._index = load_index_or_none(self._ref.index_path)
             self._index_ref = self._ref
-        index = self._index
-        if index is None:
-            return
-        record = index.last_at_or_below(header.chunk_id, index.count)
-        if (
-            record is not None
-            and record.chunk_id == header.chunk_id
-            and record.position == position
-            and record.chunk_type != header.chunk_type
-        ):
-            raise self._corrupt(
-                f"chunk {header.chunk_id} has chunk type {header.chunk_type}, its index "
-                f"record says {record.chunk_type}; refused (the type is outside the CRC)",
-                position,
-            )
+        if self._index is not None:
+            problem = index_type_mismatch(self._index, header, position)
+            if problem is not None:
+                raise self._corrupt(problem, position)
 
     def _settle(self, fetched: _Fetched) -> ChunkRead:
         """The fetched chunk once its CRC (if computed in the helper thread) matches."""
