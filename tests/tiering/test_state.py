@@ -420,20 +420,6 @@ def test_segment_tail_goes_into_the_last_fragment_instead_of_a_runt() -> None:
     assert not [e for e in effects if isinstance(e, StartUpload)]  # new segment: waits
 
 
-def test_debounce_waits_for_uploads_that_would_complete_the_count() -> None:
-    cfg = TieringConfig(fragment_bytes=10, max_uploads=5, debounce_count=3, debounce_seconds=2)
-    state = TieringState(cfg, committed_next=0)
-    effects = state.handle(ChunksCommitted(tuple(make_chunk(i, 1, 10, 0, 0) for i in range(3))), 0)
-    p0, p1, p2 = (e.plan for e in effects if isinstance(e, StartUpload))
-    state.handle(UploadSucceeded(p0.plan_id, p0.entry(KEY)), 0.0)
-    assert state.next_deadline() == pytest.approx(4.0)  # two uploads still in flight
-    assert state.handle(Tick(), 3.0) == []
-    (commit,) = state.handle(UploadSucceeded(p1.plan_id, p1.entry(KEY)), 3.1) or [None]
-    assert commit is None
-    (commit,) = state.handle(UploadSucceeded(p2.plan_id, p2.entry(KEY)), 3.2)
-    assert isinstance(commit, StartCommit) and len(commit.entries) == 3
-
-
 # --- the incremental machine takes exactly the decisions of the rescanning one -----------
 
 
