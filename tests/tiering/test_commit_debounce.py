@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tierlog.remote.settings import StreamSettings
+from tierlog.tiering.config import tiering_config
 from tierlog.tiering.state import (
     ChunkRef,
     ChunksCommitted,
@@ -268,3 +270,11 @@ def test_bytes_end_a_batch_before_the_count() -> None:
     assert state.handle(UploadSucceeded(plans[0].plan_id, plans[0].entry(KEY)), 0.1) == []
     (commit,) = state.handle(UploadSucceeded(plans[1].plan_id, plans[1].entry(KEY)), 0.2)
     assert isinstance(commit, StartCommit) and len(commit.entries) == 2  # 120 >= 100
+
+
+def test_stream_settings_give_batches_of_8_fragments_and_at_most_half_the_lag_limit() -> None:
+    mib = 1 << 20
+    default = tiering_config(StreamSettings())
+    assert (default.debounce_count, default.debounce_bytes) == (8, 512 * mib)
+    small = tiering_config(StreamSettings(max_lag_bytes=256 * mib))
+    assert small.debounce_bytes == 128 * mib

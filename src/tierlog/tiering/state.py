@@ -27,7 +27,9 @@ tree) whatever it holds, so the number of commits is the number of requests beyo
 fragments themselves; it must follow from the fragments, not from how fast they upload.
 The uploaded run is cut into batches greedily from ``committed_next``: a batch ends at
 the fragment that brings it to ``debounce_count`` fragments or ``debounce_bytes`` bytes
-(a large fragment size cannot starve commits: 512 MiB = 8 fragments of 64 MiB). Then
+(a large fragment size cannot starve commits: 512 MiB = 8 fragments of 64 MiB; the
+stream's settings hold it to half its ``max_lag_bytes``, since uploaded fragments count
+as lag until committed). Then
 
 1. a run holding a full batch is committed at once, up to its last batch boundary (the
    rest waits for its own batch);
@@ -62,6 +64,7 @@ from tierlog.errors import ConfigError
 from tierlog.remote.fragments import FragmentEntry
 
 MIB = 1 << 20
+DEBOUNCE_BYTES = 512 * MIB  # default commit batch: 8 fragments of the default 64 MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,7 @@ class TieringConfig:
     max_uploads: int = 4
     debounce_count: int = 8
     debounce_seconds: float = 2.0
-    debounce_bytes: int = 512 * MIB
+    debounce_bytes: int = DEBOUNCE_BYTES
     retry_base: float = 0.5
     retry_max: float = 30.0
     # The local log's segment size: lets the cutter give a segment's last fragment the
