@@ -436,6 +436,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
         max_uploads=st.integers(1, 4),
         debounce_count=st.integers(1, 5),
         debounce_seconds=st.sampled_from([0.0, 1.0, 2.0]),
+        debounce_bytes=st.integers(20, 3000),
         max_fragment_age=st.sampled_from([0.5, 5.0, 60.0]),
         segment_bytes=st.none() | st.integers(50, 3000),
     )
@@ -445,6 +446,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
         max_uploads: int,
         debounce_count: int,
         debounce_seconds: float,
+        debounce_bytes: int,
         max_fragment_age: float,
         segment_bytes: int | None,
     ) -> None:
@@ -454,6 +456,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
             max_uploads=max_uploads,
             debounce_count=debounce_count,
             debounce_seconds=debounce_seconds,
+            debounce_bytes=debounce_bytes,
             retry_base=0.5,
             retry_max=4.0,
             segment_bytes=segment_bytes,
