@@ -56,6 +56,10 @@ class StreamSettings:
     ``index_key`` is the record key the key index is built on: ``message-id`` (default),
     ``correlation-id``, ``subject`` or ``property:<name>``; each index window records the
     key it was built with, so changing it affects new windows only.
+
+    ``delayed`` (fixed at creation) turns on delayed delivery (docs/delayed.md): only such
+    a stream parses ``x-delay`` / ``x-deliver-at``; ``delayed_horizon_seconds`` is how far
+    ahead its scheduler keeps messages in the local working set.
     """
 
     max_bytes: int | None = None
@@ -82,6 +86,8 @@ class StreamSettings:
     dictionary: bool = False
     encryption: str = "none"
     index_key: str = "message-id"
+    delayed: bool = False
+    delayed_horizon_seconds: float = 3600.0
 
     @property
     def cold_coding(self) -> bool:
@@ -135,6 +141,13 @@ class StreamSettings:
         check_index_key(self.index_key)
         if self.tier_mode == "segments" and self.index_key != "message-id":
             raise ConfigError("index_key applies to tier_mode 'fragments' only (key index)")
+        if not isinstance(self.delayed, bool):
+            raise ConfigError(f"delayed must be true or false, got {self.delayed!r}")
+        if not 1.0 <= self.delayed_horizon_seconds <= 7 * 86400.0:
+            raise ConfigError(
+                "delayed_horizon_seconds must be within 1 s .. 7 days, got "
+                f"{self.delayed_horizon_seconds!r}"
+            )
         if self.tier_mode == "segments" and (
             self.cold_coding or self.dictionary or self.compression_level != 3
         ):
@@ -205,3 +218,5 @@ def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) 
             f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
             f"{mode!r}: create a new stream instead"
         )
+    if changes.get("delayed", current.delayed) != current.delayed:
+        raise ConfigError("delayed is fixed at creation: create a new stream instead")

@@ -43,6 +43,7 @@ from tierlog.server.broker import (
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.data_dir_lock import DataDirLock
+from tierlog.server.delayed_service import DelayedService
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.tiering_service import TieringService
@@ -85,6 +86,7 @@ class Server:
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
         self.broker: Broker | None = None
+        self.delayed: DelayedService | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
         self._server: asyncio.AbstractServer | None = None
@@ -153,6 +155,16 @@ class Server:
             lifecycle=self.tiering,
         )
         await self.broker.start()
+        self.delayed = DelayedService(
+            self.broker,
+            self.metrics,
+            self.meta,
+            objects=self.object_store,
+            tier_prefix=self.config.tier.prefix,
+            epoch=self.config.tier.epoch,
+            schedule_deletion=None if self.tiering is None else self.tiering.deletions.schedule,
+        )
+        await self.delayed.start()
         self._register_stream_metrics(self.broker)
         self.metrics.consumer_buffer_bytes.read = _consumer_buffers(self.broker)
         loop = asyncio.get_running_loop()
@@ -193,9 +205,9 @@ class Server:
             assert tls_sockets
             self.tls_port = int(tls_sockets[0].getsockname()[1])
         guard = AdminGuard(config.auth, gate)
-        self._runner = web.AppRunner(
-            build_admin_app(self.broker, self.metrics, guard), access_log=None
-        )
+        admin_app = build_admin_app(self.broker, self.metrics, guard)
+        self.delayed.add_routes(admin_app, guard)
+        self._runner = web.AppRunner(admin_app, access_log=None)
         await self._runner.setup()
         admin_tls = (
             server_context(config.tls, client_certificates=False) if config.tls.admin else None
@@ -292,6 +304,8 @@ class Server:
                     conn.transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.delayed is not None:
+            await self.delayed.close()
         if self.broker is not None:
             await self.broker.close()
         if self.tiering is not None:

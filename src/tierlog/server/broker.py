@@ -177,6 +177,9 @@ class StreamHandle:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _kick_scheduled: bool = False
     _source: StreamChunkSource | None = None
+    delayed: Any = None
+    """The publish path of a stream created with ``x-tierlog-delayed=true`` (a
+    ``DelayedIntake``, set by the delayed-delivery service); None for every other stream."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -519,6 +522,9 @@ class Broker:
         self.delivery_turns = DeliveryTurns()
         self.all_open = asyncio.Event()
         self._closing = False
+        self.handle_opened: Callable[[StreamHandle], None] | None = None
+        """Told of every handle before it is published (delayed delivery attaches its
+        publish path to delayed streams here)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -661,6 +667,8 @@ class Broker:
             executor.shutdown(wait=False)
             raise
         handle = StreamHandle(record, stream_log, self, executor)
+        if self.handle_opened is not None:
+            self.handle_opened(handle)
         if self.lifecycle is not None:
             handle.unavailable = OPENING  # until the lifecycle (tiering) has resolved
         key = (record.vhost, record.name)

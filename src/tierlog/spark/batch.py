@@ -2,8 +2,9 @@
 
 Planning (on the driver's planning worker) reads the committed manifest of each stream and
 makes one input partition per fragment or per coalesced run of fragments; tasks GET whole
-fragments and yield Arrow record batches (``tierlog.spark.reading``). The server is never
-involved.
+fragments and yield Arrow record batches (``tierlog.spark.reading``). With a ``server``
+option one more partition reads the un-tiered tail through the server
+(``tierlog.spark.tail``).
 
 Filter pushdown: pyspark refuses every read of a reader that overrides ``pushFilters`` while
 ``spark.sql.python.filterPushdown.enabled`` is off, and the planning worker cannot see the
@@ -66,7 +67,7 @@ from tierlog.spark.planning import (
     stream_bounds,
 )
 from tierlog.spark.reading import ReadSettings, read_task
-from tierlog.spark.tail import ServerAddress, TailTask, committed_chunk_id, read_tail
+from tierlog.spark.tail import ServerAddress, TailTask, committed_end, read_tail, tail_task
 from tierlog.spark.writer import TierlogWriteMixin
 
 SOURCE_NAME = "tierlog"
@@ -166,14 +167,10 @@ class TierlogBatchReader(DataSourceReader):
         return out
 
     def _tail(self, stream: StreamName, start: int, bounds: Bounds) -> list[InputPartition]:
-        """The tail partition ``[manifest next, end of the server's committed chunk]``."""
-        last = committed_chunk_id(server_address(self.options), stream.vhost, stream.name)
-        if last is None or last < start or bounds.is_empty:
-            return []
-        if bounds.max_offset is not None and bounds.max_offset < start:
-            return []
-        task = TailTask(stream.display, stream.vhost, stream.name, start, last, bounds)
-        return [TailPartition(task)]
+        """The tail partition ``[manifest next, end of the server's committed data)``."""
+        end = committed_end(server_address(self.options), stream.vhost, stream.name, start)
+        task = tail_task(stream.display, stream.vhost, stream.name, start, end, bounds)
+        return [] if task is None else [TailPartition(task)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.options)

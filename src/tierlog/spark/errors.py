@@ -55,3 +55,7 @@ class JobError(TierlogError):
 
 class StoreMissingError(StoreUnavailableError):
     """A store named by URI does not exist, or does not hold what it should."""
+
+
+class IcebergCatalogError(JobError):
+    """The Iceberg catalog cannot be reached or refuses what the export needs."""

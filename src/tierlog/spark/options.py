@@ -38,8 +38,9 @@ option                      meaning
 ``maxBytesPerTrigger``      streaming: about this many fragment bytes per micro-batch
 ``minOffsetsPerTrigger``    streaming: wait for this many new offsets before a micro-batch,
                             at most ``maxTriggerDelay`` (default ``15m``)
-``server``                  batch: ``host:port`` of the stream server; with it the read
-                            also covers the un-tiered tail (``includeTail``, default true)
+``server``                  ``host:port`` of the stream server; with it batch and streaming
+                            reads also cover the un-tiered tail (``includeTail``, default
+                            true)
 ``user`` / ``password``     the server's credentials (default guest / guest)
 ``traceDir``                testing: write one marker file per fragment read into this dir
 ==========================  ==========================================================
@@ -112,10 +113,6 @@ BATCH_ONLY = frozenset(
         "starttimestamp",
         "endtimestamp",
         "endingoffsets",
-        "includetail",
-        "server",
-        "user",
-        "password",
     }
 )
 STREAM_ONLY = frozenset(

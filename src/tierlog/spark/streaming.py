@@ -4,8 +4,12 @@ Offsets are JSON ``{stream: next offset to read}``, one entry per stream (the st
 column's value as key). A micro-batch ``(start, end]`` reads offsets ``[start[s], end[s])``
 of every stream ``s``, planned straight from the manifest like a batch read, so a restarted
 query (Spark replays its checkpointed offsets) reads exactly the same records again. The
-head of a stream is its committed manifest's next offset: only data durable in the remote
-tier is read.
+head of a stream is its committed manifest's next offset; with a ``server`` option
+(``includeTail``) it is the end of the server's committed data instead, and a micro-batch
+reads ``[start, manifest next)`` from the remote tier and the rest through the server with
+the batch read's tail task (``tierlog.spark.tail``), the manifest's ``next`` taken when the
+micro-batch is planned. So the latency is the server's, not the fragment age, and a
+micro-batch replayed after tiering moved on reads the same records, split differently.
 
 Read limits (pyspark >= 4.2): ``maxRecordsPerTrigger`` (``ReadMaxRows``: offsets shared
 fairly between streams with data) or ``maxBytesPerTrigger`` (``ReadMaxBytes``: whole
@@ -45,7 +49,7 @@ from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark import connections
 from tierlog.spark.arrow_batch import fragment_to_record_batch
-from tierlog.spark.batch import TaskPartition, read_partition
+from tierlog.spark.batch import TailPartition, TaskPartition, read_partition, server_address
 from tierlog.spark.errors import StreamUnavailableError
 from tierlog.spark.options import EARLIEST, LATEST, SourceOptions, StreamName
 from tierlog.spark.planning import (
@@ -54,6 +58,7 @@ from tierlog.spark.planning import (
     plan_stream,
     resolve_stream,
 )
+from tierlog.spark.tail import committed_end, tail_task
 
 log = get_logger(__name__)
 
@@ -89,8 +94,16 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._trees[stream.display] = (uid, tree)
         return tree
 
+    def _head(self, stream: StreamName) -> int:
+        """Where the stream's readable data ends now: the manifest's next offset, or with
+        a server the end of its committed data (never below the manifest)."""
+        tiered = self._tree(stream).next_offset
+        if self.options.server is None:
+            return tiered
+        return committed_end(server_address(self.options), stream.vhost, stream.name, tiered)
+
     def _heads(self) -> Offsets:
-        heads = {s.display: self._tree(s).next_offset for s in self.options.streams}
+        heads = {s.display: self._head(s) for s in self.options.streams}
         if self._target is not None:
             heads = {s: min(h, self._target.get(s, h)) for s, h in heads.items()}
         return heads
@@ -102,7 +115,7 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._offset_at(stream, tree, self.options.starting_timestamp)
         given = start.offsets.get(stream.display, EARLIEST)
         if start.mode == "latest" or given == LATEST:
-            return tree.next_offset
+            return self._head(stream)
         if start.mode == "offsets" and given >= 0:
             return given
         return tree.first_offset
@@ -196,12 +209,30 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 lo = tree.first_offset
                 if hi <= lo:
                     continue
-            bounds = Bounds(min_offset=lo, max_offset=hi - 1)
-            store = connections.object_store(self.options.object_store, self.options.store_settings)
-            plan = plan_stream(name, tree, store.get, bounds)
-            tasks = coalesce(plan, bounds, self.options.target_partition_bytes)
-            out.extend(TaskPartition(t) for t in tasks)
+            tiered = min(hi, tree.next_offset)
+            if lo < tiered:
+                bounds = Bounds(min_offset=lo, max_offset=tiered - 1)
+                store = connections.object_store(
+                    self.options.object_store, self.options.store_settings
+                )
+                plan = plan_stream(name, tree, store.get, bounds)
+                tasks = coalesce(plan, bounds, self.options.target_partition_bytes)
+                out.extend(TaskPartition(t) for t in tasks)
+            if hi > tree.next_offset:
+                out.append(self._tail(stream, max(lo, tree.next_offset), hi))
         return out
+
+    def _tail(self, stream: StreamName, lo: int, hi: int) -> InputPartition:
+        """``[lo, hi)`` beyond the manifest, through the server."""
+        if self.options.server is None:  # the head came from a server in an earlier run
+            raise StreamUnavailableError(
+                f"stream {stream.display!r}: offsets [{lo}, {hi}) are not tiered yet and the "
+                "query has no 'server' option to read them through; add it (includeTail)"
+            )
+        bounds = Bounds(min_offset=lo, max_offset=hi - 1)
+        task = tail_task(stream.display, stream.vhost, stream.name, lo, hi, bounds)
+        assert task is not None
+        return TailPartition(task)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition, self.options)
@@ -219,9 +250,24 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if hi <= lo:
                 continue
             tree = self._tree(stream)
-            plan = plan_stream(name, tree, store.get, Bounds(min_offset=lo, max_offset=hi - 1))
-            queues[name] = plan.fragments
+            tiered = min(hi, tree.next_offset)
+            fragments: list[FragmentEntry] = []
+            if lo < tiered:
+                bounds = Bounds(min_offset=lo, max_offset=tiered - 1)
+                fragments = plan_stream(name, tree, store.get, bounds).fragments
+            if hi > tree.next_offset:
+                fragments.append(tail_unit(fragments, max(lo, tree.next_offset), hi))
+            queues[name] = fragments
         return limit_bytes(positions, heads, queues, max_bytes)
+
+
+def tail_unit(fragments: list[FragmentEntry], lo: int, hi: int) -> FragmentEntry:
+    """The un-tiered tail ``[lo, hi)`` as one more unit for ``maxBytesPerTrigger``, its
+    size estimated from the tiered fragments' bytes per offset (the server's chunks are
+    the same bytes)."""
+    offsets = sum(f.next_offset - f.first_offset for f in fragments)
+    per_offset = sum(f.data_size for f in fragments) / offsets if offsets else 1.0
+    return FragmentEntry("", lo, hi, 0, 0, max(1, int((hi - lo) * per_offset)), 0)
 
 
 def limit_rows(positions: Offsets, heads: Offsets, max_rows: int) -> Offsets:

@@ -28,6 +28,7 @@ from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.delayed_intake import is_system_stream
 
 log = get_logger("tierlog.server.connection")
 
@@ -38,7 +39,7 @@ class StreamHandlers(ConnectionCore):
     """Commands about streams themselves."""
 
     async def _on_create(self, cmd: CreateRequest) -> None:
-        if not self._permitted("configure", cmd.stream):
+        if not self._permitted("configure", cmd.stream) or is_system_stream(cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
             return
@@ -57,7 +58,7 @@ class StreamHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
     async def _on_delete(self, cmd: DeleteRequest) -> None:
-        if not self._permitted("configure", cmd.stream):
+        if not self._permitted("configure", cmd.stream) or is_system_stream(cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
             return

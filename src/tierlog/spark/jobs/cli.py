@@ -9,9 +9,33 @@ from typing import Any
 def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tierlog.spark.jobs.common import add_tier_arguments
 
-    export = jobs.add_parser("export", help="streams -> Parquet by date, from the last export")
+    export = jobs.add_parser(
+        "export", help="streams -> Parquet by date or Iceberg tables, from the last export"
+    )
     add_tier_arguments(export)
-    export.add_argument("output", help="output directory (any path Spark's Parquet writer takes)")
+    export.add_argument(
+        "output",
+        nargs="?",
+        help="output directory (parquet: any path Spark's Parquet writer takes; iceberg: the "
+        "warehouse directory of the embedded catalog, optional with a REST catalog)",
+    )
+    export.add_argument("--format", choices=("parquet", "iceberg"), default="parquet")
+    iceberg = export.add_argument_group("iceberg (with --format iceberg)")
+    iceberg.add_argument("--catalog", choices=("sql", "rest"), help="catalog kind (sql)")
+    iceberg.add_argument(
+        "--catalog-uri", help="sql: sqlite:///path (OUTPUT/catalog.db); rest: http(s)://host:port"
+    )
+    iceberg.add_argument(
+        "--catalog-prop", action="append", metavar="KEY=VALUE", help="catalog property"
+    )
+    iceberg.add_argument("--namespace", help="Iceberg namespace (tierlog)")
+    iceberg.add_argument("--table", help="one table for all streams (default: one per stream)")
+    iceberg.add_argument(
+        "--compact", action="store_true", help="rewrite each day's small files into one"
+    )
+    iceberg.add_argument(
+        "--target-file-bytes", type=int, help="files below this are compacted (128 MiB)"
+    )
     export.add_argument("--stream", action="append", help="only this stream (repeatable)")
     export.add_argument("--vhost", default="/", help="vhost of --stream names (/)")
     export.add_argument("--include-amqp", action="store_true", help="add decoded AMQP columns")
@@ -74,7 +98,56 @@ def _run(args: argparse.Namespace, name: str, job: Any) -> int:
         spark.stop()
 
 
+_ICEBERG_ONLY = ("catalog", "catalog_uri", "catalog_prop", "namespace", "table", "compact")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
+    from tierlog.errors import ConfigError
+    from tierlog.spark.jobs.common import write_json
+
+    if args.format == "parquet":
+        given = [f"--{n.replace('_', '-')}" for n in _ICEBERG_ONLY if getattr(args, n)]
+        if given or args.target_file_bytes is not None:
+            raise ConfigError(f"{given or ['--target-file-bytes']} only apply to --format iceberg")
+        if not args.output:
+            raise ConfigError("export to Parquet needs an OUTPUT directory")
+        return _run(args, "export", _parquet_job(args))
+    from tierlog.spark.jobs.iceberg_catalog import catalog_config, open_catalog
+    from tierlog.spark.jobs.iceberg_export import DEFAULT_TARGET_FILE_BYTES, run_iceberg_export
+
+    config = catalog_config(
+        args.catalog or "sql",
+        args.output,
+        args.catalog_uri,
+        args.namespace or "tierlog",
+        args.catalog_prop,
+    )
+    if args.target_file_bytes is not None and not args.compact:
+        raise ConfigError("--target-file-bytes only applies with --compact")
+    open_catalog(config)  # an unreachable catalog fails before Spark starts
+
+    def job(spark: Any, tier: Any) -> int:
+        from tierlog.spark.session import register
+
+        register(spark)
+        report = run_iceberg_export(
+            spark,
+            tier,
+            config,
+            args.stream,
+            vhost=args.vhost,
+            include_amqp=args.include_amqp,
+            table=args.table,
+            compact=args.compact,
+            target_file_bytes=args.target_file_bytes or DEFAULT_TARGET_FILE_BYTES,
+        )
+        write_json(report.to_dict(), args.report)
+        return 0
+
+    return _run(args, "export", job)
+
+
+def _parquet_job(args: argparse.Namespace) -> Any:
     from tierlog.spark.jobs.common import write_json
     from tierlog.spark.jobs.export import run_export
 
@@ -88,7 +161,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         write_json(report.to_dict(), args.report)
         return 0
 
-    return _run(args, "export", job)
+    return job
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:

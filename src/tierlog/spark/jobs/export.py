@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tierlog.formats.manifest import decode_node
-from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import read_committed_root
 from tierlog.spark.jobs.common import Progress, RemoteTier, select_streams
 
@@ -77,10 +77,6 @@ def _manifest_range(
     return header.first_offset, header.next_offset
 
 
-def _display(record: StreamRecord) -> str:
-    return record.name if record.vhost == "/" else f"{record.vhost}/{record.name}"
-
-
 def _path_exists(spark: Any, path: str) -> bool:
     jvm = spark._jvm
     hpath = jvm.org.apache.hadoop.fs.Path(path)
@@ -103,27 +99,20 @@ def load_state(spark: Any, output: str) -> dict[tuple[str, str], tuple[str, int]
     return {k: (v[0], v[1]) for k, v in best.items()}
 
 
-def run_export(
-    spark: Any,
+def plan_exports(
     tier: RemoteTier,
-    output: str,
-    streams: list[str] | None = None,
-    *,
-    vhost: str = "/",
-    include_amqp: bool = False,
-    progress: Progress | None = None,
-) -> ExportReport:
-    """Export the new offsets of the named streams of ``vhost`` (default: every stream)."""
-    from pyspark.sql import functions as F
-
-    say = progress or Progress("export")
-    report = ExportReport(output, uuid.uuid4().hex)
-    state = load_state(spark, output)
+    streams: list[str] | None,
+    vhost: str,
+    state: dict[tuple[str, str], tuple[str, int]],
+    say: Progress,
+) -> list[StreamExport]:
+    """Per stream with new data: ``[where the last export stopped, manifest next)``.
+    ``state`` maps (vhost, name) to the (incarnation, next offset) of the last export."""
     with tier.open_meta() as meta, tier.open_store() as store:
         catalog = Catalog(meta)
         records = select_streams(catalog, streams, vhost)
         say(f"planning {len(records)} stream(s) from their committed manifests")
-        plans: list[tuple[StreamRecord, StreamExport]] = []
+        plans: list[StreamExport] = []
         for record in records:
             bounds = _manifest_range(tier, store, catalog, record.incarnation)
             if bounds is None:
@@ -138,18 +127,27 @@ def run_export(
             if start >= nxt:
                 continue
             plans.append(
-                (
-                    record,
-                    StreamExport(record.vhost, record.name, record.incarnation, start, nxt, gap),
-                )
+                StreamExport(record.vhost, record.name, record.incarnation, start, nxt, gap)
             )
-    if not plans:
-        say("nothing new to export")
-        return report
+    return plans
+
+
+def display_name(vhost: str, name: str) -> str:
+    """The stream column's value: ``name`` for vhost ``/``, else ``vhost/name``."""
+    return name if vhost == "/" else f"{vhost}/{name}"
+
+
+def read_exports(
+    spark: Any, tier: RemoteTier, plans: list[StreamExport], include_amqp: bool
+) -> Any:
+    """One DataFrame of every planned range (tierlog batch source columns) plus the
+    ``date`` column (UTC day of the chunk timestamp)."""
+    from pyspark.sql import functions as F
+
     frames = []
-    for record, plan in plans:
+    for plan in plans:
         reader = spark.read.format("tierlog").options(
-            stream=_display(record),
+            stream=display_name(plan.vhost, plan.name),
             objectStore=tier.object_store,
             metaStore=tier.meta_store,
             prefix=tier.prefix,
@@ -163,14 +161,35 @@ def run_export(
     for other in frames[1:]:
         df = df.unionByName(other)
     day = F.expr("date_from_unix_date(cast(floor(unix_millis(timestamp) / 86400000) as int))")
-    df = df.withColumn(DATE_COLUMN, day)
+    return df.withColumn(DATE_COLUMN, day)
+
+
+def run_export(
+    spark: Any,
+    tier: RemoteTier,
+    output: str,
+    streams: list[str] | None = None,
+    *,
+    vhost: str = "/",
+    include_amqp: bool = False,
+    progress: Progress | None = None,
+) -> ExportReport:
+    """Export the new offsets of the named streams of ``vhost`` (default: every stream)."""
+    say = progress or Progress("export")
+    report = ExportReport(output, uuid.uuid4().hex)
+    state = load_state(spark, output)
+    plans = plan_exports(tier, streams, vhost, state, say)
+    if not plans:
+        say("nothing new to export")
+        return report
+    df = read_exports(spark, tier, plans, include_amqp)
     say(f"writing {len(plans)} stream range(s) as Parquet to {output}")
     spark.sparkContext.setJobDescription("tierlog export: parquet")
     df.write.mode("append").partitionBy(DATE_COLUMN).parquet(output)
     now = time.time()
     rows = [
         (p.vhost, p.name, p.incarnation, p.start_offset, p.end_offset, report.run_id, now)
-        for _, p in plans
+        for p in plans
     ]
     schema = (
         "vhost string, name string, incarnation string, from_offset long, next_offset long, "
@@ -182,6 +201,6 @@ def run_export(
         f"{output.rstrip('/')}/{STATE_DIR}"
     )
     spark.sparkContext.setJobDescription(None)
-    report.streams = [p for _, p in plans]
+    report.streams = plans
     say(f"done: {len(plans)} stream(s) exported")
     return report
