@@ -40,6 +40,7 @@ from tierlog.server.broker import (
     StreamHandle,
     no_lag,
 )
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.data_dir_lock import DataDirLock
@@ -86,6 +87,7 @@ class Server:
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
         self.broker: Broker | None = None
+        self.cluster: ClusterService | None = None
         self.delayed: DelayedService | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
@@ -222,6 +224,14 @@ class Server:
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
         guard.port = self.admin_port
+        if config.cluster.enabled:
+            self.cluster = ClusterService(config, self.meta, catalog)
+            advertised = s.advertised_host or s.host
+            await self.cluster.start(
+                self.broker,
+                f"{advertised}:{s.advertised_port or self.stream_port}",
+                f"{s.admin_host}:{self.admin_port}",
+            )
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             self._write_ready_file(streams_opened=False)
@@ -304,10 +314,14 @@ class Server:
                     conn.transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.cluster is not None:
+            await self.cluster.detach()
         if self.delayed is not None:
             await self.delayed.close()
         if self.broker is not None:
             await self.broker.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         if self.tiering is not None:
             await self.tiering.close()
         if self.object_store is not None:
@@ -400,7 +414,12 @@ def serve(config: ServerConfig) -> int:
     # (5 ms by default), and every confirm crosses it once or twice. A shorter interval
     # bounds what busy cold-read threads add to a hot publisher's confirm latency.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    if config.server.use_uvloop:
+    use_uvloop = config.server.use_uvloop
+    if use_uvloop and config.cluster.secret:
+        # replication links send chunks with loop.sendfile, which uvloop does not have
+        log.info("uvloop_not_used", reason="cluster replication sends chunks with sendfile")
+        use_uvloop = False
+    if use_uvloop:
         try:
             import uvloop
         except ImportError:

@@ -135,6 +135,11 @@ class TieringService:
             task_stall_seconds=self.config.store.task_stall_seconds,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
+        if handle.commit_fence is not None:
+            tierer.committer.fence = handle.commit_fence
+        if handle.cluster_commit is not None:
+            tierer.commit_cap = handle.cluster_commit
+            handle.tier_poke = tierer.poke
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(handle.executor, tierer.start)
@@ -186,6 +191,8 @@ class TieringService:
             settings=lambda: handle.record.settings,
         )
         committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
+        if handle.commit_fence is not None:
+            committer.fence = handle.commit_fence
 
         def trim(tree: ManifestTree) -> int | None:
             current = handle.record.settings

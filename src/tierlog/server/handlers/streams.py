@@ -27,6 +27,8 @@ from tierlog.logs import get_logger
 from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING
+from tierlog.server.cluster_gates import cluster_metadata
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.connection_core import ConnectionCore
 from tierlog.server.delayed_intake import is_system_stream
 
@@ -45,6 +47,8 @@ class StreamHandlers(ConnectionCore):
             return
         try:
             settings = settings_from_arguments(cmd.arguments)
+            if isinstance(self.broker.placement, ClusterService):
+                self.broker.placement.check_create(self.vhost, cmd.stream, cmd.arguments)
             await self.broker.create_stream(self.vhost, cmd.stream, settings)
             code = ResponseCode.OK
         except StreamExistsError:
@@ -73,6 +77,11 @@ class StreamHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
     def _on_metadata(self, cmd: MetadataRequest) -> None:
+        placement = self.broker.placement
+        if isinstance(placement, ClusterService):
+            brokers, streams = cluster_metadata(placement, self.vhost, cmd.streams)
+            self.send(MetadataResponse(cmd.correlation_id, brokers, streams).encode())
+            return
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
