@@ -1,9 +1,10 @@
 """Delayed delivery in a three-node cluster (``tierlog serve`` processes, one etcd, one
 SeaweedFS, lease TTL 5 s): a delayed stream with three voters gets a system stream with
 the same voters; messages scheduled a few seconds ahead with ``rstream`` are due while
-the leader is SIGKILLed at a random moment. A member takes over both streams, rebuilds
-the scheduler from the replicated system stream and the dispatcher's producer sequence
-in its log, and delivers the rest.
+the leader is SIGKILLed, or SIGSTOPped past its lease and woken, at a random moment
+(the woken leader's scheduler must not get a dispatch confirmed). A member takes over
+both streams, rebuilds the scheduler from the replicated system stream and the
+dispatcher's producer sequence in its log, and delivers the rest.
 
 Oracle: every confirmed scheduled message appended to the stream exactly once, none
 before its due time (chunk timestamp >= due); the system stream's leader follows the
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import random
+import signal
 import time
 import urllib.error
 from collections.abc import Iterator
@@ -42,6 +45,13 @@ register_crash_point(
         "the leader of a delayed stream with three voters is SIGKILLed while scheduled"
         " messages are due; a member takes over the stream, its system stream and the"
         " scheduler",
+    )
+)
+register_crash_point(
+    CrashPoint(
+        "delayed-cluster-leader-paused",
+        "the leader of a delayed stream is SIGSTOPped past its lease while scheduled messages"
+        " are due, a member takes over, the old leader wakes with dispatch rounds due",
     )
 )
 
@@ -101,7 +111,11 @@ async def publish(node: Node, messages: dict[int, tuple[bytes, int]]) -> set[int
     return confirmed
 
 
-async def test_leader_killed_while_messages_are_due(cluster: Cluster) -> None:
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+async def test_leader_lost_while_messages_are_due(cluster: Cluster, fault: str) -> None:
+    """SIGKILL: the leader dies. SIGSTOP: the leader sleeps past its lease while a
+    member takes over, then wakes with its scheduler's rounds due at once: its
+    dispatches must fail at its confirm gate, and it rejoins as a member."""
     rng = random.Random()
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
@@ -123,7 +137,10 @@ async def test_leader_killed_while_messages_are_due(cluster: Cluster) -> None:
     await asyncio.sleep(rng.uniform(1.5, 5.0))  # some delivered, some due, some later
     _, epoch = cluster.leader_of(STREAM)
     killed_at = time.time()
-    n1.process.kill()
+    if fault == "sigkill":
+        n1.process.kill()
+    else:
+        os.kill(n1.pid, signal.SIGSTOP)
 
     def both_taken_over() -> bool:
         leader, now = cluster.leader_of(STREAM)
@@ -135,6 +152,13 @@ async def test_leader_killed_while_messages_are_due(cluster: Cluster) -> None:
     new = cluster.node(leader)
     await wait_for(lambda: scheduler_running(new), 3 * TTL, f"the scheduler runs on {leader}")
     taken_over_at = time.time()
+    if fault == "sigstop":
+        os.kill(n1.pid, signal.SIGCONT)
+        await wait_for(
+            lambda: bool(n1.log_events("cluster_stream_step_down")),
+            3 * TTL,
+            "the woken leader steps down",
+        )
 
     last_due = max(due for _b, due in messages.values())
     await asyncio.sleep(max(0.0, (last_due - time.time() * 1000 + 1500) / 1000))
@@ -151,6 +175,7 @@ async def test_leader_killed_while_messages_are_due(cluster: Cluster) -> None:
     assert not early, f"seed {seed}: appended early {early[:5]}"
     late = sorted(ts - due_of[body_of(raw)] for ts, raw in got)
     print(
-        f"seed {seed}: {len(got)} delivered once, killed {killed_at * 1000 - start:.0f} ms after"
-        f" publishing, takeover {taken_over_at - killed_at:.1f} s, max lateness {late[-1]} ms"
+        f"{fault} seed {seed}: {len(got)} delivered once, leader lost"
+        f" {killed_at * 1000 - start:.0f} ms after publishing,"
+        f" takeover {taken_over_at - killed_at:.1f} s, max lateness {late[-1]} ms"
     )

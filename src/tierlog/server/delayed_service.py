@@ -11,7 +11,8 @@ users, and deleted when its stream is (the service's reconcile pass, every
 The scheduler of a stream runs on the node that leads both the stream and its system
 stream (single node: this one). In a cluster the system stream gets the stream's voters
 (same replication factor), this node takes over a leaderless system stream only when it
-leads the stream (``may_take_over``), and the reconcile pass starts the scheduler
+leads the stream (``may_take_over``; the server registers this service as the cluster's
+``leadership_hooks``), and the reconcile pass starts the scheduler
 (``Scheduler.rebuild()`` then ``start()``) once both are led here. A step-down of either
 stops the scheduler's rounds at once (``stepping_down``); a dispatch already under way
 then fails at the deposed leader's confirm gate and the new leader's rebuild decides, by
@@ -109,7 +110,6 @@ class DelayedService:
 
     async def start(self) -> None:
         self.broker.handle_opened = self._attach
-        self._hook_cluster()
         self._register_metrics()
         self._task = asyncio.create_task(self._reconcile_loop())
 
@@ -128,13 +128,6 @@ class DelayedService:
     def _cluster(self) -> ClusterService | None:
         placement = self.broker.placement
         return placement if isinstance(placement, ClusterService) else None
-
-    def _hook_cluster(self) -> None:
-        """Register with the cluster runtime (it is attached after this service starts,
-        before any stream opens)."""
-        cluster = self._cluster()
-        if cluster is not None and cluster.leadership_hooks is None:
-            cluster.leadership_hooks = self
 
     def may_take_over(self, record: StreamRecord) -> bool:
         """A leaderless system stream is taken over only by the leader of its stream (or
@@ -166,7 +159,6 @@ class DelayedService:
 
     def _attach(self, handle: StreamHandle) -> None:
         """Every publish to a delayed stream goes through its intake from the first one."""
-        self._hook_cluster()
         if handle.settings.delayed and not is_system_stream(handle.name):
             handle.delayed = DelayedIntake(self, handle)
             self._wake.set()
