@@ -242,6 +242,7 @@ class Server:
                 f"{advertised}:{s.advertised_port or self.stream_port}",
                 f"{s.admin_host}:{self.admin_port}",
             )
+            self.cluster.leadership_hooks = self.delayed  # before its first directory scan
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             self._write_ready_file(streams_opened=False)
