@@ -194,14 +194,15 @@ def test_replay_with_more_partitions_is_refused(
         assert "replayed with at least 2 (partition 1)" in str(refused), refused
         after = stream_bodies(server, "resplit")
         assert after == expected[: len(after)]  # a prefix: no duplicate, no gap
-        assert run(4000) is None  # the first attempt's partitioning finishes the batch
+        final = run(4000)  # the first attempt's partitioning finishes the batch
+        assert final is None, str(final)[:3000]
     finally:
         spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
     assert stream_bodies(server, "resplit") == expected
 
 
 def test_commit_refuses_a_replay_with_another_partition_count(
-    spark: Any, server: TierlogServerProcess
+    server: TierlogServerProcess,
 ) -> None:
     """The driver's side of the check: the first attempt's count is recorded once (by its
     abort or commit) and a later commit of the same micro-batch with another count fails
@@ -215,8 +216,11 @@ def test_commit_refuses_a_replay_with_another_partition_count(
 
     with StreamClient.connect(server.host, server.stream_port) as client:
         client.create_stream("counted")
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
     options = {"stream": "counted", "server": f"{server.host}:{server.stream_port}"}
-    writer = TierlogStreamWriter(options, spark.range(1).schema, False)
+    schema = StructType([StructField("body", BinaryType())])
+    writer = TierlogStreamWriter(options, schema, False)
 
     def messages(batch: int, count: int, done: int) -> list[Any]:
         return [

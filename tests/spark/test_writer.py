@@ -317,3 +317,24 @@ def test_publish_frame_matches_the_codec(bodies: list[bytes], first_id: int) -> 
     if bodies:
         batch = decode_publish(memoryview(frame)[4:])
         assert list(batch.publishing_ids) == ids.tolist()
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30), st.data())
+def test_message_buffers_of_a_sliced_batch(bodies: list[bytes], data: st.DataObject) -> None:
+    """A replay publishes a batch minus the rows already held (``batch.slice(skip)``): the
+    buffers are those of the slice, whatever the slice's offset into the Arrow buffers."""
+    import pyarrow as pa
+
+    from tierlog.spark.writer import _binary_buffers
+
+    skip = data.draw(st.integers(0, len(bodies)))
+    for kind in (pa.binary(), pa.large_binary(), pa.string()):
+        values = [b.hex() for b in bodies] if kind == pa.string() else bodies
+        array = pa.array(values, kind)[skip:]
+        if kind == pa.string():
+            array = array.cast(pa.binary())
+        offsets, buffer = _binary_buffers(array)
+        assert len(offsets) == len(array) + 1
+        got = [bytes(buffer[offsets[i] : offsets[i + 1]]) for i in range(len(array))]
+        want = [v.encode() if isinstance(v, str) else v for v in values[skip:]]
+        assert got == want

@@ -280,8 +280,9 @@ def _binary_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         array = array.combine_chunks()
     _validity, offsets_buf, data_buf = array.buffers()
     offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=len(array) + 1, offset=0)
-    offsets = offsets[array.offset : array.offset + len(array) + 1]
+    # A slice (a replay skipping the rows already held) starts ``array.offset`` entries in.
+    count = array.offset + len(array) + 1
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=count)[array.offset :]
     data = (
         np.frombuffer(data_buf, dtype=np.uint8)
         if data_buf is not None
