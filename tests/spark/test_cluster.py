@@ -29,7 +29,7 @@ import pytest
 
 import tierlog
 from tests.plugins import seaweed as seaweed_plugin
-from tests.plugins.etcd import free_port, stop_process
+from tests.plugins.etcd import free_port
 from tests.plugins.spark import (
     SPARK_TIERING,
     TieredBucket,
@@ -127,8 +127,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             time.sleep(0.3)
         yield state
     finally:
-        stop_process(worker)
-        stop_process(master)
+        stop_quickly(worker)
+        stop_quickly(master)
+
+
+def stop_quickly(proc: Any) -> None:
+    """SIGTERM, and SIGKILL after 2 s: a worker's shutdown can take 10 s on a loaded
+    machine, and these daemons hold nothing the tests read afterwards."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 class RemoteBucket(TieredBucket):
