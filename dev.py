@@ -5,7 +5,7 @@
     python3 dev.py test   # venv + package + test servers, then the whole test suite
 
 Needs only Python >= 3.11. System packages (Java 17 for Spark, etcd for the MetaStore
-contract tests) are installed with apt-get when missing and we are root.
+contract tests, faketime for the delayed-delivery clock tests) are installed with apt-get when missing and we are root.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
-APT_PACKAGES = {"java": "openjdk-17-jre-headless", "etcd": "etcd-server"}
+APT_PACKAGES = {
+    "java": "openjdk-17-jre-headless",
+    "etcd": "etcd-server",
+    "faketime": "faketime",  # delayed delivery's clock-step tests
+}
 
 
 def sh(*cmd: str | Path, **kw: object) -> None:
@@ -69,6 +73,8 @@ def ensure_system() -> None:
         missing.append(APT_PACKAGES["java"])
     if not shutil.which("etcd") and not Path("/usr/bin/etcd").exists():
         missing.append(APT_PACKAGES["etcd"])
+    if not shutil.which("faketime"):
+        missing.append(APT_PACKAGES["faketime"])
     if missing:
         apt_install(*missing)
 

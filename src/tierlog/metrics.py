@@ -409,6 +409,64 @@ class Metrics:
             "capped at its write high-water mark plus one chunk).",
             "gauge",
         )
+        # -- delayed delivery ---------------------------------------------------------
+        self.delayed_scheduled = self._scrape_stream(
+            "tierlog_delayed_scheduled",
+            "Scheduled messages of a delayed stream not delivered yet (working set, parked "
+            "and in flight).",
+        )
+        self.delayed_next_due_seconds = self._scrape_stream(
+            "tierlog_delayed_next_due_seconds",
+            "Due time of a delayed stream's earliest scheduled message (Unix seconds; absent "
+            "when none).",
+        )
+        self.delayed_dispatch_halted = self._scrape_stream(
+            "tierlog_delayed_dispatch_halted",
+            "1 while a delayed stream does not dispatch because the node's clock differs from "
+            "the MetaStore's by more than 500 ms.",
+        )
+        self.delayed_lateness_seconds = Histogram(
+            "tierlog_delayed_lateness_seconds",
+            "Time from a scheduled message's due time to its append to the stream.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delayed_dispatched = Counter(
+            "tierlog_delayed_dispatched",
+            "Scheduled messages appended to their stream when due.",
+            registry=r,
+        )
+        self.delayed_accepted = Counter(
+            "tierlog_delayed_accepted",
+            "Scheduled messages accepted (appended to a system stream).",
+            registry=r,
+        )
+        self.delayed_refused = Counter(
+            "tierlog_delayed_refused",
+            "Messages of delayed streams refused, by reason (bad_property, sub_batch).",
+            ["reason"],
+            registry=r,
+        )
+        self.delayed_cancelled = Counter(
+            "tierlog_delayed_cancelled", "Scheduled messages cancelled.", registry=r
+        )
+        self.delayed_clock_skew_halts = Counter(
+            "tierlog_delayed_clock_skew_halts",
+            "Dispatch rounds skipped because the node's clock was skewed.",
+            registry=r,
+        )
+        self.delayed_timer_objects = Counter(
+            "tierlog_delayed_timer_objects",
+            "Timer objects written to the remote tier.",
+            registry=r,
+        )
+        self.delayed_repairs = Counter(
+            "tierlog_delayed_repairs",
+            "Delayed-delivery state repaired from the system stream, by what was damaged "
+            "(working_set, timer_object, timer_manifest).",
+            ["kind"],
+            registry=r,
+        )
         r.register(_ScrapedCollector(self._scraped))
 
     def _scrape(

@@ -56,3 +56,8 @@ class LinkClosedError(LinkError):
 
 class CatchUpError(ClusterError):
     """A new leader could not take the most up-to-date member's log."""
+
+
+class NotLeaderError(ClusterError):
+    """This node does not lead the stream (another node does, or nobody can yet):
+    clients are told to look the leader up again."""

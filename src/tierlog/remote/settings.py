@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tierlog.errors import ConfigError
+from tierlog.remote.errors import AckModeError
 
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
@@ -29,6 +30,7 @@ def check_index_key(value: object) -> str:
 
 
 ENCRYPTIONS = ("none", "aes-256-gcm")
+ACK_MODES = ("replicas", "remote")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,13 @@ class StreamSettings:
     may never free data that is not yet durable remotely. ``sync`` is the stream's
     confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
     follows the server.
+
+    ``ack`` says when a publish is confirmed (fixed at creation): ``"replicas"`` once
+    its chunk is committed locally (fsynced here, and on a majority of the stream's
+    members in a cluster), ``"remote"`` once its chunk is in a committed manifest of the
+    remote tier (fragments cut and committed every ``tier.remote_ack_interval_seconds``;
+    consumers read only below the remote-committed offset). ``remote`` needs ``tier_mode
+    = fragments``.
 
     ``tier_mode`` is fixed at creation. In ``segments`` mode sealed segments are offloaded
     whole once the local bytes not offloaded exceed ``offload_threshold_bytes`` or once a
@@ -56,6 +65,10 @@ class StreamSettings:
     ``index_key`` is the record key the key index is built on: ``message-id`` (default),
     ``correlation-id``, ``subject`` or ``property:<name>``; each index window records the
     key it was built with, so changing it affects new windows only.
+
+    ``delayed`` (fixed at creation) turns on delayed delivery (docs/delayed.md): only such
+    a stream parses ``x-delay`` / ``x-deliver-at``; ``delayed_horizon_seconds`` is how far
+    ahead its scheduler keeps messages in the local working set.
     """
 
     max_bytes: int | None = None
@@ -82,6 +95,9 @@ class StreamSettings:
     dictionary: bool = False
     encryption: str = "none"
     index_key: str = "message-id"
+    delayed: bool = False
+    delayed_horizon_seconds: float = 3600.0
+    ack: str = "replicas"
 
     @property
     def cold_coding(self) -> bool:
@@ -130,11 +146,25 @@ class StreamSettings:
             raise ConfigError(f"dictionary must be true or false, got {self.dictionary!r}")
         if self.dictionary and self.compression != "zstd":
             raise ConfigError("dictionary needs compression zstd")
+        if self.ack not in ACK_MODES:
+            raise ConfigError(f"ack must be one of {ACK_MODES}, got {self.ack!r}")
+        if self.ack == "remote" and self.tier_mode != "fragments":
+            raise AckModeError(
+                "ack 'remote' needs tier_mode 'fragments': offloaded segments reach the "
+                "remote tier only once sealed, so a confirm would wait for a whole segment"
+            )
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
         check_index_key(self.index_key)
         if self.tier_mode == "segments" and self.index_key != "message-id":
             raise ConfigError("index_key applies to tier_mode 'fragments' only (key index)")
+        if not isinstance(self.delayed, bool):
+            raise ConfigError(f"delayed must be true or false, got {self.delayed!r}")
+        if not 1.0 <= self.delayed_horizon_seconds <= 7 * 86400.0:
+            raise ConfigError(
+                "delayed_horizon_seconds must be within 1 s .. 7 days, got "
+                f"{self.delayed_horizon_seconds!r}"
+            )
         if self.tier_mode == "segments" and (
             self.cold_coding or self.dictionary or self.compression_level != 3
         ):
@@ -204,4 +234,12 @@ def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) 
         raise ConfigError(
             f"tier_mode is fixed at creation ({current.tier_mode!r}); it cannot become "
             f"{mode!r}: create a new stream instead"
+        )
+    if changes.get("delayed", current.delayed) != current.delayed:
+        raise ConfigError("delayed is fixed at creation: create a new stream instead")
+    ack = changes.get("ack", current.ack)
+    if ack != current.ack:
+        raise ConfigError(
+            f"ack is fixed at creation ({current.ack!r}); it cannot become {ack!r}: "
+            "create a new stream instead"
         )

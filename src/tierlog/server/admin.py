@@ -41,6 +41,7 @@ from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
+from tierlog.server.delayed_intake import is_system_stream
 from tierlog.server.limits import Gatekeeper
 
 
@@ -102,14 +103,20 @@ def build_admin_app(
         visible = [
             h.status()
             for h in broker.streams()
-            if guard.may(request, h.vhost, "read", h.name)
-            or guard.may(request, h.vhost, "configure", h.name)
+            if not is_system_stream(h.name)
+            and (
+                guard.may(request, h.vhost, "read", h.name)
+                or guard.may(request, h.vhost, "configure", h.name)
+            )
         ]
         visible += [  # not open yet after a restart: resolving, or failed with the error
             o.status()
             for o in broker.opening_streams()
-            if guard.may(request, o.record.vhost, "read", o.record.name)
-            or guard.may(request, o.record.vhost, "configure", o.record.name)
+            if not is_system_stream(o.record.name)
+            and (
+                guard.may(request, o.record.vhost, "read", o.record.name)
+                or guard.may(request, o.record.vhost, "configure", o.record.name)
+            )
         ]
         return web.json_response({"streams": visible})
 
@@ -120,6 +127,8 @@ def build_admin_app(
         if not isinstance(name, str) or not isinstance(vhost, str):
             return _error(400, "'name' (and 'vhost') must be strings")
         guard.require(request, vhost, "configure", name)
+        if is_system_stream(name):
+            return _error(403, f"stream names starting with {name[:18]!r} are reserved")
         try:
             settings = StreamSettings().updated(**_changes(data))
             _check_log_limits(broker, settings)
@@ -170,6 +179,8 @@ def build_admin_app(
     async def delete_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
         guard.require(request, vhost, "configure", name)
+        if is_system_stream(name):
+            return _error(403, "a delayed stream's system stream is deleted with its stream")
         try:
             record = await broker.delete_stream(vhost, name)
         except StreamNotFoundError as exc:

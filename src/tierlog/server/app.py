@@ -40,11 +40,14 @@ from tierlog.server.broker import (
     StreamHandle,
     no_lag,
 )
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
 from tierlog.server.data_dir_lock import DataDirLock
+from tierlog.server.delayed_service import DelayedService
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
+from tierlog.server.read_only import ReadOnlyBroker
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
 from tierlog.storage.meta_store import MetaStore
@@ -85,6 +88,8 @@ class Server:
         self.object_store: ObjectStore | None = None
         self.tiering: TieringService | None = None
         self.broker: Broker | None = None
+        self.cluster: ClusterService | None = None
+        self.delayed: DelayedService | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
         self._server: asyncio.AbstractServer | None = None
@@ -130,7 +135,15 @@ class Server:
         )
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
-        if self.config.tier.enabled:
+        if self.config.reader.read_only:  # read anywhere: no local streams, no writes
+            self.object_store = await _open_store(
+                "object store",
+                "storage.object_store",
+                storage.object_store,
+                lambda uri: open_object_store_for_startup(uri, policy, deadline),
+            )
+            self.broker = ReadOnlyBroker(self.config, catalog, self.metrics, self.object_store)
+        elif self.config.tier.enabled:
             self.object_store = await _open_store(
                 "object store",
                 "storage.object_store",
@@ -144,15 +157,26 @@ class Server:
                 lag_provider = self.tiering.lag
             if remote_status is None:
                 remote_status = self.tiering
-        self.broker = Broker(
-            self.config,
-            catalog,
-            self.metrics,
-            lag_provider=lag_provider,
-            remote_status=remote_status,
-            lifecycle=self.tiering,
-        )
+        if self.broker is None:
+            self.broker = Broker(
+                self.config,
+                catalog,
+                self.metrics,
+                lag_provider=lag_provider,
+                remote_status=remote_status,
+                lifecycle=self.tiering,
+            )
         await self.broker.start()
+        self.delayed = DelayedService(
+            self.broker,
+            self.metrics,
+            self.meta,
+            objects=self.object_store,
+            tier_prefix=self.config.tier.prefix,
+            epoch=self.config.tier.epoch,
+            schedule_deletion=None if self.tiering is None else self.tiering.deletions.schedule,
+        )
+        await self.delayed.start()
         self._register_stream_metrics(self.broker)
         self.metrics.consumer_buffer_bytes.read = _consumer_buffers(self.broker)
         loop = asyncio.get_running_loop()
@@ -193,9 +217,9 @@ class Server:
             assert tls_sockets
             self.tls_port = int(tls_sockets[0].getsockname()[1])
         guard = AdminGuard(config.auth, gate)
-        self._runner = web.AppRunner(
-            build_admin_app(self.broker, self.metrics, guard), access_log=None
-        )
+        admin_app = build_admin_app(self.broker, self.metrics, guard)
+        self.delayed.add_routes(admin_app, guard)
+        self._runner = web.AppRunner(admin_app, access_log=None)
         await self._runner.setup()
         admin_tls = (
             server_context(config.tls, client_certificates=False) if config.tls.admin else None
@@ -210,6 +234,14 @@ class Server:
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
         guard.port = self.admin_port
+        if config.cluster.enabled:
+            self.cluster = ClusterService(config, self.meta, catalog)
+            advertised = s.advertised_host or s.host
+            await self.cluster.start(
+                self.broker,
+                f"{advertised}:{s.advertised_port or self.stream_port}",
+                f"{s.admin_host}:{self.admin_port}",
+            )
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             self._write_ready_file(streams_opened=False)
@@ -224,7 +256,8 @@ class Server:
             data_dir=storage.data_dir,
             object_store=redact_uri(storage.object_store) if config.tier.enabled else None,
             meta_store=redact_uri(storage.meta_store),
-            tiering=config.tier.enabled,
+            tiering=config.tier.enabled and not config.reader.read_only,
+            read_only=config.reader.read_only,
             loop=type(loop).__module__,
         )
 
@@ -292,8 +325,14 @@ class Server:
                     conn.transport.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.cluster is not None:
+            await self.cluster.detach()
+        if self.delayed is not None:
+            await self.delayed.close()
         if self.broker is not None:
             await self.broker.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         if self.tiering is not None:
             await self.tiering.close()
         if self.object_store is not None:
@@ -386,7 +425,12 @@ def serve(config: ServerConfig) -> int:
     # (5 ms by default), and every confirm crosses it once or twice. A shorter interval
     # bounds what busy cold-read threads add to a hot publisher's confirm latency.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    if config.server.use_uvloop:
+    use_uvloop = config.server.use_uvloop
+    if use_uvloop and config.cluster.secret:
+        # replication links send chunks with loop.sendfile, which uvloop does not have
+        log.info("uvloop_not_used", reason="cluster replication sends chunks with sendfile")
+        use_uvloop = False
+    if use_uvloop:
         try:
             import uvloop
         except ImportError:

@@ -33,6 +33,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tierlog.cluster.errors import NotLeaderError
 from tierlog.concurrency import Lane, SerialPool
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.protocol.constants import ResponseCode
@@ -54,6 +55,7 @@ from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
+from tierlog.server.remote_ack import check_creatable
 from tierlog.server.subscriptions import DeliveryTurns
 from tierlog.server.tiered_source import StreamChunkSource
 
@@ -93,6 +95,7 @@ def no_lag(record: StreamRecord) -> int:
 
 if TYPE_CHECKING:
     from tierlog.remote.committed import CommittedManifest
+    from tierlog.server.remote_ack import RemoteAckGate
     from tierlog.tiering.tierer import StreamTierer
 
 
@@ -108,6 +111,32 @@ class StreamLifecycle(Protocol):
         ...
 
 
+class ConfirmGate(Protocol):
+    """Holds a written group's confirms until the stream's cluster commit reaches
+    ``chunk_id``; ``dones`` are the group's publish callbacks with their local codes."""
+
+    def group_written(
+        self, handle: StreamHandle, chunk_id: int, dones: list[tuple[Done, int]]
+    ) -> None: ...
+
+
+class StreamPlacement(Protocol):
+    """Which node leads each stream (the cluster service); None on a single node."""
+
+    async def should_open(self, record: StreamRecord) -> bool:
+        """Whether this node should open (and try to lead) a catalog stream now."""
+        ...
+
+    async def leading(self, handle: StreamHandle) -> None:
+        """Take the leadership of a freshly opened stream before anyone can use it
+        (``NotLeaderError`` if another node leads it)."""
+        ...
+
+    def not_available(self, vhost: str, name: str) -> bool:
+        """A stream led elsewhere or leaderless that this node knows of."""
+        ...
+
+
 class StreamListener(Protocol):
     """A connection that uses a stream and must hear when it goes away."""
 
@@ -115,6 +144,9 @@ class StreamListener(Protocol):
 
     def resume_publishing(self, stream: StreamHandle) -> None: ...
 
+
+LED_ELSEWHERE = "led-elsewhere"
+"""``StreamOpening.state`` of a catalog stream this cluster node does not lead."""
 
 OPENING = "opening"
 """``StreamHandle.unavailable`` while the first resolution after opening runs: clients
@@ -150,6 +182,7 @@ class _GroupResult:
     duplicates: int = 0
     error: str = ""
     sync_failed: bool = False
+    chunk_id: int = -1  # the last chunk written once the group is committed locally
 
 
 @dataclass(eq=False)
@@ -177,6 +210,21 @@ class StreamHandle:
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
     _kick_scheduled: bool = False
     _source: StreamChunkSource | None = None
+    confirm_gate: ConfirmGate | None = None
+    """In a cluster: publishes are confirmed at the stream's cluster commit, not at the
+    local fsync (None: at the local fsync, a single node)."""
+    commit_fence: Callable[[], None] | None = None
+    """In a cluster: called before each manifest commit of the stream; raises when its
+    leader may no longer commit (see ``ManifestCommitter.fence``)."""
+    cluster_commit: Callable[[], int] | None = None
+    """In a cluster: the stream's last chunk committed on a majority (tiering stops
+    there); ``tier_poke`` is called when it advances."""
+    tier_poke: Callable[[], None] | None = None
+    delayed: Any = None
+    """The publish path of a stream created with ``x-tierlog-delayed=true`` (a
+    ``DelayedIntake``, set by the delayed-delivery service); None for every other stream."""
+    remote_ack: RemoteAckGate | None = None
+    """Set for ``ack = remote`` streams: confirms wait for the remote tier's commit."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -317,7 +365,7 @@ class StreamHandle:
                     j += 1
                 self._append_run(ops, i, j, result)
                 i = j
-            self.log.sync()
+            result.chunk_id = self.log.sync().chunk_id
         except (OSError, LogError) as exc:
             log.error("write_failed", stream=self.name, error=repr(exc))
             result.error = repr(exc)
@@ -379,9 +427,20 @@ class StreamHandle:
         metrics.group_commit_frames.observe(len(ops))
         metrics.chunks_written.inc(result.chunks)
         metrics.duplicate_messages.inc(result.duplicates)
-        for op, code in zip(ops, result.codes, strict=True):
-            if isinstance(op, _PublishOp):
-                op.done(code)
+        dones = [
+            (op.done, code)
+            for op, code in zip(ops, result.codes, strict=True)
+            if isinstance(op, _PublishOp)
+        ]
+        if self.remote_ack is not None:
+            # ack = remote: confirmed at the remote commit (in a cluster only chunks the
+            # members committed are tiered, and a deposed leader's commits are fenced)
+            self.remote_ack.after_group(dones)
+        elif self.confirm_gate is not None:  # a cluster: at the stream's commit
+            self.confirm_gate.group_written(self, result.chunk_id, dones)
+        else:
+            for done, code in dones:
+                done(code)
         self.notifier.notify()
         self.activity += 1
         if result.sync_failed and self.unavailable is None and not self.closed:
@@ -519,6 +578,10 @@ class Broker:
         self.delivery_turns = DeliveryTurns()
         self.all_open = asyncio.Event()
         self._closing = False
+        self.placement: StreamPlacement | None = None
+        self.handle_opened: Callable[[StreamHandle], None] | None = None
+        """Told of every handle before it is published (delayed delivery attaches its
+        publish path to delayed streams here)."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -564,7 +627,13 @@ class Broker:
                 if opening is None:  # deleted meanwhile
                     return
                 try:
+                    if self.placement is not None and not await self.placement.should_open(record):
+                        opening.state = LED_ELSEWHERE
+                        return
                     await self._open(record)
+                except NotLeaderError:
+                    opening.state = LED_ELSEWHERE
+                    return
                 except (TierlogError, OSError) as exc:
                     opening.state, opening.error = "failed", repr(exc)
                     log.error(
@@ -598,7 +667,9 @@ class Broker:
     def not_available_yet(self, vhost: str, name: str) -> bool:
         """A stream that is not open may still be one: the catalog is loading, or the
         stream is being opened (or failed to open) after a restart."""
-        return not self.catalog_loaded.is_set() or (vhost, name) in self._opening
+        if not self.catalog_loaded.is_set() or (vhost, name) in self._opening:
+            return True
+        return self.placement is not None and self.placement.not_available(vhost, name)
 
     def opening_streams(self) -> list[StreamOpening]:
         """Catalog streams not open yet (a stream resolving is listed by its handle)."""
@@ -661,6 +732,14 @@ class Broker:
             executor.shutdown(wait=False)
             raise
         handle = StreamHandle(record, stream_log, self, executor)
+        if self.placement is not None:  # leadership before anyone sees the stream
+            try:
+                await self.placement.leading(handle)
+            except BaseException:
+                await handle.close(notify=False)
+                raise
+        if self.handle_opened is not None:
+            self.handle_opened(handle)
         if self.lifecycle is not None:
             handle.unavailable = OPENING  # until the lifecycle (tiering) has resolved
         key = (record.vhost, record.name)
@@ -738,6 +817,67 @@ class Broker:
                 log.warning("stream_reopened_after_io_error", stream=handle.name)
                 return
 
+    # ----------------------------------------------------------------- cluster placement
+
+    async def take_over(self, record: StreamRecord) -> StreamHandle | None:
+        """Open a catalog stream this node may now lead (its leader's lease is gone);
+        None if another node got it first or it is open already."""
+        key = (record.vhost, record.name)
+        if self.busy(record.vhost, record.name) or self._closing:
+            return None
+        opening = self._opening.setdefault(key, StreamOpening(record, LED_ELSEWHERE))
+        opening.state, opening.error = "resolving", None
+        try:
+            handle = await self._open(record)
+        except NotLeaderError:
+            opening.state = LED_ELSEWHERE
+            return None
+        except BaseException as exc:
+            opening.state, opening.error = "failed", repr(exc)
+            raise
+        if self._opening.get(key) is opening:
+            del self._opening[key]
+        return handle
+
+    def busy(self, vhost: str, name: str) -> bool:
+        """Open, being created, or being opened here right now."""
+        key = (vhost, name)
+        opening = self._opening.get(key)
+        return (
+            key in self._streams
+            or key in self._creating
+            or (opening is not None and opening.state == "resolving")
+        )
+
+    async def release(self, handle: StreamHandle, reason: str) -> None:
+        """Stop serving a stream this node no longer leads: its users are told (they
+        look the leader up again), tiering stops without a final flush."""
+        async with self._lock:
+            key = (handle.vhost, handle.name)
+            if self._streams.get(key) is not handle:
+                return
+            del self._streams[key]
+            self._opening[key] = StreamOpening(handle.record, LED_ELSEWHERE, reason)
+            if self.lifecycle is not None:
+                await self.lifecycle.closing(handle, flush=False)
+            try:
+                await handle.close(notify=True)
+            except (LogError, OSError) as exc:
+                log.error("stream_close_failed", stream=handle.name, error=repr(exc))
+            log.warning("stream_released", vhost=handle.vhost, stream=handle.name, reason=reason)
+
+    def led_elsewhere(self, record: StreamRecord) -> None:
+        """A catalog stream another node created or leads: known here, not open."""
+        key = (record.vhost, record.name)
+        if key not in self._streams and key not in self._creating:
+            self._opening.setdefault(key, StreamOpening(record, LED_ELSEWHERE))
+
+    def forget_elsewhere(self, vhost: str, name: str) -> None:
+        """A stream led elsewhere was deleted from the catalog."""
+        opening = self._opening.get((vhost, name))
+        if opening is not None and opening.state == LED_ELSEWHERE:
+            del self._opening[(vhost, name)]
+
     # ----------------------------------------------------------------- streams
 
     def get(self, vhost: str, name: str) -> StreamHandle | None:
@@ -752,6 +892,7 @@ class Broker:
         Creations of different streams run concurrently (the catalog's create-only put
         decides between racing creators of one name)."""
         await self.catalog_loaded.wait()
+        check_creatable(self.config, settings)
         key = (vhost, name)
         if key in self._streams or key in self._opening or key in self._creating:
             raise StreamExistsError(f"stream {name!r} already exists")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -23,6 +24,7 @@ from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.remote.encryption import Keyring
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 from tierlog.storage.retry import RetryPolicy
+from tierlog.tiering.remote_ack import check_interval as check_remote_ack_interval
 
 DEFAULT_STREAM_PORT = 5552
 DEFAULT_ADMIN_PORT = 15552
@@ -259,6 +261,9 @@ class TierSection:
     has at most ``max_uploads`` uploads in flight)."""
     resolution_reads: int = 8
     """Threads reading fragment trailers while streams resolve (shared)."""
+    remote_ack_interval_seconds: float = 0.2
+    """``ack = remote`` streams cut and commit a fragment at least this often (their
+    confirms wait for the commit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +334,117 @@ class EncryptionSection:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterSection:
+    """Running as one node of a cluster (the ``[cluster]`` table). Off while ``node`` is
+    empty: the server is then a single node, as without the table.
+
+    Nodes share one MetaStore (``storage.meta_store``: etcd, or one SQLite file for
+    processes on one host) and one object store; each has its own data directory. Each
+    node holds one lease (``lease_ttl_seconds``) and leads the streams it acquired; a
+    leader confirms only until ``last renewal + TTL - drift_seconds``.
+    ``*_address`` are ``host:port`` strings announced to clients, admins and peers
+    (empty: this server's own listener address). ``initial_cluster_size`` is the
+    default replication factor of new streams (RabbitMQ's ``x-initial-cluster-size``
+    argument overrides it); above 1 it needs ``secret``, the shared secret that
+    authenticates replication links between nodes (listening on ``replication_port``,
+    0: a free port). ``scan_interval_seconds``: how often the directory is read
+    (one read for every stream) to take over streams whose leader's lease is gone.
+    """
+
+    node: str = ""
+    stream_address: str = ""
+    admin_address: str = ""
+    replication_address: str = ""
+    replication_port: int = 0
+    secret: str = ""
+    lease_ttl_seconds: float = 10.0
+    drift_seconds: float = 1.5
+    initial_cluster_size: int = 1
+    scan_interval_seconds: float = 1.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.node)
+
+    def validate(self) -> None:
+        if not self.enabled:
+            for f in fields(self):
+                if f.name != "node" and getattr(self, f.name) != f.default:
+                    raise ConfigError(f"cluster.{f.name} is set but cluster.node is empty")
+            return
+        if not _NODE_NAME.fullmatch(self.node):
+            raise ConfigError(
+                f"cluster.node must be 1-64 letters, digits, '.', '_' or '-', got {self.node!r}"
+            )
+        for name in ("stream_address", "admin_address", "replication_address"):
+            value = getattr(self, name)
+            if value:
+                _check_address(f"cluster.{name}", value)
+        if self.lease_ttl_seconds < 1.0:
+            raise ConfigError(
+                f"cluster.lease_ttl_seconds must be >= 1, got {self.lease_ttl_seconds}"
+            )
+        if not 0 < self.drift_seconds < self.lease_ttl_seconds / 2:
+            raise ConfigError(
+                "cluster.drift_seconds must be > 0 and below half of cluster.lease_ttl_seconds,"
+                f" got {self.drift_seconds}"
+            )
+        if not 0.05 <= self.scan_interval_seconds <= self.lease_ttl_seconds:
+            raise ConfigError(
+                "cluster.scan_interval_seconds must be 0.05..cluster.lease_ttl_seconds,"
+                f" got {self.scan_interval_seconds}"
+            )
+        if not 1 <= self.initial_cluster_size <= 9:
+            raise ConfigError(
+                f"cluster.initial_cluster_size must be 1..9, got {self.initial_cluster_size}"
+            )
+        if not 0 <= self.replication_port <= 65535:
+            raise ConfigError(
+                f"cluster.replication_port must be 0..65535, got {self.replication_port}"
+            )
+        # Without a secret no replication link can be authenticated: the settings that
+        # only matter to replication would do nothing, so they are refused.
+        if not self.secret:
+            if self.initial_cluster_size != 1:
+                raise ConfigError(
+                    "cluster.initial_cluster_size above 1 needs replication between nodes:"
+                    " set cluster.secret (the same on every node)"
+                )
+            for name in ("replication_address", "replication_port"):
+                if getattr(self, name):
+                    raise ConfigError(f"cluster.{name} needs cluster.secret (replication)")
+        elif len(self.secret) < 16:
+            raise ConfigError("cluster.secret must be at least 16 characters")
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _check_address(setting: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{setting} must be host:port with a port 1..65535, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSection:
+    """Read anywhere. ``read_only``: this node is a member of no stream; it opens no local
+    log and serves every catalog stream read-only from the remote tier, following new
+    manifest commits by polling their pointers (each stream every
+    ``poll_interval_seconds``, at most ``max_pointer_reads_per_second`` in all)."""
+
+    read_only: bool = False
+    poll_interval_seconds: float = 0.5
+    max_pointer_reads_per_second: float = 200.0
+
+    def validate(self) -> None:
+        if not 0.01 <= self.poll_interval_seconds <= 60:
+            raise ConfigError("reader.poll_interval_seconds must be 0.01..60")
+        if self.max_pointer_reads_per_second <= 0:
+            raise ConfigError("reader.max_pointer_reads_per_second must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     storage: StorageSection = field(default_factory=StorageSection)
@@ -338,7 +454,9 @@ class ServerConfig:
     tls: TlsSection = field(default_factory=TlsSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
     store: StoreSection = field(default_factory=StoreSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
     encryption: EncryptionSection = field(default_factory=EncryptionSection)
+    reader: ReaderSection = field(default_factory=ReaderSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -386,7 +504,15 @@ class ServerConfig:
         ):
             if getattr(t, name) < 0:
                 raise ConfigError(f"tier.{name} must be >= 0")
+        check_remote_ack_interval(t.remote_ack_interval_seconds)
+        self.reader.validate()
         self.store.validate()
+        self.cluster.validate()
+        if self.cluster.enabled and (t.epoch != 1 or self.log.epoch != 1):
+            raise ConfigError(
+                "tier.epoch and log.epoch are taken from stream leadership in a cluster;"
+                " leave them unset when cluster.node is set"
+            )
         self.encryption.keyring()  # loads and checks every key file now, not at first use
         return self
 
@@ -400,7 +526,9 @@ _SECTIONS: dict[str, type[Any]] = {
     "tls": TlsSection,
     "limits": LimitsSection,
     "store": StoreSection,
+    "cluster": ClusterSection,
     "encryption": EncryptionSection,
+    "reader": ReaderSection,
 }
 
 

@@ -38,6 +38,10 @@ def _ignore(seconds: float) -> None:
     pass
 
 
+def _unfenced() -> None:
+    pass
+
+
 class ManifestCommitter:
     """Holds the committed manifest (cached root) and commits new entries to it."""
 
@@ -64,6 +68,10 @@ class ManifestCommitter:
         """Told each commit attempt's duration (the server points it at a histogram)."""
         self.conflicts = 0
         self.puts = 0
+        self.fence: Callable[[], None] = _unfenced
+        """Called right before each conditional put of the pointer; raises
+        ``DeposedError`` when this writer may no longer commit (a cluster leader past
+        its lease deadline), so a paused and woken leader commits nothing."""
         self._lock = threading.RLock()
 
     def _empty_tree(self) -> ManifestTree:
@@ -135,6 +143,11 @@ class ManifestCommitter:
         except Exception as exc:  # typed or not (a raw OS error): unpublished, retry
             self._discard(written)
             raise CommitRetryError(f"writing manifest objects failed: {exc!r}") from exc
+        try:
+            self.fence()
+        except DeposedError:
+            self._discard(written)
+            raise
         try:
             version = self.catalog.put_pointer(
                 self.incarnation, uid.hex(), self.epoch, self.pointer.version

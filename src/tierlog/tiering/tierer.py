@@ -144,6 +144,11 @@ class StreamTierer(RetentionMixin):
         self._retention_timer: object | None = None
         self._handed = 0  # next offset of the last chunk handed to the state machine
         self._reader: LogReader | None = None
+        self.commit_cap: Callable[[], int] | None = None
+        """In a cluster: the last chunk id committed on a majority of the stream's
+        members. Chunks after it are held back (only committed chunks are tiered);
+        ``poke`` when it advances. None: every locally committed chunk (one node)."""
+        self._held: list[ChunkRef] = []
         self._durable = threading.Condition()
         self._stopping = False
         self.backpressure = BackPressure(
@@ -402,8 +407,27 @@ class StreamTierer(RetentionMixin):
         with self._inbox_lock:
             self._tasks.discard(task)
 
+    def poke(self) -> None:
+        """Chunks may have become tierable (the cluster commit advanced)."""
+        self._post(Tick())
+
     def _new_chunks(self) -> list[ChunkRef]:
-        """Chunks committed locally since the last call (headers only: one pread each)."""
+        """Chunks committed since the last call (headers only: one pread each), up to
+        ``commit_cap`` when there is one."""
+        out = self._local_chunks()
+        cap = self.commit_cap
+        if cap is None:
+            return out
+        limit = cap()
+        pending = self._held + out if self._held else out
+        ready = 0
+        while ready < len(pending) and pending[ready].chunk_id <= limit:
+            ready += 1
+        self._held = pending[ready:]
+        return pending[:ready]
+
+    def _local_chunks(self) -> list[ChunkRef]:
+        """Chunks committed locally since the last call."""
         if self._reader is None:
             self._reader = LogReader(self.log, OffsetSpec.offset(self._handed), user_only=False)
         out: list[ChunkRef] = []

@@ -123,7 +123,23 @@ class PublisherHandlers(ConnectionCore):
             else:
                 self._publish_error(publisher_id, ids, code)
 
-        handle.submit_publish(batch, publisher.reference, done)
+        if handle.delayed is not None:  # x-tierlog-delayed: some messages may be scheduled
+
+            def settle(confirmed: Any, errors: Any) -> None:
+                self._queued_publish_bytes -= size
+                if "memory" in self._pause_reasons and not self._over_budget(2):
+                    self.unpause("memory")
+                if confirmed:
+                    metrics.confirmed_messages.inc(len(confirmed))
+                    self.send(encode_publish_confirm(publisher_id, confirmed))
+                if errors:
+                    for _pid, code in errors:
+                        self.metrics.publish_errors.labels(code=str(code)).inc()
+                    self.send(PublishError(publisher_id, list(errors)).encode())
+
+            handle.delayed.submit(batch, publisher.reference, settle)
+        else:
+            handle.submit_publish(batch, publisher.reference, done)
         if handle.congested:
             handle.block(self)
             self.pause(f"stream:{handle.name}")

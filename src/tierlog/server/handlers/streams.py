@@ -27,7 +27,10 @@ from tierlog.logs import get_logger
 from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
 from tierlog.server.broker import OPENING
+from tierlog.server.cluster_gates import cluster_metadata
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.delayed_intake import is_system_stream
 
 log = get_logger("tierlog.server.connection")
 
@@ -38,12 +41,14 @@ class StreamHandlers(ConnectionCore):
     """Commands about streams themselves."""
 
     async def _on_create(self, cmd: CreateRequest) -> None:
-        if not self._permitted("configure", cmd.stream):
+        if not self._permitted("configure", cmd.stream) or is_system_stream(cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
             return
         try:
             settings = settings_from_arguments(cmd.arguments)
+            if isinstance(self.broker.placement, ClusterService):
+                self.broker.placement.check_create(self.vhost, cmd.stream, cmd.arguments)
             await self.broker.create_stream(self.vhost, cmd.stream, settings)
             code = ResponseCode.OK
         except StreamExistsError:
@@ -57,7 +62,7 @@ class StreamHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
     async def _on_delete(self, cmd: DeleteRequest) -> None:
-        if not self._permitted("configure", cmd.stream):
+        if not self._permitted("configure", cmd.stream) or is_system_stream(cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
             return
@@ -72,6 +77,11 @@ class StreamHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
     def _on_metadata(self, cmd: MetadataRequest) -> None:
+        placement = self.broker.placement
+        if isinstance(placement, ClusterService):
+            brokers, streams = cluster_metadata(placement, self.vhost, cmd.streams)
+            self.send(MetadataResponse(cmd.correlation_id, brokers, streams).encode())
+            return
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
@@ -94,9 +104,11 @@ class StreamHandlers(ConnectionCore):
             code = self._missing(cmd.stream) if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
+        # ack = remote streams: what consumers may read (the remote-committed part)
+        reads = handle.log if handle.remote_ack is None else handle.remote_ack.view
         stats = {
             "first_chunk_id": handle.first_offset(),
-            "committed_chunk_id": handle.log.commit_point().chunk_id,
+            "committed_chunk_id": reads.commit_point().chunk_id,
         }
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
 

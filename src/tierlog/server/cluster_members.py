@@ -1,0 +1,119 @@
+"""The member side of a node in a cluster: the stream logs it holds as a follower.
+
+A node that is a member of a stream but not its leader keeps the stream's log in the
+same directory a leader would (the incarnation's name, so files are byte-identical
+across members) and follows the leader through the replication hub: chunks are
+appended verbatim by the log's acceptor path, fsynced, and acknowledged. The log is
+not open in the broker: clients of this node are pointed at the leader by Metadata.
+When the node takes the stream over, the follower log is closed first and the broker
+opens the same directory as the leader's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from tierlog.cluster.hub import ReplicationHub
+from tierlog.log.config import LogConfig
+from tierlog.log.writer import StreamLog
+from tierlog.logs import get_logger
+from tierlog.remote.catalog import StreamRecord
+
+log = get_logger("tierlog.server.cluster")
+
+
+@dataclass(slots=True)
+class Follower:
+    """One followed stream: its log, its writer lane and whom it follows."""
+
+    record: StreamRecord
+    log: StreamLog
+    lane: Executor
+    leader: str
+    epoch: int
+    seen_next: int = -1
+    idle_scans: int = 0
+
+
+class Followers:
+    """Every stream this node follows, opened and closed on their writer lanes."""
+
+    def __init__(self, hub: ReplicationHub, streams_dir: str) -> None:
+        self.hub = hub
+        self.streams_dir = streams_dir
+        self.streams: dict[str, Follower] = {}
+
+    def get(self, incarnation: str) -> Follower | None:
+        return self.streams.get(incarnation)
+
+    async def follow(
+        self, record: StreamRecord, config: LogConfig, lane: Executor, leader: str, epoch: int
+    ) -> None:
+        """Follow ``leader`` in ``epoch`` (opening or creating the log the first time;
+        a later call with a new leader or epoch re-points the follower)."""
+        incarnation = record.incarnation
+        current = self.streams.get(incarnation)
+        if current is not None:
+            if (current.leader, current.epoch) != (leader, epoch):
+                current.leader, current.epoch = leader, epoch
+                self.hub.follow(incarnation, current.log, leader, epoch, executor=current.lane)
+            return
+        path = os.path.join(self.streams_dir, incarnation)
+
+        def open_log() -> StreamLog:
+            if os.path.isdir(path):
+                return StreamLog.open(path, config, adopt_disk_epoch=True)
+            return StreamLog.create_follower(path, config)
+
+        stream_log = await asyncio.get_running_loop().run_in_executor(lane, open_log)
+        self.streams[incarnation] = Follower(record, stream_log, lane, leader, epoch)
+        self.hub.follow(incarnation, stream_log, leader, epoch, executor=lane)
+        log.info(
+            "cluster_stream_following",
+            stream=record.name,
+            incarnation=incarnation,
+            leader=leader,
+            epoch=epoch,
+            next_offset=stream_log.next_offset,
+        )
+
+    def nudge_idle(self, scans: int) -> None:
+        """Ask again (a fetch) for followers whose log has not grown for ``scans``
+        directory scans: a fetch lost together with its timer (a frame from the leader
+        that is not an answer cancels the timer) must not stall a member for good.
+        A fetch the leader already parked is answered twice at worst; the second
+        answer does not continue the log and is ignored."""
+        for incarnation, follower in self.streams.items():
+            next_offset = follower.log.next_offset
+            if next_offset != follower.seen_next:
+                follower.seen_next, follower.idle_scans = next_offset, 0
+                continue
+            follower.idle_scans += 1
+            if follower.idle_scans >= scans:
+                follower.idle_scans = 0
+                followed = self.hub.followed.get(incarnation)
+                if followed is not None:
+                    followed.refetch()
+
+    def seen_epochs(self, incarnation: str) -> tuple[int, ...]:
+        """The epochs a follower log has seen (written or adopted): a new leader takes
+        an epoch above them."""
+        follower = self.streams.get(incarnation)
+        if follower is None:
+            return ()
+        return (follower.log.max_epoch, follower.log.read_member_epoch())
+
+    async def stop(self, incarnation: str) -> None:
+        """Stop following and close the log (before this node opens it as leader)."""
+        follower = self.streams.pop(incarnation, None)
+        if follower is None:
+            return
+        self.hub.unfollow(incarnation)
+        await asyncio.get_running_loop().run_in_executor(follower.lane, follower.log.close)
+
+    async def close(self) -> None:
+        for incarnation in list(self.streams):
+            await self.stop(incarnation)

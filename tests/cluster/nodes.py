@@ -1,0 +1,437 @@
+"""Multi-process cluster harness: ``tierlog serve`` nodes on loopback sharing one etcd
+(optionally each through its own TCP proxy, to cut a node from etcd alone) and one
+SeaweedFS bucket; an ``rstream`` publisher with a named producer that survives any
+fault by reconnecting through Metadata and resending what was not confirmed; a watcher
+of the manifest pointer; and the oracle.
+
+Oracle: every confirmed message is read back exactly once, in order; the manifest
+pointer's epoch and version only go up; a leader that may have been deposed sent no
+confirm and committed no manifest from the moment it could have been deposed until it
+led again in a higher epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rstream import ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.consumer import Consumer, MessageContext
+from rstream.exceptions import StreamNotAvailable
+from rstream.producer import ConfirmationStatus
+from rstream.utils import RawMessage
+
+from tests.plugins import seaweed
+from tests.plugins.tierlog_server import TierlogServerProcess
+from tierlog.cluster.membership import ClusterDirectory
+from tierlog.remote.catalog import Catalog, ManifestPointer, pointer_key
+from tierlog.storage.meta_store import MetaStore, open_meta_store
+
+HOST = "127.0.0.1"
+TTL = 5.0
+DRIFT = 1.0
+PRODUCER = "cluster-producer"
+STREAM_ARGS = {
+    "x-tierlog-fragment-bytes": str(1 << 20),
+    "x-tierlog-max-fragment-age": "1s",
+    "x-tierlog-debounce-seconds": "0.05",
+    "stream-max-segment-size-bytes": "65536",
+}
+
+
+class TcpProxy:
+    """A loopback TCP proxy that can cut every connection through it and refuse new
+    ones until healed (a network partition of one node from one service)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((HOST, 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._cut = False
+        self._closed = False
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True, name="tcp-proxy").start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._cut:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data or self._cut:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            with self._lock:
+                self._sockets.discard(source)
+                self._sockets.discard(sink)
+
+    def cut(self) -> None:
+        self._cut = True
+        with self._lock:
+            sockets = list(self._sockets)
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def heal(self) -> None:
+        self._cut = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        self._listener.close()
+
+
+@dataclass
+class Node:
+    name: str
+    process: TierlogServerProcess
+    etcd_proxy: TcpProxy | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process.proc is not None
+        return self.process.proc.pid
+
+    def log_events(self, event: str) -> list[dict[str, str]]:
+        """The node's structured log lines of ``event`` (kv format), oldest first."""
+        out = []
+        for line in self.process.log_path.read_text(errors="replace").splitlines():
+            if f"event={event}" not in line:
+                continue
+            out.append(dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line)))
+        return out
+
+
+def log_time(fields: dict[str, str]) -> float:
+    """Wall-clock seconds of a log line's ``ts=2026-...Z``."""
+    return datetime.fromisoformat(fields["ts"].replace("Z", "+00:00")).timestamp()
+
+
+class Cluster:
+    """``names`` nodes sharing one etcd namespace and one S3 prefix."""
+
+    def __init__(
+        self,
+        base: Path,
+        etcd_endpoint: str,
+        s3: seaweed.SeaweedServer,
+        names: tuple[str, ...] = ("n1", "n2", "n3"),
+        proxied_etcd: bool = False,
+        replicated: bool = False,
+    ) -> None:
+        self.base = base
+        etcd_host, etcd_port = etcd_endpoint.rsplit(":", 1)
+        self.namespace = f"t-{uuid.uuid4().hex}"
+        self.meta_uri = f"etcd://{etcd_endpoint}/{self.namespace}"
+        prefix = f"t/{uuid.uuid4().hex}"
+        self.object_uri = f"s3://{s3.bucket}/{prefix}?endpoint={s3.endpoint}&region={s3.region}"
+        self.env = {
+            "AWS_ACCESS_KEY_ID": seaweed.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": seaweed.SECRET_KEY,
+            "AWS_REGION": seaweed.REGION,
+        }
+        self.nodes: dict[str, Node] = {}
+        for name in names:
+            proxy = TcpProxy(etcd_host, int(etcd_port)) if proxied_etcd else None
+            endpoint = f"{HOST}:{proxy.port}" if proxy else etcd_endpoint
+            config = f"""
+[storage]
+meta_store = "etcd://{endpoint}/{self.namespace}"
+object_store = "{self.object_uri}"
+
+[tier]
+retention_interval_seconds = 0.2
+local_retention_interval_seconds = 0.2
+delete_grace_seconds = 0.0
+
+[cluster]
+node = "{name}"
+lease_ttl_seconds = {TTL}
+drift_seconds = {DRIFT}
+scan_interval_seconds = 0.3
+"""
+            if replicated:
+                config += 'secret = "cluster-secret-for-the-tests"\n'
+
+            process = TierlogServerProcess(base / name, config_text=config, env=self.env)
+            self.nodes[name] = Node(name, process, proxy)
+        self.meta: MetaStore = open_meta_store(self.meta_uri)
+
+    def start(self) -> Cluster:
+        for node in self.nodes.values():
+            node.process.start()
+        return self
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            if node.process.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.pid, 18)  # SIGCONT: a stopped process cannot exit
+            try:
+                node.process.stop()
+            except RuntimeError:
+                node.process.kill()
+            if node.etcd_proxy is not None:
+                node.etcd_proxy.close()
+        self.meta.close()
+
+    def node(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def live(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.process.alive()]
+
+    def incarnation(self, stream: str) -> str:
+        return Catalog(self.meta).require("/", stream).incarnation
+
+    def members_of(self, stream: str) -> tuple[str, ...]:
+        record = ClusterDirectory(self.meta).require_stream(self.incarnation(stream))
+        return record.membership.members
+
+    def stream_files(self, node: str, stream: str) -> dict[str, bytes]:
+        """A member's segment and index files of the stream."""
+        directory = self.nodes[node].process.data_dir / "streams" / self.incarnation(stream)
+        return {
+            p.name: p.read_bytes()
+            for p in sorted(directory.iterdir())
+            if p.suffix in (".segment", ".index")
+        }
+
+    def leader_of(self, stream: str) -> tuple[str | None, int]:
+        record = ClusterDirectory(self.meta).require_stream(self.incarnation(stream))
+        return record.leader, record.epoch
+
+
+class PointerWatch:
+    """Samples a stream's manifest pointer every 50 ms from the test process: the
+    pointer's (epoch, version) must never go down."""
+
+    def __init__(self, meta: MetaStore, incarnation: str) -> None:
+        self.meta = meta
+        self.key = pointer_key(incarnation)
+        self.samples: list[tuple[float, int, int]] = []  # (wall time, epoch, version)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="pointer-watch")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                stored = self.meta.get(self.key)
+                if stored is not None:
+                    pointer = ManifestPointer.decode(stored.value, stored.version)
+                    self.samples.append((time.time(), pointer.epoch, stored.version))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def regressions(self) -> list[str]:
+        out = []
+        for (_, e1, v1), (t2, e2, v2) in zip(self.samples, self.samples[1:], strict=False):
+            if e2 < e1 or v2 < v1:
+                out.append(f"pointer went from epoch {e1} v{v1} to epoch {e2} v{v2} at {t2}")
+        return out
+
+    def commits_in_epoch_after(self, epoch: int, after: float) -> list[tuple[float, int]]:
+        """Pointer versions of ``epoch`` first seen after ``after`` that were not
+        already there before it (a commit in that epoch after that moment)."""
+        before = max((v for t, e, v in self.samples if t <= after and e == epoch), default=-1)
+        return [(t, v) for t, e, v in self.samples if t > after and e == epoch and v > before]
+
+
+def body(i: int) -> bytes:
+    return b"msg-%08d-" % i + bytes([i % 251]) * 200
+
+
+def id_of(data: bytes) -> int:
+    return int(data[4:12])
+
+
+@dataclass
+class Publisher:
+    """Publishes ids 1..n with one named producer through whichever node is up; on any
+    error or a stall it drops the connection, asks Metadata again and resends every id
+    not confirmed yet (the server deduplicates ids it already stored)."""
+
+    cluster: Cluster
+    stream: str
+    batch: int = 20
+    stall_seconds: float = 4.0
+    confirmed: set[int] = field(default_factory=set)
+    confirm_times: dict[int, float] = field(default_factory=dict)
+    refused: int = 0
+    sessions: int = 0
+    next_id: int = 1
+
+    async def run(self, until: Callable[[], bool], limit: int = 10**9) -> None:
+        while not until() and len(self.confirmed) < limit:
+            live = self.cluster.live()
+            if not live:
+                await asyncio.sleep(0.2)
+                continue
+            self.sessions += 1
+            node = live[self.sessions % len(live)]
+            try:
+                await self._session(node, until, limit)
+            except Exception:
+                await asyncio.sleep(0.3)
+
+    def _confirm_handler(
+        self, waiting: set[int], progress: asyncio.Event
+    ) -> Callable[[ConfirmationStatus], Any]:
+        async def on_confirm(status: ConfirmationStatus) -> None:
+            if status.is_confirmed:
+                self.confirmed.add(status.message_id)
+                self.confirm_times.setdefault(status.message_id, time.time())
+            else:
+                self.refused += 1
+            waiting.discard(status.message_id)
+            if not waiting:
+                progress.set()
+
+        return on_confirm
+
+    async def _session(self, node: Node, until: Callable[[], bool], limit: int) -> None:
+        producer = Producer(
+            HOST,
+            port=node.process.stream_port,
+            username="guest",
+            password="guest",
+            heartbeat=0,
+        )
+        try:
+            await asyncio.wait_for(producer.start(), 5)
+            # resend from the first id not confirmed (ascending, so the order holds)
+            pending = [i for i in range(1, self.next_id) if i not in self.confirmed]
+            while not until() and len(self.confirmed) < limit:
+                if not pending:
+                    pending = list(range(self.next_id, self.next_id + self.batch))
+                    self.next_id += self.batch
+                waiting = set(pending)
+                progress = asyncio.Event()
+                on_confirm = self._confirm_handler(waiting, progress)
+                messages = [RawMessage(body(i), publishing_id=i) for i in pending]
+                await asyncio.wait_for(
+                    producer.send_batch(
+                        self.stream,
+                        messages,
+                        publisher_name=PRODUCER,
+                        on_publish_confirm=on_confirm,
+                    ),
+                    self.stall_seconds,
+                )
+                await asyncio.wait_for(progress.wait(), self.stall_seconds)
+                pending = [i for i in pending if i not in self.confirmed]
+                if pending:
+                    return  # refused: start a new session (Metadata, leader, resend)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.close(), 3)
+
+
+async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30.0) -> list[int]:
+    """Message ids of the whole stream read through one node, in order: reads until
+    ``at_least`` ids arrived and the stream has been quiet for a second."""
+    got: list[int] = []
+    last = [time.monotonic()]
+
+    async def on_message(msg: Any, ctx: MessageContext) -> None:
+        got.append(id_of(bytes(msg)))
+        last[0] = time.monotonic()
+
+    deadline = time.monotonic() + timeout
+    while True:  # the stream may still be opening (resolution after a take-over)
+        consumer = Consumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
+        await consumer.start()
+        try:
+            await consumer.subscribe(
+                stream,
+                on_message,
+                offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+            )
+            break
+        except StreamNotAvailable:
+            await consumer.close()
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+    try:
+        while time.monotonic() < deadline:
+            if len(got) >= at_least and time.monotonic() - last[0] > 1.0:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await consumer.close()
+    return got
+
+
+def oracle(confirmed: set[int], read: list[int]) -> list[str]:
+    """Every confirmed id read exactly once, every id at most once, in order."""
+    problems = []
+    if read != sorted(set(read)):
+        problems.append("ids read out of order or twice")
+    missing = sorted(confirmed - set(read))
+    if missing:
+        problems.append(f"{len(missing)} confirmed ids not read, first {missing[:5]}")
+    return problems
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout} s: {what}")
+        await asyncio.sleep(0.1)
+
+
+def admin_json(node: Node, path: str) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(
+        node.process.admin_url + path, headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())

@@ -1,0 +1,197 @@
+"""Three ``tierlog serve`` nodes with replication (one etcd, one SeaweedFS, lease TTL
+5 s): a stream created with ``x-initial-cluster-size = 3`` while an ``rstream`` named
+producer publishes with confirms and the leader is SIGKILLed, or SIGSTOPped past its
+lease and woken. Another member takes over in a higher epoch; the old leader comes back
+as a member, cutting any uncommitted suffix. Oracle: every confirmed message read back
+exactly once, in order, from the leader; every member's segment and index files
+byte-identical once they caught up; the manifest pointer never goes back; the woken
+leader neither confirmed nor committed a manifest in its old epoch after waking."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rstream import Producer
+
+from tests.cluster.nodes import (
+    DRIFT,
+    HOST,
+    STREAM_ARGS,
+    TTL,
+    Cluster,
+    PointerWatch,
+    Publisher,
+    log_time,
+    oracle,
+    read_stream,
+    wait_for,
+)
+from tests.faults.registry import CrashPoint, register_crash_point
+from tests.plugins.seaweed import SeaweedServer
+
+pytestmark = [pytest.mark.etcd, pytest.mark.s3]
+
+STREAM = "replicated"
+ARGS = {**STREAM_ARGS, "x-initial-cluster-size": "3", "x-tierlog-max-segment-chunks": "4"}
+
+register_crash_point(
+    CrashPoint(
+        "cluster-replicated-leader-sigkill",
+        "the leader of a stream with three members is SIGKILLed mid-publish; a member takes over",
+    )
+)
+register_crash_point(
+    CrashPoint(
+        "cluster-replicated-leader-paused",
+        "the leader of a stream with three members is SIGSTOPped past its lease, a member takes"
+        " over, the old leader wakes and rejoins as a member",
+    )
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+async def create(cluster: Cluster) -> None:
+    port = cluster.node("n1").process.stream_port
+    deadline = time.monotonic() + 3 * TTL
+    while True:  # the nodes learn of each other through the directory scan
+        try:
+            async with Producer(HOST, port=port, username="guest", password="guest") as p:
+                await p.create_stream(STREAM, arguments=ARGS)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+    assert cluster.members_of(STREAM) == ("n1", "n2", "n3")
+    assert cluster.leader_of(STREAM)[0] == "n1"
+
+
+async def check(cluster: Cluster, publisher: Publisher, watch: PointerWatch) -> None:
+    total = len(publisher.confirmed) + 100
+    await asyncio.wait_for(publisher.run(lambda: False, limit=total), 90)
+    leader, _ = cluster.leader_of(STREAM)
+    assert leader is not None
+    read = await read_stream(cluster.node(leader).process.stream_port, STREAM, total)
+    watch.stop()
+    assert oracle(publisher.confirmed, read) == []
+    assert watch.regressions() == []
+
+    def identical() -> bool:
+        expected = cluster.stream_files(leader, STREAM)
+        return all(cluster.stream_files(name, STREAM) == expected for name in cluster.nodes)
+
+    await wait_for(identical, 6 * TTL, "every member's files equal the leader's")
+    assert len(cluster.stream_files(leader, STREAM)) >= 4  # rolled segments too
+
+
+async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
+    await create(cluster)
+    watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
+    publisher = Publisher(cluster, STREAM)
+    await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
+    _, epoch = cluster.leader_of(STREAM)
+    cluster.node("n1").process.kill()
+
+    def taken_over() -> bool:
+        leader, now = cluster.leader_of(STREAM)
+        return leader in ("n2", "n3") and now > epoch
+
+    await asyncio.wait_for(publisher.run(taken_over), 6 * TTL)
+    await wait_for(taken_over, 6 * TTL, "a member takes over")
+    cluster.node("n1").process.start()  # comes back as a member
+    await check(cluster, publisher, watch)
+
+
+async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None:
+    await create(cluster)
+    watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
+    publisher = Publisher(cluster, STREAM)
+    await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
+    _, epoch = cluster.leader_of(STREAM)
+    n1 = cluster.node("n1")
+    os.kill(n1.pid, signal.SIGSTOP)
+
+    def taken_over() -> bool:
+        leader, now = cluster.leader_of(STREAM)
+        return leader in ("n2", "n3") and now > epoch
+
+    await asyncio.wait_for(publisher.run(taken_over), 6 * TTL)
+    await wait_for(taken_over, 6 * TTL, "a member takes over")
+    await asyncio.wait_for(publisher.run(lambda: False, limit=len(publisher.confirmed) + 50), 60)
+    woke_at = time.time()
+    os.kill(n1.pid, signal.SIGCONT)
+    await check(cluster, publisher, watch)
+    assert watch.commits_in_epoch_after(epoch, woke_at) == []
+    steps = [e for e in n1.log_events("cluster_stream_step_down")]
+    assert steps, "the woken leader stepped down"
+
+
+register_crash_point(
+    CrashPoint(
+        "cluster-replicated-leader-etcd-cut",
+        "the leader of a stream with three members loses etcd (proxy cut) but still reaches"
+        " its members: it stops confirming at its lease deadline, a member takes over",
+    )
+)
+
+
+@pytest.fixture
+def proxied_cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True, proxied_etcd=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()
+
+
+async def test_replicated_leader_cut_from_etcd_but_not_from_its_members(
+    proxied_cluster: Cluster,
+) -> None:
+    cluster = proxied_cluster
+    await create(cluster)
+    watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
+    publisher = Publisher(cluster, STREAM)
+    await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
+    _, epoch = cluster.leader_of(STREAM)
+    n1 = cluster.node("n1")
+    assert n1.etcd_proxy is not None
+    cut_at = time.time()
+    n1.etcd_proxy.cut()
+
+    def taken_over() -> bool:
+        leader, now = cluster.leader_of(STREAM)
+        return leader in ("n2", "n3") and now > epoch
+
+    await asyncio.wait_for(publisher.run(taken_over), 6 * TTL)
+    await wait_for(taken_over, 6 * TTL, "a member takes over")
+    leader, _ = cluster.leader_of(STREAM)
+    assert leader is not None
+    leading = [
+        e
+        for e in cluster.node(leader).log_events("cluster_stream_leading")
+        if int(e["epoch"]) > epoch
+    ]
+    taken_at = log_time(leading[0])  # the new leader's election ended (its clock = ours)
+    n1.etcd_proxy.heal()
+    # n1 confirmed nothing after its lease deadline (the lease was renewed at most at
+    # the cut); confirms after the take-over come from the new leader
+    n1_late = [
+        i for i, t in publisher.confirm_times.items() if cut_at + TTL - DRIFT + 0.5 < t < taken_at
+    ]
+    assert n1_late == []
+    await check(cluster, publisher, watch)
+    assert watch.commits_in_epoch_after(epoch, cut_at + TTL - DRIFT + 0.5) == []

@@ -1,0 +1,103 @@
+"""Byte layouts of delayed delivery and the delay properties of a message."""
+
+from __future__ import annotations
+
+import pytest
+
+from tierlog.delayed.errors import DelayPropertyError, SystemRecordError
+from tierlog.delayed.properties import MAX_DELAY_MS, due_time_ms, split_entries
+from tierlog.delayed.records import (
+    Cancel,
+    Dispatch,
+    Schedule,
+    TimerEntry,
+    decode_system_record,
+    decode_timer_object,
+    decode_working,
+    encode_cancel,
+    encode_dispatch,
+    encode_schedule,
+    encode_timer_object,
+    encode_working,
+    msg_id_of,
+)
+from tierlog.formats.amqp import encode_message
+from tierlog.formats.chunk import simple_entry
+
+NOW = 1_800_000_000_000
+
+
+def amqp(props: dict[str, object]) -> bytes:
+    return encode_message(b"body", application_properties=props)
+
+
+def test_system_records_round_trip() -> None:
+    msg = amqp({"x-delay": 5})
+    assert decode_system_record(encode_schedule(NOW, "app", 7, msg)) == Schedule(NOW, "app", 7, msg)
+    ids = (msg_id_of("inc", "app", 1), msg_id_of("inc", "app", 2))
+    assert decode_system_record(encode_dispatch(10, ids)) == Dispatch(10, ids)
+    assert decode_system_record(encode_cancel(ids[0])) == Cancel(ids[0])
+    with pytest.raises(SystemRecordError):
+        decode_system_record(b"TLDD" + bytes(12) + b"short")
+    with pytest.raises(SystemRecordError):
+        decode_system_record(msg)  # a message, not a system record
+    assert decode_working(encode_working(NOW, 3, b"m")) == (NOW, 3, b"m")
+
+
+def test_msg_ids_depend_on_incarnation_reference_and_id() -> None:
+    ids = {
+        msg_id_of("a", "app", 1),
+        msg_id_of("b", "app", 1),
+        msg_id_of("a", "ap", 1),
+        msg_id_of("a", "app", 2),
+        msg_id_of("a", "", 1),
+    }
+    assert len(ids) == 5 and all(len(i) == 16 for i in ids)
+
+
+def test_timer_object_detects_any_damage() -> None:
+    entries = [TimerEntry(msg_id_of("i", "r", k), NOW + k, k, b"x" * k) for k in range(5)]
+    data = encode_timer_object(500_000, entries)
+    assert decode_timer_object(data) == (500_000, entries)
+    for pos in range(0, len(data), 7):
+        broken = bytearray(data)
+        broken[pos] ^= 0x10
+        with pytest.raises(SystemRecordError):
+            decode_timer_object(bytes(broken))
+    for cut in (0, 5, len(data) // 2, len(data) - 1):
+        with pytest.raises(SystemRecordError):
+            decode_timer_object(data[:cut])
+
+
+def test_delay_properties() -> None:
+    assert due_time_ms(amqp({}), NOW) is None
+    assert due_time_ms(encode_message(b"x-delay in the body only"), NOW) is None
+    assert due_time_ms(amqp({"x-delay": 1500}), NOW) == NOW + 1500
+    assert due_time_ms(amqp({"x-delay": "250"}), NOW) == NOW + 250
+    assert due_time_ms(amqp({"x-delay": -5}), NOW) == NOW
+    assert due_time_ms(amqp({"x-deliver-at": NOW + 9}), NOW) == NOW + 9
+    assert due_time_ms(amqp({"x-deliver-at": NOW - 9}), NOW) == NOW - 9  # due at once
+    both = amqp({"x-delay": 1, "x-deliver-at": NOW + 99})
+    assert due_time_ms(both, NOW) == NOW + 99
+    assert due_time_ms(b"not amqp x-delay", NOW) is None
+    for bad in (
+        {"x-delay": "soon"},
+        {"x-delay": True},
+        {"x-deliver-at": -1},
+        {"x-delay": MAX_DELAY_MS + 1},
+        {"x-deliver-at": NOW + MAX_DELAY_MS + 1},
+    ):
+        with pytest.raises(DelayPropertyError):
+            due_time_ms(amqp(bad), NOW)
+
+
+def test_split_entries() -> None:
+    entries = [
+        simple_entry(amqp({})),
+        simple_entry(amqp({"x-delay": 10})),
+        simple_entry(amqp({"x-delay": "x"})),
+    ]
+    split = split_entries(entries, NOW)
+    assert split.immediate == [0]
+    assert [(i, due) for i, due, _m in split.scheduled] == [(1, NOW + 10)]
+    assert [i for i, _r in split.refused] == [2]
