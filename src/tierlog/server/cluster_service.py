@@ -310,8 +310,6 @@ class ClusterService:
                     await self._follow(record, place.leader.name, place.record.epoch)
             except (TierlogError, OSError) as exc:
                 log.error("cluster_member_action_failed", stream=record.name, error=repr(exc))
-        if self.followers is not None:
-            self.followers.nudge_idle(max(2, int(4.0 / self.cluster.scan_interval_seconds)))
         known = {(r.vhost, r.name) for r in records}
         for opening in broker.opening_streams():
             key = (opening.record.vhost, opening.record.name)
