@@ -159,10 +159,14 @@ class LeanConsumer(LeanConnection):
         response = self.expect(c.SimpleResponse)
         assert isinstance(response, c.SimpleResponse) and response.response_code == 1, response
         self._credit = c.CreditRequest(1, 1).encode()
-        self._buf = bytearray(BUFFER)
+        # the recv that brought the subscribe response may also hold the start of a
+        # Deliver frame: the splitter keeps it, and the data path must begin with it
+        partial = b"".join(self._splitter._parts)
+        self._buf = bytearray(max(BUFFER, len(partial) + 65536))
+        self._buf[: len(partial)] = partial
         self._view = memoryview(self._buf)
         self._start = 0
-        self._end = 0
+        self._end = len(partial)
         # frames that arrived with the subscribe response are already decoded: replay
         self._early = [f for f in self._pending if hasattr(f, "chunk")]
         self._pending.clear()

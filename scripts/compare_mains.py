@@ -7,6 +7,11 @@ of each side and the ratio new/old are printed. Most keys are "higher is better"
 tierlog against a raw baseline measured in the same process); keys listed in ``LOWER_IS_BETTER``
 are costs, for which a ratio above 1 is the worse direction.
 
+Benches in ``SERVER_BENCHES`` are client workloads against a ``tierlog serve`` subprocess
+(``scripts/server_workloads.py``): there the client is always the new tree's and only the
+server's ``PYTHONPATH`` switches between the trees, so a bench file that was rewritten (and
+no longer runs against the old code) still compares the servers on one workload.
+
 Usage::
 
     python scripts/compare_mains.py --old /path/to/old/tree --new . [--rounds 3] [BENCH ...]
@@ -26,8 +31,9 @@ from dataclasses import dataclass, field
 PYTHON = "/work/main/.venv/bin/python"
 
 # Bench name -> small-size options, chosen so one run takes well under a minute on a busy
-# 2-core machine. Benches whose new file measures something else than the old one
-# (catchup.py, protocol.py were rewritten) or that need RabbitMQ/Spark are not listed.
+# 2-core machine (spark_read: a few minutes, one JVM per run). Benches whose new file
+# measures something else than the old one (catchup.py, protocol.py were rewritten) are
+# compared through SERVER_BENCHES instead.
 QUICK_ARGS: dict[str, list[str]] = {
     "local_log": ["--records", "500000"],
     "arrow_decode": ["--mib", "16", "--rounds", "2"],
@@ -43,7 +49,22 @@ QUICK_ARGS: dict[str, list[str]] = {
     ],
     "object_store": ["--objects", "8", "--rounds", "3"],
     "tiering": ["--gib", "0.25"],
+    "spark_read": ["--records", "1000000", "--repeat", "2"],
 }
+
+# Workload of scripts/server_workloads.py -> its options; run from the new tree with
+# --server-src <tree>/src (see the module docstring).
+SERVER_BENCHES: dict[str, list[str]] = {
+    "server_protocol": ["protocol", "--messages", "1000000"],
+    # the same with the server's data in /dev/shm: no fsync latency of the shared disk
+    "server_protocol_shm": ["--data-root", "/dev/shm", "protocol", "--messages", "1000000"],
+    # the lean-client phase alone, 3M messages (server CPU resolved to ~1 %)
+    "server_lean_shm": ["--data-root", "/dev/shm", "lean"],
+    "server_catchup": ["catchup", "--mib", "256"],
+}
+
+# Seconds per run where the default is too short.
+TIMEOUTS = {"spark_read": 900.0, "server_catchup": 900.0}
 
 # Cost keys: lower is better.
 LOWER_IS_BETTER = {
@@ -59,6 +80,22 @@ LOWER_IS_BETTER = {
     "gets_max",
     "gets_mean",
     "cold_lookup_ms",
+    "pruned_fraction",
+    "publish_cpu_us",
+    "consume_cpu_us",
+    "cold_cpu_ms_per_mib",
+    "cold_sys_ms_per_mib",
+    "cold_gets",
+    "cold_faults_per_mib",
+    "cold_switches_per_mib",
+    "local_cpu_ms_per_mib",
+    "lean_publish_cpu_us",
+    "lean_consume_cpu_us",
+    "tierlog_fs_count_s",
+    "tierlog_fs_scan_s",
+    "tierlog_s3_scan_s",
+    "parquet_scan_s",
+    "pruned_query_s",
 }
 
 # Workload parameters echoed on the last line: not measurements.
@@ -76,6 +113,13 @@ EXTRA_KEYS: dict[str, list[tuple[str, str]]] = {
     "arrow_decode": [
         ("vectorised_mrows_s", r"100-byte records.*?vectorised\s+([\d.]+) Mrows/s"),
         ("naive_mrows_s", r"100-byte records.*?naive\s+([\d.]+) Mrows/s"),
+    ],
+    "spark_read": [
+        ("tierlog_fs_count_s", r"tierlog_fs_count\s+([\d.]+) s"),
+        ("tierlog_fs_scan_s", r"tierlog_fs_scan\s+([\d.]+) s"),
+        ("tierlog_s3_scan_s", r"tierlog_s3_scan\s+([\d.]+) s"),
+        ("parquet_scan_s", r"parquet_scan\s+([\d.]+) s"),
+        ("pruned_query_s", r"1% time range: \d+ rows in ([\d.]+) s"),
     ],
 }
 
@@ -111,13 +155,22 @@ def extra_key_values(bench: str, output: str) -> dict[str, float]:
     return values
 
 
+def command(tree: str, client: str, bench: str, args: list[str]) -> tuple[list[str], str]:
+    """(argv, root of the tree whose code runs the client) of one run of ``bench``."""
+    if bench in SERVER_BENCHES:
+        script = os.path.join(client, "scripts", "server_workloads.py")
+        server_src = os.path.join(tree, "src")
+        return [PYTHON, script, "--server-src", server_src, *args], client
+    return [PYTHON, os.path.join(tree, "benches", f"{bench}.py"), *args], tree
+
+
 def run_once(
-    tree: str, bench: str, args: list[str], timeout: float
+    tree: str, client: str, bench: str, args: list[str], timeout: float
 ) -> tuple[dict[str, float], float]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "src") + os.pathsep + tree)
-    cmd = [PYTHON, os.path.join(tree, "benches", f"{bench}.py"), *args]
+    cmd, root = command(tree, client, bench, args)
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "src") + os.pathsep + root)
     started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
@@ -128,7 +181,8 @@ def run_once(
 
 
 def compare(old: str, new: str, bench: str, rounds: int, timeout: float) -> None:
-    args = QUICK_ARGS[bench]
+    args = SERVER_BENCHES[bench] if bench in SERVER_BENCHES else QUICK_ARGS[bench]
+    timeout = max(timeout, TIMEOUTS.get(bench, 0.0))
     print(f"## {bench} {' '.join(args)}", flush=True)
     print(f"load average at the start: {load_average()}", flush=True)
     sides = {"old": Side(), "new": Side()}
@@ -136,7 +190,7 @@ def compare(old: str, new: str, bench: str, rounds: int, timeout: float) -> None
         for name, tree in (("old", old), ("new", new)):
             side = sides[name]
             try:
-                values, elapsed = run_once(tree, bench, args, timeout)
+                values, elapsed = run_once(tree, new, bench, args, timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 side.failures += 1
                 print(f"  round {r + 1} {name}: FAILED {exc}", flush=True)
@@ -166,11 +220,12 @@ def main() -> None:
     parser.add_argument("--new", default=".", help="root of the new tree")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per bench run")
-    parser.add_argument("benches", nargs="*", default=list(QUICK_ARGS))
+    known = [*QUICK_ARGS, *SERVER_BENCHES]
+    parser.add_argument("benches", nargs="*", default=known)
     args = parser.parse_args()
-    unknown = [b for b in args.benches if b not in QUICK_ARGS]
+    unknown = [b for b in args.benches if b not in known]
     if unknown:
-        parser.error(f"unknown benches {unknown}; known: {sorted(QUICK_ARGS)}")
+        parser.error(f"unknown benches {unknown}; known: {sorted(known)}")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores")
     for bench in args.benches:
         compare(

@@ -20,9 +20,10 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from tests.plugins.seaweed import _open_s3, start_seaweed  # noqa: E402
-from tests.remote.key_index_scale import run_scale  # noqa: E402
-from tierlog.storage.sqlite_meta_store import SqliteMetaStore  # noqa: E402
+from tests.plugins.seaweed import _open_s3, start_seaweed
+from tests.remote.key_index_scale import run_scale
+
+from tierlog.storage.sqlite_meta_store import SqliteMetaStore
 
 
 def main() -> int:
