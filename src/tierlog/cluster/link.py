@@ -324,7 +324,9 @@ class Link:
             self.error = exc
             self.failed_side = side
         if not self.closed:
-            log.warning("replication_link_failed", peer=self.peer, side=side, error=repr(exc))
+            # a peer going away ends the receive side: expected, not a warning
+            report = log.warning if side == "send" else log.info
+            report("replication_link_failed", peer=self.peer, side=side, error=repr(exc))
         self.close()
 
     def close(self) -> None:
