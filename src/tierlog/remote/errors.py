@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tierlog.errors import TierlogError
+from tierlog.errors import ConfigError, TierlogError
 from tierlog.formats.errors import UnknownKeyError
 
 
@@ -94,3 +94,9 @@ class KeyIndexManifestError(RemoteTierError):
 
 class KeyIndexFencedError(KeyIndexManifestError):
     """A writer of a higher epoch committed the key-index manifest."""
+
+
+class AckModeError(ConfigError):
+    """A stream's ack mode cannot be combined with its other settings (``segments``
+    offload with ``ack = remote``: whole sealed segments reach the remote tier hours
+    after a publish, so a confirm would wait that long)."""

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tierlog.errors import ConfigError
+from tierlog.remote.errors import AckModeError
 
 MIB = 1 << 20
 TIER_MODES = ("fragments", "segments")
@@ -29,6 +30,7 @@ def check_index_key(value: object) -> str:
 
 
 ENCRYPTIONS = ("none", "aes-256-gcm")
+ACK_MODES = ("replicas", "remote")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,13 @@ class StreamSettings:
     may never free data that is not yet durable remotely. ``sync`` is the stream's
     confirm point (``"fsync"`` or ``"os"``, see the server's ``log.sync``); ``None``
     follows the server.
+
+    ``ack`` says when a publish is confirmed (fixed at creation): ``"replicas"`` once
+    its chunk is committed locally (fsynced here, and on a majority of the stream's
+    members in a cluster), ``"remote"`` once its chunk is in a committed manifest of the
+    remote tier (fragments cut and committed every ``tier.remote_ack_interval_seconds``;
+    consumers read only below the remote-committed offset). ``remote`` needs ``tier_mode
+    = fragments``.
 
     ``tier_mode`` is fixed at creation. In ``segments`` mode sealed segments are offloaded
     whole once the local bytes not offloaded exceed ``offload_threshold_bytes`` or once a
@@ -71,7 +80,7 @@ class StreamSettings:
     tier_mode: str = "fragments"
     fragment_bytes: int = 64 * MIB
     max_fragment_age_seconds: float = 60.0
-    debounce_count: int = 5
+    debounce_count: int = 8
     debounce_seconds: float = 2.0
     max_lag_bytes: int = 1 << 30
     read_strategy: str = "NOT_IN_DISK"
@@ -88,6 +97,7 @@ class StreamSettings:
     index_key: str = "message-id"
     delayed: bool = False
     delayed_horizon_seconds: float = 3600.0
+    ack: str = "replicas"
 
     @property
     def cold_coding(self) -> bool:
@@ -136,6 +146,13 @@ class StreamSettings:
             raise ConfigError(f"dictionary must be true or false, got {self.dictionary!r}")
         if self.dictionary and self.compression != "zstd":
             raise ConfigError("dictionary needs compression zstd")
+        if self.ack not in ACK_MODES:
+            raise ConfigError(f"ack must be one of {ACK_MODES}, got {self.ack!r}")
+        if self.ack == "remote" and self.tier_mode != "fragments":
+            raise AckModeError(
+                "ack 'remote' needs tier_mode 'fragments': offloaded segments reach the "
+                "remote tier only once sealed, so a confirm would wait for a whole segment"
+            )
         if self.encryption not in ENCRYPTIONS:
             raise ConfigError(f"encryption must be one of {ENCRYPTIONS}, got {self.encryption!r}")
         check_index_key(self.index_key)
@@ -220,3 +237,9 @@ def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) 
         )
     if changes.get("delayed", current.delayed) != current.delayed:
         raise ConfigError("delayed is fixed at creation: create a new stream instead")
+    ack = changes.get("ack", current.ack)
+    if ack != current.ack:
+        raise ConfigError(
+            f"ack is fixed at creation ({current.ack!r}); it cannot become {ack!r}: "
+            "create a new stream instead"
+        )

@@ -47,6 +47,7 @@ from tierlog.server.data_dir_lock import DataDirLock
 from tierlog.server.delayed_service import DelayedService
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
+from tierlog.server.read_only import ReadOnlyBroker
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
 from tierlog.storage.meta_store import MetaStore
@@ -134,7 +135,15 @@ class Server:
         )
         catalog = Catalog(self.meta)
         lag_provider, remote_status = self._lag_provider, self._remote_status
-        if self.config.tier.enabled:
+        if self.config.reader.read_only:  # read anywhere: no local streams, no writes
+            self.object_store = await _open_store(
+                "object store",
+                "storage.object_store",
+                storage.object_store,
+                lambda uri: open_object_store_for_startup(uri, policy, deadline),
+            )
+            self.broker = ReadOnlyBroker(self.config, catalog, self.metrics, self.object_store)
+        elif self.config.tier.enabled:
             self.object_store = await _open_store(
                 "object store",
                 "storage.object_store",
@@ -148,14 +157,15 @@ class Server:
                 lag_provider = self.tiering.lag
             if remote_status is None:
                 remote_status = self.tiering
-        self.broker = Broker(
-            self.config,
-            catalog,
-            self.metrics,
-            lag_provider=lag_provider,
-            remote_status=remote_status,
-            lifecycle=self.tiering,
-        )
+        if self.broker is None:
+            self.broker = Broker(
+                self.config,
+                catalog,
+                self.metrics,
+                lag_provider=lag_provider,
+                remote_status=remote_status,
+                lifecycle=self.tiering,
+            )
         await self.broker.start()
         self.delayed = DelayedService(
             self.broker,
@@ -232,6 +242,7 @@ class Server:
                 f"{advertised}:{s.advertised_port or self.stream_port}",
                 f"{s.admin_host}:{self.admin_port}",
             )
+            self.cluster.leadership_hooks = self.delayed  # before its first directory scan
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             self._write_ready_file(streams_opened=False)
@@ -246,7 +257,8 @@ class Server:
             data_dir=storage.data_dir,
             object_store=redact_uri(storage.object_store) if config.tier.enabled else None,
             meta_store=redact_uri(storage.meta_store),
-            tiering=config.tier.enabled,
+            tiering=config.tier.enabled and not config.reader.read_only,
+            read_only=config.reader.read_only,
             loop=type(loop).__module__,
         )
 

@@ -98,6 +98,7 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-index-key": ("index_key", check_index_key),
     "x-tierlog-delayed": ("delayed", _bool),
     "x-tierlog-delayed-horizon": ("delayed_horizon_seconds", parse_duration),
+    "x-tierlog-ack": ("ack", str),
 }
 """Argument name → (StreamSettings field, parser)."""
 

@@ -55,6 +55,7 @@ from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
+from tierlog.server.remote_ack import check_creatable
 from tierlog.server.subscriptions import DeliveryTurns
 from tierlog.server.tiered_source import StreamChunkSource
 
@@ -94,6 +95,7 @@ def no_lag(record: StreamRecord) -> int:
 
 if TYPE_CHECKING:
     from tierlog.remote.committed import CommittedManifest
+    from tierlog.server.remote_ack import RemoteAckGate
     from tierlog.tiering.tierer import StreamTierer
 
 
@@ -221,6 +223,8 @@ class StreamHandle:
     delayed: Any = None
     """The publish path of a stream created with ``x-tierlog-delayed=true`` (a
     ``DelayedIntake``, set by the delayed-delivery service); None for every other stream."""
+    remote_ack: RemoteAckGate | None = None
+    """Set for ``ack = remote`` streams: confirms wait for the remote tier's commit."""
 
     def __post_init__(self) -> None:
         self._idle.set()
@@ -423,17 +427,20 @@ class StreamHandle:
         metrics.group_commit_frames.observe(len(ops))
         metrics.chunks_written.inc(result.chunks)
         metrics.duplicate_messages.inc(result.duplicates)
-        if self.confirm_gate is None:
-            for op, code in zip(ops, result.codes, strict=True):
-                if isinstance(op, _PublishOp):
-                    op.done(code)
-        else:
-            dones = [
-                (op.done, code)
-                for op, code in zip(ops, result.codes, strict=True)
-                if isinstance(op, _PublishOp)
-            ]
+        dones = [
+            (op.done, code)
+            for op, code in zip(ops, result.codes, strict=True)
+            if isinstance(op, _PublishOp)
+        ]
+        if self.remote_ack is not None:
+            # ack = remote: confirmed at the remote commit (in a cluster only chunks the
+            # members committed are tiered, and a deposed leader's commits are fenced)
+            self.remote_ack.after_group(dones)
+        elif self.confirm_gate is not None:  # a cluster: at the stream's commit
             self.confirm_gate.group_written(self, result.chunk_id, dones)
+        else:
+            for done, code in dones:
+                done(code)
         self.notifier.notify()
         self.activity += 1
         if result.sync_failed and self.unavailable is None and not self.closed:
@@ -885,6 +892,7 @@ class Broker:
         Creations of different streams run concurrently (the catalog's create-only put
         decides between racing creators of one name)."""
         await self.catalog_loaded.wait()
+        check_creatable(self.config, settings)
         key = (vhost, name)
         if key in self._streams or key in self._opening or key in self._creating:
             raise StreamExistsError(f"stream {name!r} already exists")

@@ -24,6 +24,7 @@ from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.remote.encryption import Keyring
 from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
 from tierlog.storage.retry import RetryPolicy
+from tierlog.tiering.remote_ack import check_interval as check_remote_ack_interval
 
 DEFAULT_STREAM_PORT = 5552
 DEFAULT_ADMIN_PORT = 15552
@@ -260,6 +261,9 @@ class TierSection:
     has at most ``max_uploads`` uploads in flight)."""
     resolution_reads: int = 8
     """Threads reading fragment trailers while streams resolve (shared)."""
+    remote_ack_interval_seconds: float = 0.2
+    """``ack = remote`` streams cut and commit a fragment at least this often (their
+    confirms wait for the commit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,6 +427,24 @@ def _check_address(setting: str, value: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class ReaderSection:
+    """Read anywhere. ``read_only``: this node is a member of no stream; it opens no local
+    log and serves every catalog stream read-only from the remote tier, following new
+    manifest commits by polling their pointers (each stream every
+    ``poll_interval_seconds``, at most ``max_pointer_reads_per_second`` in all)."""
+
+    read_only: bool = False
+    poll_interval_seconds: float = 0.5
+    max_pointer_reads_per_second: float = 200.0
+
+    def validate(self) -> None:
+        if not 0.01 <= self.poll_interval_seconds <= 60:
+            raise ConfigError("reader.poll_interval_seconds must be 0.01..60")
+        if self.max_pointer_reads_per_second <= 0:
+            raise ConfigError("reader.max_pointer_reads_per_second must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     server: ServerSection = field(default_factory=ServerSection)
     storage: StorageSection = field(default_factory=StorageSection)
@@ -434,6 +456,7 @@ class ServerConfig:
     store: StoreSection = field(default_factory=StoreSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     encryption: EncryptionSection = field(default_factory=EncryptionSection)
+    reader: ReaderSection = field(default_factory=ReaderSection)
 
     def validate(self) -> ServerConfig:
         s = self.server
@@ -481,6 +504,8 @@ class ServerConfig:
         ):
             if getattr(t, name) < 0:
                 raise ConfigError(f"tier.{name} must be >= 0")
+        check_remote_ack_interval(t.remote_ack_interval_seconds)
+        self.reader.validate()
         self.store.validate()
         self.cluster.validate()
         if self.cluster.enabled and (t.epoch != 1 or self.log.epoch != 1):
@@ -503,6 +528,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "store": StoreSection,
     "cluster": ClusterSection,
     "encryption": EncryptionSection,
+    "reader": ReaderSection,
 }
 
 

@@ -35,3 +35,8 @@ class UnreadableDataError(TierlogError):
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class ReadOnlyNodeError(ConfigError):
+    """A command that writes (create, delete, settings) sent to a read-only node: send it
+    to a member of the stream."""

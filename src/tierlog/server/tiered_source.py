@@ -65,6 +65,12 @@ class StreamChunkSource:
         self._tierer: StreamTierer | CommittedManifest | None = None
         self._manifest: ManifestSource | None = None
 
+    def limit_reads(self, log: LogSource) -> None:
+        """Cursors attached from now on read the local log through ``log``, a view that
+        ends earlier (``ack = remote`` streams: only what the remote tier committed)."""
+        self._log = log
+        self._local = LocalChunkSource(log, self._notifier)
+
     def tier_started(self, tierer: StreamTierer | CommittedManifest) -> None:
         """The stream's remote tier is resolved: attach across tiers from now on."""
         self._manifest = ManifestSource(tierer)

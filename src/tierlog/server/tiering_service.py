@@ -26,8 +26,11 @@ from tierlog.offload.offloader import ObjectStoreOffloader
 from tierlog.offload.service import SegmentOffloadService
 from tierlog.read.remote_cursor import default_prefetcher
 from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.server.meta_offsets import take_over_offsets
+from tierlog.server.remote_ack import install as install_remote_ack
 from tierlog.storage.metered_object_store import MeteredObjectStore
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.retry import RETRY_LOG
@@ -37,6 +40,7 @@ from tierlog.tiering.committer import ManifestCommitter
 from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.memory_budget import ByteBudget
+from tierlog.tiering.remote_ack import tiering_overrides
 from tierlog.tiering.retention import RetentionPolicy, remote_trim_offset
 from tierlog.tiering.runtime import RuntimeSizes, TieringRuntime
 from tierlog.tiering.segment_repair import repair_from_remote
@@ -67,6 +71,7 @@ class TieringService:
         self.metrics = metrics
         self.store = MeteredObjectStore(store, metrics)
         self.catalog = catalog
+        self.consumer_offsets = ConsumerOffsets(catalog.meta)
         self.deletions = DeletionQueue(catalog.meta, grace_seconds=self.tier.delete_grace_seconds)
         self.tierers: dict[str, StreamTierer] = {}  # by incarnation
         self.offloads: dict[str, SegmentOffloadService] = {}  # segment-mode streams
@@ -103,6 +108,7 @@ class TieringService:
         """Resolve and start tiering a freshly opened stream (on its writer thread:
         resolution may restart the local log past the remote tail)."""
         self._handles[handle.record.incarnation] = handle
+        remote_ack = install_remote_ack(handle)  # ack = remote: hold confirms from now on
         if not self.tier.enabled:
             handle.unavailable = None
             return
@@ -111,7 +117,9 @@ class TieringService:
             await self._open_segment_mode(handle)
             return
         cfg = replace(
-            tiering_config(settings),
+            tiering_config(
+                settings, **tiering_overrides(settings, self.tier.remote_ack_interval_seconds)
+            ),
             max_uploads=self.tier.max_uploads,
         )
         tierer = StreamTierer(
@@ -156,10 +164,14 @@ class TieringService:
             handle.unavailable = f"remote tier not resolved: {exc!r}"
             self._not_started[handle.record.incarnation] = handle
             return
+        # offsets stored in the MetaStore while no member could (read-only nodes)
+        await take_over_offsets(handle, self.consumer_offsets)
         handle.unavailable = None
         self._not_started.pop(handle.record.incarnation, None)
         self.tierers[handle.record.incarnation] = tierer
         handle.tier_started(tierer)
+        if remote_ack is not None:
+            remote_ack.tiering_started(tierer)
         log.info(
             "tiering_started",
             vhost=handle.vhost,
@@ -240,10 +252,11 @@ class TieringService:
         if service is not None:
             await asyncio.get_running_loop().run_in_executor(None, service.stop)
         tierer = self.tierers.pop(handle.record.incarnation, None)
-        if tierer is None:
-            return
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, lambda: tierer.stop(flush=flush, timeout=30.0))
+        if tierer is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: tierer.stop(flush=flush, timeout=30.0))
+        if handle.remote_ack is not None:  # what the final flush committed is confirmed
+            handle.remote_ack.close()
 
     def repair_damaged(self, record: StreamRecord, error: DamagedSegmentError) -> bool:
         """Rewrite a damaged local range from the committed remote tier (writer thread of
@@ -311,6 +324,10 @@ class TieringService:
                 "upload_lag_bytes": None,
             }
         status = tierer.status()
+        handle = self._handles.get(record.incarnation)
+        if handle is not None and handle.remote_ack is not None:  # ack = remote
+            status["confirms_held"] = handle.remote_ack.held
+            status["readable_next_offset"] = handle.remote_ack.tail.visible.next_offset
         return {
             "tiering": (
                 "halted" if tierer.halted else "degraded" if status["degraded"] else "running"

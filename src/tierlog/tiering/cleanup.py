@@ -5,8 +5,9 @@ MetaStore transaction. ``run_stream_cleanups`` (run on start and whenever woken)
 every pending item and, idempotently: deletes the incarnation's manifest pointer (so a
 writer still tiering it gets a typed "stream deleted" error) and its key-index pointer,
 every remote object under the incarnation's prefix (offloaded segments included), its
-pending multipart uploads and in-flight offload records, and the local stream directory;
-then completes the item. A crash anywhere just means the next run repeats the remaining steps.
+pending multipart uploads and in-flight offload records, consumer offsets kept in the
+MetaStore, and the local stream directory; then completes the item. A crash anywhere just
+means the next run repeats the remaining steps.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog
+from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.remote.key_index_manifest import pointer_key as key_index_pointer_key
 from tierlog.remote.keys import offload_attempts_prefix, stream_prefix
 from tierlog.storage.errors import NotFoundError, UnsupportedBackendError
@@ -41,6 +43,7 @@ def clean_incarnation(
     for record in catalog.meta.list(offload_attempts_prefix(incarnation)):
         with contextlib.suppress(NotFoundError):
             catalog.meta.delete(record.key)
+    ConsumerOffsets(catalog.meta).remove_all(incarnation)  # stored by read-only nodes
     removed = 0
     batch: list[str] = []
     for meta in store.list(prefix_of_stream):

@@ -26,6 +26,8 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.meta_offsets import meta_offset
+from tierlog.server.remote_stream import RemoteStreamHandle
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
     OVERTAKEN_PROPERTY,
@@ -116,7 +118,12 @@ class ConsumerHandlers(ConnectionCore):
             await handle.flush()  # a StoreOffset sent just before is visible
             offset = None
             if cmd.reference and len(cmd.reference.encode("utf-8")) <= 255:
-                offset = handle.log.query_offset(cmd.reference)
+                if isinstance(handle, RemoteStreamHandle):  # read-only: MetaStore, remote tier
+                    offset = await handle.query_offset_async(cmd.reference)
+                else:
+                    offset = handle.log.query_offset(cmd.reference)
+                    if offset is None:  # stored on a read-only node, not taken over yet
+                        offset = await meta_offset(handle, cmd.reference)
             if offset is None:
                 response = QueryOffsetResponse(corr, ResponseCode.NO_OFFSET, 0)
             else:

@@ -104,9 +104,11 @@ class StreamHandlers(ConnectionCore):
             code = self._missing(cmd.stream) if handle is None else refused
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
+        # ack = remote streams: what consumers may read (the remote-committed part)
+        reads = handle.log if handle.remote_ack is None else handle.remote_ack.view
         stats = {
             "first_chunk_id": handle.first_offset(),
-            "committed_chunk_id": handle.log.commit_point().chunk_id,
+            "committed_chunk_id": reads.commit_point().chunk_id,
         }
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
 
