@@ -426,12 +426,7 @@ def serve(config: ServerConfig) -> int:
     # (5 ms by default), and every confirm crosses it once or twice. A shorter interval
     # bounds what busy cold-read threads add to a hot publisher's confirm latency.
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    use_uvloop = config.server.use_uvloop
-    if use_uvloop and config.cluster.secret:
-        # replication links send chunks with loop.sendfile, which uvloop does not have
-        log.info("uvloop_not_used", reason="cluster replication sends chunks with sendfile")
-        use_uvloop = False
-    if use_uvloop:
+    if config.server.use_uvloop:
         try:
             import uvloop
         except ImportError:
