@@ -77,6 +77,7 @@ from tierlog.server.cluster_gates import (
     tail_of_handle,
 )
 from tierlog.server.cluster_members import Followers
+from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -123,6 +124,7 @@ class ClusterService:
         self.view = DirectoryView({}, {})
         self.broker: Broker | None = None
         self.handles: dict[str, StreamHandle] = {}  # led streams by incarnation
+        self.read_views: dict[str, ClusterCommitView] = {}  # consumers' limit, led streams
         self.registered = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -414,6 +416,7 @@ class ClusterService:
             raise NotLeaderError(f"{handle.name}: several members need cluster.secret")
         leader = self.node.lead(leadership, tail_of_handle(handle), sent_at)
         self.handles[incarnation] = handle
+        self._limit_reads(handle)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         ready.add_done_callback(retrieved)
         self._ready[incarnation] = ready
@@ -496,10 +499,27 @@ class ClusterService:
             elif isinstance(effect, Commit):
                 if self.hub is not None and incarnation in self.hub.led:
                     self.hub.set_commit(incarnation, effect.chunk_id)
+                view = self.read_views.get(incarnation)
+                if view is not None and view.set_limit(effect.chunk_id):
+                    handle.notifier.notify()
                 if handle.tier_poke is not None:
                     handle.tier_poke()
             elif isinstance(effect, PromoteLearner):
                 self._spawn(self._promote(leader, effect))
+
+    def _limit_reads(self, handle: StreamHandle) -> None:
+        """Consumers of a led stream read up to the cluster commit, not the local fsync
+        (an ``ack = remote`` stream's view is stricter already: the remote tier holds
+        committed chunks only)."""
+        from tierlog.server.tiered_source import StreamChunkSource
+
+        if handle.remote_ack is not None:
+            return
+        view = ClusterCommitView(handle.log)
+        self.read_views[handle.record.incarnation] = view
+        source = handle.source
+        assert isinstance(source, StreamChunkSource)
+        source.limit_reads(view)
 
     async def _promote(self, leader: StreamLeader, effect: PromoteLearner) -> None:
         """Make a caught-up learner a voter in the directory (a transaction fenced by
@@ -581,6 +601,7 @@ class ClusterService:
     def _step_down(self, incarnation: str, reason: str, release: bool = True) -> None:
         leader = self.node.forget(incarnation)
         handle = self.handles.pop(incarnation, None)
+        self.read_views.pop(incarnation, None)
         if handle is not None and self.leadership_hooks is not None:
             self.leadership_hooks.stepping_down(handle)
         if leader is not None and not leader.stepped_down:
