@@ -22,6 +22,7 @@ from tierlog.cluster.membership import ClusterDirectory
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import LogReader
 from tierlog.remote.catalog import Catalog
 from tierlog.server.app import Server
 
@@ -42,6 +43,16 @@ def records(server: Server, name: str) -> list[bytes]:
     handle = server.broker.get("/", name)
     assert handle is not None
     with handle.log.reader(OffsetSpec.first()) as reader:
+        return [bytes(r) for _, r in reader.records()]
+
+
+def visible_records(server: Server, incarnation: str) -> list[bytes]:
+    """What the leader's consumers may read: the log up to the cluster commit."""
+    assert server.cluster is not None
+    view = server.cluster.read_views[incarnation]
+    leader = server.cluster.node.leaders[incarnation]
+    assert view.limit == leader.committed
+    with LogReader(view, OffsetSpec.first()) as reader:
         return [bytes(r) for _, r in reader.records()]
 
 
@@ -66,6 +77,7 @@ async def test_three_members_replicate_and_a_follower_takes_over(tmp_path: Path)
         incarnation = Catalog(meta).require("/", "orders").incarnation
         record = ClusterDirectory(meta).require_stream(incarnation)
         assert record.membership.voters == ("a", "b", "c") and record.leader == "a"
+        assert visible_records(a, incarnation) == [f"m{i}".encode() for i in range(1, 61)]
         answer = await ca.request(c.MetadataRequest(ca.next_corr(), ["orders"]), c.MetadataResponse)
         # members do not serve consumers yet: Metadata sends every client to the leader
         assert answer.streams[0].replica_references == ()
@@ -105,6 +117,7 @@ async def test_three_members_replicate_and_a_follower_takes_over(tmp_path: Path)
         assert declared.response_code == ResponseCode.OK
         await publish_confirmed(client, range(50, 81))  # 50..60 are deduplicated
         assert records(successor, "orders") == [f"m{i}".encode() for i in range(1, 81)]
+        assert visible_records(successor, incarnation) == [f"m{i}".encode() for i in range(1, 81)]
         assert await metadata(client, "orders") == (ResponseCode.OK, successor.stream_port)
         client.close()
     finally:
