@@ -2,13 +2,13 @@
 
 Builds a local log first (1 KiB records in batches of 1,000, ``fsync="never"`` then one
 ``sync()``; not timed), then times tiering at production defaults (``TieringConfig()``:
-64 MiB fragments, 4 concurrent uploads, debounce 5 fragments / 2 s, M = 1024) from
+64 MiB fragments, 4 concurrent uploads, commit batches of 8 fragments / 512 MiB, M = 1024) from
 ``StreamTierer.start()`` (resolution + fencing commit) until ``flush()`` reports everything
-durable. By default the debounce governs the bulk and ``flush()`` is called only once the
-uncut tail (< 1 fragment, which would otherwise wait ``max_fragment_age``) is all that is left
-and an upload slot is free; ``--flush-at-start`` calls it right after ``start()``, which
-commits every uploaded run at once (a flush bypasses the debounce) and so shows the PUT count
-of a forced flush rather than of steady tiering. Then PUTs equally many objects of exactly
+durable. By default the commit rule governs the bulk and ``flush()`` is called only once
+the uncut tail (< 1 fragment, which would otherwise wait ``max_fragment_age``) is all that
+is left and an upload slot is free; ``--flush-at-start`` calls it right after ``start()``
+(a flush commits full batches at once and the rest once the last upload lands, so the
+commit count is the same). Then PUTs equally many objects of exactly
 the fragments' sizes with the raw obstore client at the same concurrency (4 threads,
 single-request PUTs). A few untimed raw PUTs first warm up connections and SeaweedFS's volume
 allocation so neither side pays for it.
@@ -107,8 +107,8 @@ def main() -> None:
     parser.add_argument(
         "--flush-at-start",
         action="store_true",
-        help="call flush() right after start() (a flush commits each uploaded run at once, "
-        "bypassing the debounce); default: let the debounce govern, flush for the uncut tail "
+        help="call flush() right after start() (a flush commits full batches at once and the "
+        "rest when the last upload lands); default: let the commit rule govern, flush the tail "
         "once an upload slot is free after the last full fragment",
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (medians)")

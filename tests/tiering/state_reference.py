@@ -1,6 +1,7 @@
 """The tiering state machine as it was before its pending chunks were kept incrementally:
 every event rescanned all pending chunks to find the next cut. Kept verbatim (only
-renamed) as the oracle the incremental ``TieringState`` must match decision for decision
+renamed; its commit rule follows the current one, restated) as the oracle the
+incremental ``TieringState`` must match decision for decision
 (tests/tiering/test_state.py), and as the "old" side of benches/tiering_state.py.
 It shares the event, effect and value types of ``tierlog.tiering.state``."""
 
@@ -105,7 +106,7 @@ class ReferenceTieringState:
                 times.append(p.retry_at)
         run = self._run()
         if run and self._commit is None:
-            times.append(max(self._commit_retry_at, self._debounce_deadline(run)))
+            times.append(max(self._commit_retry_at, self._commit_plan(run)[0]))
         return min(times) if times else None
 
     # -- transitions -----------------------------------------------------------------
@@ -289,27 +290,49 @@ class ReferenceTieringState:
             expected = p.entry.next_offset
         return run
 
-    def _debounce_deadline(self, run: list[_ReferencePlanState]) -> float:
-        """Commit at ``debounce_count`` fragments or ``debounce_seconds`` after the oldest
-        uploaded one; when uploads still in flight would complete the count, wait for them
-        up to twice the time (uploads that finish together otherwise commit in short runs)."""
+    def _batched_length(self, run: list[_ReferencePlanState]) -> int:
+        """How many plans of the run end at its last batch boundary (0: no full batch).
+        Batches are cut greedily from ``committed_next``: a batch ends at the fragment
+        that brings it to ``debounce_count`` fragments or ``debounce_bytes`` bytes."""
         cfg = self.config
-        if len(run) >= cfg.debounce_count or self._flush:
-            return 0.0
-        wait = cfg.debounce_seconds
-        following = self._plans[len(run) : len(run) + cfg.debounce_count - len(run)]
-        if len(following) == cfg.debounce_count - len(run) and all(
-            p.status is PlanStatus.UPLOADING for p in following
+        length = count = size = 0
+        for i, p in enumerate(run):
+            count += 1
+            size += p.entry.data_size if p.entry is not None else 0
+            if count >= cfg.debounce_count or size >= cfg.debounce_bytes:
+                length, count, size = i + 1, 0, 0
+        return length
+
+    def _commit_plan(self, run: list[_ReferencePlanState]) -> tuple[float, int]:
+        """The commit rule of ``tierlog.tiering.state`` (changed there on purpose from the
+        old count-or-time debounce; restated here, not imported, so the comparison checks
+        it)."""
+        cfg = self.config
+        batched = self._batched_length(run)
+        if batched:
+            return 0.0, batched
+        oldest = min(p.uploaded_at for p in run)
+        cap = oldest + cfg.max_fragment_age
+        following = self._plans[len(run)] if len(run) < len(self._plans) else None
+        if following is not None and following.status in (
+            PlanStatus.UPLOADING,
+            PlanStatus.QUEUED,
         ):
-            wait *= 2
-        return min(p.uploaded_at for p in run) + wait
+            return cap, len(run)  # uploads stream in: the run is about to grow
+        if self._flush:
+            return 0.0, len(run)
+        return min(cap, oldest + cfg.debounce_seconds), len(run)
 
     def _maybe_commit(self, now: float, effects: list[Effect]) -> None:
         if self._commit is not None or now < self._commit_retry_at:
             return
         run = self._run()
-        if not run or now < self._debounce_deadline(run):
+        if not run:
             return
+        due, length = self._commit_plan(run)
+        if now < due:
+            return
+        run = run[:length]
         commit_id = self.commits + 1
         self.commits = commit_id
         for p in run:

@@ -420,20 +420,6 @@ def test_segment_tail_goes_into_the_last_fragment_instead_of_a_runt() -> None:
     assert not [e for e in effects if isinstance(e, StartUpload)]  # new segment: waits
 
 
-def test_debounce_waits_for_uploads_that_would_complete_the_count() -> None:
-    cfg = TieringConfig(fragment_bytes=10, max_uploads=5, debounce_count=3, debounce_seconds=2)
-    state = TieringState(cfg, committed_next=0)
-    effects = state.handle(ChunksCommitted(tuple(make_chunk(i, 1, 10, 0, 0) for i in range(3))), 0)
-    p0, p1, p2 = (e.plan for e in effects if isinstance(e, StartUpload))
-    state.handle(UploadSucceeded(p0.plan_id, p0.entry(KEY)), 0.0)
-    assert state.next_deadline() == pytest.approx(4.0)  # two uploads still in flight
-    assert state.handle(Tick(), 3.0) == []
-    (commit,) = state.handle(UploadSucceeded(p1.plan_id, p1.entry(KEY)), 3.1) or [None]
-    assert commit is None
-    (commit,) = state.handle(UploadSucceeded(p2.plan_id, p2.entry(KEY)), 3.2)
-    assert isinstance(commit, StartCommit) and len(commit.entries) == 3
-
-
 # --- the incremental machine takes exactly the decisions of the rescanning one -----------
 
 
@@ -450,6 +436,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
         max_uploads=st.integers(1, 4),
         debounce_count=st.integers(1, 5),
         debounce_seconds=st.sampled_from([0.0, 1.0, 2.0]),
+        debounce_bytes=st.integers(20, 3000),
         max_fragment_age=st.sampled_from([0.5, 5.0, 60.0]),
         segment_bytes=st.none() | st.integers(50, 3000),
     )
@@ -459,6 +446,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
         max_uploads: int,
         debounce_count: int,
         debounce_seconds: float,
+        debounce_bytes: int,
         max_fragment_age: float,
         segment_bytes: int | None,
     ) -> None:
@@ -468,6 +456,7 @@ class SameDecisionsAsReference(RuleBasedStateMachine):
             max_uploads=max_uploads,
             debounce_count=debounce_count,
             debounce_seconds=debounce_seconds,
+            debounce_bytes=debounce_bytes,
             retry_base=0.5,
             retry_max=4.0,
             segment_bytes=segment_bytes,

@@ -104,6 +104,12 @@ class Scheduler:
         if self._task is None:
             self._task = asyncio.create_task(self._run())
 
+    def halt(self) -> None:
+        """Cancel the rounds now, synchronously (leadership lost): no new dispatch starts
+        from here; ``stop`` then closes the working set."""
+        if self._task is not None:
+            self._task.cancel()
+
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:

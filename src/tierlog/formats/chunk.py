@@ -75,6 +75,8 @@ HEADER_DTYPE = np.dtype(
     }
 )
 HEADER_SIZE = HEADER.size  # 48
+CHUNK_TYPE_POS = 1
+"""Byte position of the u8 chunk type in the header."""
 DATA_LENGTH_POS = 36
 """Byte position of the u32 data length in the header."""
 RESERVED_POS = 45
@@ -91,6 +93,7 @@ SIMPLE_ENTRY_HEADER_SIZE = 4
 _U32 = struct.Struct(">I")
 assert HEADER_DTYPE.itemsize == HEADER_SIZE
 assert HEADER_DTYPE.fields is not None
+assert HEADER_DTYPE.fields["chunk_type"][1] == CHUNK_TYPE_POS
 assert HEADER_DTYPE.fields["data_length"][1] == DATA_LENGTH_POS
 assert HEADER_DTYPE.fields["bloom_size"][1] + 1 == RESERVED_POS
 

@@ -2,7 +2,8 @@
 
 A reader preads the segment files itself, so readers run in any thread while the
 writer appends. It sees committed chunks only (the writer's published commit point)
-and, by default, user chunks only (tracking chunks are skipped, as consumers expect).
+and, by default, user chunks only (tracking chunks are skipped, as consumers expect,
+but only once they verifiably are tracking chunks: see ``_verified_tracking``).
 Chunks are handed out as one buffer with memoryviews into it (no per-record copies)
 plus their file position and size for ``os.sendfile``.
 """
@@ -30,6 +31,12 @@ from tierlog.formats.chunk import (
 )
 from tierlog.formats.errors import FormatError
 from tierlog.formats.segment import FILE_HEADER_SIZE
+from tierlog.log.chunk_checks import (
+    index_type_mismatch,
+    load_index_or_none,
+    next_chunk_id,
+    verified_tracking,
+)
 from tierlog.log.commit_point import CommitPoint
 from tierlog.log.errors import CorruptChunkError, LogClosedError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
@@ -234,6 +241,8 @@ class LogReader:
         self._closed = False
         self._ahead: deque[_Fetched] = deque()  # read ahead by records(), not handed out
         self._ahead_error: CorruptChunkError | None = None  # met while reading ahead
+        self._index: IndexView | None = None  # of ``_index_ref``, for ``_check_not_tracking``
+        self._index_ref: SegmentRef | None = None
 
     @property
     def next_offset(self) -> int:
@@ -328,18 +337,48 @@ class LogReader:
                 raise self._corrupt(f"chunk id {header.chunk_id}, expected {self._next}")
             if header.chunk_id > commit.chunk_id:
                 return None
+            if header.next_offset > commit.next_offset:
+                # a record count (outside the CRC) pointing past the committed end would
+                # make the reader look caught up: the rest of the log silently unread
+                raise self._corrupt(
+                    f"chunk {header.chunk_id} holds {header.num_records} records, past the "
+                    f"committed end {commit.next_offset}"
+                )
             position = self._pos
             total = header.total_size
             self._pos = position + total
             self._next = header.next_offset
-            if self._user_only and header.chunk_type != ChunkType.USER:
-                continue
-            raw = None
+            if header.chunk_type != ChunkType.USER and (self._user_only or load):
+                tracking = self._verified_tracking(header, position)
+                if self._user_only:
+                    continue
+                chunk = ChunkRead(
+                    header, self._ref.segment_path, position, tracking, self._skip_below
+                )
+                return _Fetched(chunk, self._ref, None)
+            if (
+                header.num_records == 1
+                and header.num_entries == 1
+                and header.trailer_length == 0
+                and (self._verify == "always" or header.chunk_id < self._source.trusted_from())
+            ):
+                self._check_not_tracking(header, position)
+            raw: memoryview | None = None
             if load:
-                data = pread_exact(self._fd, total, position)
-                if len(data) != total:
+                sealed = header.chunk_id < self._source.trusted_from()
+                peek = HEADER_SIZE if sealed else 0  # the next chunk's header, see below
+                data = pread_exact(self._fd, total + peek, position)
+                if len(data) < total:
                     raise self._corrupt(f"chunk {header.chunk_id} is truncated", position)
-                raw = memoryview(data)
+                if sealed:
+                    next_id = next_chunk_id(data, total)
+                    if next_id is not None and next_id != header.next_offset:
+                        raise self._corrupt(
+                            f"chunk {header.chunk_id} says {header.num_records} records but the "
+                            f"next chunk is {next_id}",
+                            position,
+                        )
+                raw = memoryview(data)[:total]
                 if self._verify == "always" or (
                     self._verify and header.chunk_id < self._source.trusted_from()
                 ):
@@ -357,6 +396,25 @@ class LogReader:
                         raise self._corrupt(exc, position) from exc
             chunk = ChunkRead(header, self._ref.segment_path, position, raw, self._skip_below)
             return _Fetched(chunk, self._ref, None)
+
+    def _verified_tracking(self, header: ChunkHeader, position: int) -> memoryview:
+        """The bytes of a chunk whose header says tracking, once they verifiably are
+        (``chunk_checks.verified_tracking``)."""
+        try:
+            return verified_tracking(self._fd, header, position)
+        except FormatError as exc:
+            raise self._corrupt(exc, position) from exc
+
+    def _check_not_tracking(self, header: ChunkHeader, position: int) -> None:
+        """Refuse a single-record user chunk that the segment's index names a tracking
+        chunk (``chunk_checks.index_type_mismatch``)."""
+        if self._index_ref != self._ref:
+            self._index = load_index_or_none(self._ref.index_path)
+            self._index_ref = self._ref
+        if self._index is not None:
+            problem = index_type_mismatch(self._index, header, position)
+            if problem is not None:
+                raise self._corrupt(problem, position)
 
     def _settle(self, fetched: _Fetched) -> ChunkRead:
         """The fetched chunk once its CRC (if computed in the helper thread) matches."""

@@ -8,7 +8,8 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
 * An index only points into its segment and never vetoes a trustworthy chunk: when it
   disagrees with the segment, it is rebuilt from the segment.
 * Sealed segments (fsynced when they were rolled) get a structural check through
-  their index (records in order, first and last chunk consistent with the file size);
+  their index (records in order, first and last chunk consistent with the file size
+  and the last chunk's record count with the next segment's first offset);
   when that fails the segment is scanned chunk by chunk and its index rebuilt.
 * Only a torn tail of the *last* segment may be cut: damage there with nothing
   trustworthy after it (a write the crash interrupted). Any other damage (in a sealed
@@ -18,6 +19,21 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
   (``damage.quarantine``); a stream directory holding a moved-aside file stays refused.
   Bit rot inside a sealed chunk whose index passes the structural check is caught later
   by readers' CRC checks (a typed error, never served).
+* Header fields outside the CRC with no neighbour to corroborate them are checked
+  against the index record, which repeats chunk id, timestamp, epoch, position and
+  chunk type: the chunk type of every chunk of a scanned segment, the whole record for
+  a segment's first and last chunk. A disagreement is damage (repair from the remote
+  tier, else refuse), never a silent choice. A chunk at the end of the log that failed
+  validation but is whole, named by its index record and CRC-good is no torn write (a
+  header field such as the type or a count is wrong): refused, not cut. Chunks in the
+  middle of a sealed segment are not read on open; readers check each one they reach
+  (a chunk they would skip as tracking must parse as tracking, see ``reader``).
+* Osiris itself (``osiris_log``) has no header CRC either and checks less: on recovery
+  it walks the last index backwards and keeps the last record whose chunk lies within
+  the segment and passes the data CRC (the type and counts are not compared); its
+  readers match the magic/version and the expected chunk id, and take the chunk type
+  on trust (a reader of user data skips any non-user chunk unread). So a type flip in
+  RabbitMQ's own log drops the chunk silently; tierlog refuses it instead.
 * Index files without a segment are deleted; an empty last segment is deleted when
   an earlier segment exists (as Osiris does).
 * Tracking state is rebuilt from the last segment: its snapshot, deltas and the
@@ -34,9 +50,11 @@ import os
 from dataclasses import dataclass, field
 
 from tierlog.formats.chunk import (
+    CHUNK_TYPE_POS,
     HEADER_SIZE,
     ChunkHeader,
     ChunkType,
+    check_crc,
     decode_header,
 )
 from tierlog.formats.errors import FormatError
@@ -137,7 +155,7 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         ref = segment_ref(stream_dir, offset)
         is_last = i == len(offsets) - 1
         next_segment = None if is_last else offsets[i + 1]
-        state = None if is_last else _check_sealed(ref)
+        state = None if next_segment is None else _check_sealed(ref, next_segment)
         if state is not None:
             states.append(state)
             continue
@@ -162,6 +180,10 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
         if scan.damage:
             expected_id = scan.chunks[-1].next_offset if scan.chunks else offset
             trusted_after = _trusted_chunk_after(ref, scan.valid_end, expected_id)
+            if trusted_after is None and _written_whole_chunk(ref, scan.valid_end, expected_id):
+                trusted_after = next_segment
+                if trusted_after is None:
+                    raise _damage(ref, scan.damage, scan.valid_end, expected_id, None)
             if not is_last or trusted_after is not None:
                 end = next_segment if trusted_after is None else trusted_after
                 raise _damage(ref, scan.damage, scan.valid_end, _scan_next(scan, offset), end)
@@ -327,6 +349,37 @@ def _trusted_chunk_after(ref: SegmentRef, damaged_at: int, expected_id: int) -> 
         os.close(fd)
 
 
+def _written_whole_chunk(ref: SegmentRef, position: int, expected_id: int) -> bool:
+    """Whether the chunk at ``position``, which failed validation, is nevertheless a whole
+    written chunk: its index record names it (same position and chunk id), it lies wholly
+    in the file and its data CRC matches (read with the chunk type its index record names
+    when the header's type byte disagrees or is unknown); only a header field outside
+    the CRC (chunk type, entry or record count) is then wrong. A write a crash
+    interrupted cannot leave that behind, so it is damage to confirmed data and may not
+    be cut as a torn tail."""
+    record = next((r for r in _index_records(ref) or [] if r.position == position), None)
+    if record is None or record.chunk_id != expected_id:
+        return False
+    fd = os.open(ref.segment_path, os.O_RDONLY)
+    try:
+        raw = bytearray(pread_exact(fd, HEADER_SIZE, position))
+        if len(raw) != HEADER_SIZE:
+            return False
+        raw[CHUNK_TYPE_POS] = record.chunk_type  # the header's may be unknown
+        header = decode_header(raw)
+        if header.chunk_id != expected_id:
+            return False
+        chunk = pread_exact(fd, header.total_size, position)
+        if len(chunk) != header.total_size:
+            return False
+        check_crc(header, chunk[header.data_start : header.data_start + header.data_length])
+    except FormatError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def _index_records(ref: SegmentRef) -> list[IndexRecord] | None:
     """The existing index records of a segment (None when unreadable) for cross-checks."""
     try:
@@ -335,8 +388,15 @@ def _index_records(ref: SegmentRef) -> list[IndexRecord] | None:
         return None
 
 
-def _check_sealed(ref: SegmentRef) -> SegmentState | None:
-    """Cheap structural check of a sealed segment through its index; None if it fails."""
+def _check_sealed(ref: SegmentRef, next_segment: int) -> SegmentState | None:
+    """Cheap structural check of a sealed segment through its index; None if it fails.
+
+    The first and last chunk headers must equal their index records (chunk id, timestamp,
+    epoch, position and chunk type: the fields outside the data CRC) and the last chunk
+    must end the file and continue into the next segment (its record count). Chunks in
+    between are not read here (that would be a pread per chunk of every sealed segment
+    on every open): readers check each one they reach below ``trusted_from`` (data CRC,
+    chunk id continuity, and a chunk skipped as tracking must parse as tracking)."""
     try:
         index = IndexView.load(ref.index_path)
         size = os.path.getsize(ref.segment_path)
@@ -364,7 +424,7 @@ def _check_sealed(ref: SegmentRef) -> SegmentState | None:
     last_info = chunk_info(last_header, last.position)
     if first_info.index_record() != first or last_info.index_record() != last:
         return None
-    if last.position + last_header.total_size != size:
+    if last.position + last_header.total_size != size or last_info.next_offset != next_segment:
         return None
     return SegmentState(
         ref,

@@ -125,6 +125,7 @@ class RemoteCursor:
         self._sizes: list[int] = records["size"].astype(np.int64).tolist()
         self._stored: list[int] = stored_sizes(index).astype(np.int64).tolist()
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
+        self._types: list[int] = records["chunk_type"].tolist()
         # an offloaded segment: a 12-byte entry header precedes each chunk in the stream,
         # and chunks are checked against the CRC-32 of their whole bytes from its index
         self._segment = isinstance(index, SegmentChunkIndex)
@@ -194,6 +195,13 @@ class RemoteCursor:
                 raise RemoteDataCorruptError(
                     f"{self.key}: chunk at {self._positions[i]} is {header.chunk_id} "
                     f"({header.total_size} bytes), the index says {chunk_id} ({size} bytes)"
+                )
+            if header.chunk_type != self._types[i]:
+                # the type byte is outside the data CRC: a user chunk must never pass as
+                # a tracking chunk (readers skip those) or the other way round
+                raise RemoteDataCorruptError(
+                    f"{self.key}: chunk {chunk_id} at {self._positions[i]} has type "
+                    f"{header.chunk_type}, the index says {self._types[i]}"
                 )
             if self._verify and self._segment:
                 if crc32(raw) != self._crcs[i]:

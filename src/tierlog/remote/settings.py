@@ -80,7 +80,7 @@ class StreamSettings:
     tier_mode: str = "fragments"
     fragment_bytes: int = 64 * MIB
     max_fragment_age_seconds: float = 60.0
-    debounce_count: int = 5
+    debounce_count: int = 8
     debounce_seconds: float = 2.0
     max_lag_bytes: int = 1 << 30
     read_strategy: str = "NOT_IN_DISK"

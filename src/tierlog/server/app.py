@@ -244,6 +244,7 @@ class Server:
                 f"{advertised}:{s.advertised_port or self.stream_port}",
                 f"{s.admin_host}:{self.admin_port}",
             )
+            self.cluster.leadership_hooks = self.delayed  # before its first directory scan
             if self.object_store is not None:  # read anywhere: non-member streams
                 self.non_member_reads = NonMemberReads(
                     config, catalog, self.object_store, self.cluster

@@ -27,7 +27,7 @@ import contextlib
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tierlog.cluster.errors import (
     LeaderAliveError,
@@ -95,6 +95,16 @@ SERVE_ON_REPLICAS = False
 CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
 
 
+class LeadershipHooks(Protocol):
+    """What a service that runs per-stream work on the leader (delayed delivery) needs:
+    a say in which leaderless streams this node takes over (a stream and its companion
+    stream led on one node), and word of a step-down before the stream is released."""
+
+    def may_take_over(self, record: StreamRecord) -> bool: ...
+
+    def stepping_down(self, handle: StreamHandle) -> None: ...
+
+
 class ClusterService:
     """One node of a cluster, wired into the broker as its ``placement``."""
 
@@ -126,6 +136,7 @@ class ClusterService:
         self._ready: dict[str, asyncio.Future[None]] = {}  # elections in progress
         self._new_voters: dict[tuple[str, str], tuple[str, ...]] = {}  # streams being created
         self._effect_tasks: set[asyncio.Task[Any]] = set()
+        self.leadership_hooks: LeadershipHooks | None = None
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -304,7 +315,10 @@ class ClusterService:
                 if place.leader is None or place.leader.name == self.name:
                     # leaderless, or recorded as ours but not open here (an acquisition
                     # whose opening lost a race): take it (again, in a new epoch)
-                    if membership.is_voter(self.name):
+                    hooks = self.leadership_hooks
+                    if membership.is_voter(self.name) and (
+                        hooks is None or hooks.may_take_over(record)
+                    ):
                         await self._take_over(record)
                 else:
                     await self._follow(record, place.leader.name, place.record.epoch)
@@ -529,6 +543,8 @@ class ClusterService:
     def _step_down(self, incarnation: str, reason: str, release: bool = True) -> None:
         leader = self.node.forget(incarnation)
         handle = self.handles.pop(incarnation, None)
+        if handle is not None and self.leadership_hooks is not None:
+            self.leadership_hooks.stepping_down(handle)
         if leader is not None and not leader.stepped_down:
             leader.state.handle(LeaseLost(), time.monotonic())  # refuse what waits
             leader.apply_local([StepDown(reason)])

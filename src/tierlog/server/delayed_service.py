@@ -8,9 +8,15 @@ is delivered. It is created on the first need, not listed, not creatable or dele
 users, and deleted when its stream is (the service's reconcile pass, every
 ``RECONCILE_SECONDS``, notices).
 
-The scheduler of a stream runs on the node that holds the stream (single node: this one).
-``Scheduler.rebuild()`` is the takeover entry point: the cluster calls it when this node
-becomes the stream's leader, after which ``start()`` runs its rounds.
+The scheduler of a stream runs on the node that leads both the stream and its system
+stream (single node: this one). In a cluster the system stream gets the stream's voters
+(same replication factor), this node takes over a leaderless system stream only when it
+leads the stream (``may_take_over``; the server registers this service as the cluster's
+``leadership_hooks``), and the reconcile pass starts the scheduler
+(``Scheduler.rebuild()`` then ``start()``) once both are led here. A step-down of either
+stops the scheduler's rounds at once (``stepping_down``); a dispatch already under way
+then fails at the deposed leader's confirm gate and the new leader's rebuild decides, by
+the dispatcher's producer sequence in its log, what was delivered.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from tierlog.delayed.timers import TimerStore
 from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
+from tierlog.remote.catalog import StreamRecord
 from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.broker import Broker, StreamHandle
+from tierlog.server.cluster_service import ClusterService
 from tierlog.server.delayed_intake import (
     SYSTEM_PREFIX,
     DelayedIntake,
@@ -96,6 +104,7 @@ class DelayedService:
         self._creating: dict[tuple[str, str], asyncio.Task[StreamHandle | None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._stopping: set[asyncio.Task[None]] = set()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -112,6 +121,41 @@ class DelayedService:
         for scheduler in list(self.schedulers.values()):
             await scheduler.stop()
         self.schedulers.clear()
+        for task in list(self._stopping):
+            with contextlib.suppress(asyncio.CancelledError, TierlogError, OSError):
+                await task
+
+    def _cluster(self) -> ClusterService | None:
+        placement = self.broker.placement
+        return placement if isinstance(placement, ClusterService) else None
+
+    def may_take_over(self, record: StreamRecord) -> bool:
+        """A leaderless system stream is taken over only by the leader of its stream (or
+        when its stream is unknown here, so that an orphan can still be deleted): the
+        scheduler needs both on one node."""
+        if not is_system_stream(record.name):
+            return True
+        parent = record.name[len(SYSTEM_PREFIX) :]
+        if self.broker.get(record.vhost, parent) is not None:
+            return True
+        return self.broker.opening(record.vhost, parent) is None
+
+    def stepping_down(self, handle: StreamHandle) -> None:
+        """This node no longer leads ``handle`` (a delayed stream or a system stream):
+        its scheduler's rounds stop now, before the stream is released; the working set
+        closes in the background."""
+        name = handle.name
+        if is_system_stream(name):
+            name = name[len(SYSTEM_PREFIX) :]
+        scheduler = self.schedulers.get((handle.vhost, name))
+        if scheduler is None:
+            return
+        del self.schedulers[(handle.vhost, name)]
+        scheduler.halt()
+        task = asyncio.get_running_loop().create_task(scheduler.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        log.info("delayed_scheduler_stopped", vhost=handle.vhost, stream=name, reason="step_down")
 
     def _attach(self, handle: StreamHandle) -> None:
         """Every publish to a delayed stream goes through its intake from the first one."""
@@ -149,13 +193,20 @@ class DelayedService:
             if scheduler is not None and scheduler.incarnation != handle.record.incarnation:
                 await self._retire(key, scheduler)  # deleted and created again
                 scheduler = None
+            if scheduler is not None and self.open_system_stream(handle) is None:
+                await self._pause(key, scheduler, "system stream not led here")
+                scheduler = None
             if scheduler is None and handle.unavailable is None:
                 system = await self.ensure_system_stream(handle)
                 if system is not None and system.unavailable is None:
                     await self._start_scheduler(handle)
         for key, scheduler in list(self.schedulers.items()):
-            if key not in handles and self.broker.opening(*key) is None:
+            if key in handles:
+                continue
+            if self.broker.opening(*key) is None:
                 await self._retire(key, scheduler)
+            else:  # led elsewhere now: its state is the new leader's to rebuild
+                await self._pause(key, scheduler, "stream not led here")
         for handle in handles.values():  # system streams whose stream is gone
             if not is_system_stream(handle.name):
                 continue
@@ -227,6 +278,13 @@ class DelayedService:
         scheduler.start()
         self.schedulers[key] = scheduler
 
+    async def _pause(self, key: tuple[str, str], scheduler: Scheduler, reason: str) -> None:
+        """Stop a scheduler whose stream lives on (led elsewhere, or its system stream not
+        available here): nothing of its durable state is touched."""
+        self.schedulers.pop(key, None)
+        await scheduler.stop()
+        log.info("delayed_scheduler_stopped", vhost=key[0], stream=key[1], reason=reason)
+
     async def _retire(self, key: tuple[str, str], scheduler: Scheduler) -> None:
         """The stream is gone: stop its scheduler, drop its working set, timer manifest and
         timer objects (through the deletion queue), and its system stream."""
@@ -275,8 +333,23 @@ class DelayedService:
             task.add_done_callback(lambda _t: self._creating.pop(key, None))
         return await asyncio.shield(task)
 
+    def _same_voters(self, handle: StreamHandle, name: str) -> None:
+        """In a cluster the system stream gets the stream's voters: the same replication
+        factor, on the same nodes (so its leadership can follow the stream's)."""
+        cluster = self._cluster()
+        if cluster is None:
+            return
+        leader = cluster.node.leaders.get(handle.record.incarnation)
+        if leader is None:
+            return
+        members = leader.leadership.membership.voters
+        cluster.check_create(handle.vhost, name, {"x-initial-cluster-size": str(len(members))})
+        mine = (cluster.name, *(m for m in members if m != cluster.name))
+        cluster._new_voters[(handle.vhost, name)] = mine  # the stream's, not the first live
+
     async def _create_system(self, handle: StreamHandle, name: str) -> StreamHandle | None:
         try:
+            self._same_voters(handle, name)
             system = await self.broker.create_stream(
                 handle.vhost, name, system_settings(handle.settings)
             )

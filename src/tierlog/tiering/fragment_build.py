@@ -9,8 +9,9 @@ adopted only when it holds exactly the local chunks (``tiering.resolution``'s ru
 
 from __future__ import annotations
 
-from tierlog.formats.chunk import decode_header
+from tierlog.formats.chunk import ChunkType, decode_header
 from tierlog.formats.crc import crc32
+from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import (
     HEADER_SIZE,
     FragmentChunkInfo,
@@ -18,6 +19,7 @@ from tierlog.formats.fragment import (
     encode_fragment,
     fragment_size,
 )
+from tierlog.log.segment_files import validate_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.remote.errors import CorruptFragmentError
 from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
@@ -75,6 +77,17 @@ def build_fragment(
                 f"{c.position}: data CRC {actual:#010x} != "
                 f"header {header.data_crc:#010x}; not uploaded, tiering of the stream stops"
             )
+        if header.chunk_type != ChunkType.USER:
+            # the type byte is outside the CRC: a user chunk whose type flipped must not be
+            # uploaded as a tracking chunk (readers of either tier would skip it)
+            try:
+                validate_chunk(header, buf)
+            except FormatError as exc:
+                raise LocalChunkCorruptError(
+                    f"{stream_log.stream_dir} segment {plan.segment}: chunk {c.chunk_id} at "
+                    f"{c.position} says chunk type {header.chunk_type} but is not a valid "
+                    f"tracking chunk ({exc}); not uploaded, tiering of the stream stops"
+                ) from exc
         buffers.append(buf)
         infos.append(
             FragmentChunkInfo(

@@ -14,13 +14,44 @@ Rules it enforces (docs/design.md, docs/reliability.md):
 * Uploads run concurrently (bounded); a failed upload is retried with backoff and
   never blocks later uploads (non-stop write).
 * Only a contiguous run of uploaded fragments starting at the committed next offset
-  is committed to the manifest, debounced by count and by time.
+  is committed to the manifest, one commit at a time, by the commit rule below.
 * If an upload adopted an existing object with a different range, the plans after it
   are cancelled and their chunks re-cut from the adopted fragment's next offset;
   cancelled objects are left for garbage collection (nothing at or after the committed
   next offset is ever deleted by the writer).
 * A conflict or a deposed writer halts tiering for the stream; nothing is lost locally
   because local data is only freed below ``committed_next``.
+
+The commit rule (the debounce). A commit costs one root PUT (plus branch PUTs in a tall
+tree) whatever it holds, so the number of commits is the number of requests beyond the
+fragments themselves; it must follow from the fragments, not from how fast they upload.
+The uploaded run is cut into batches greedily from ``committed_next``: a batch ends at
+the fragment that brings it to ``debounce_count`` fragments or ``debounce_bytes`` bytes
+(a large fragment size cannot starve commits: 512 MiB = 8 fragments of 64 MiB; the
+stream's settings hold it to half its ``max_lag_bytes``, since uploaded fragments count
+as lag until committed). Then
+
+1. a run holding a full batch is committed at once, up to its last batch boundary (the
+   rest waits for its own batch);
+2. otherwise, while the plan right after the run is uploading or queued (uploads are
+   streaming back to back: the run is about to grow), it waits, for at most
+   ``max_fragment_age`` after its oldest upload (a cap against uploads that never end);
+3. otherwise (nothing in flight would extend it: the stream is idle or slower than the
+   store, or the next upload waits to retry) it is committed at once on a flush, else
+   ``debounce_seconds`` after its oldest fragment was uploaded.
+
+So a backlog tiered back to back commits once per batch plus once for the tail,
+whatever the upload timing (never more; fewer only if a slow commit lets two batches
+go in one): with the defaults ≈ 15.5 fragment PUTs and ≈ 2 commit PUTs per GiB. A flush
+cuts everything and commits the rest once the last upload in flight lands (committing
+earlier pieces would not make it return sooner). A slow stream trades PUTs for
+freshness: it commits each fragment ``debounce_seconds`` after its upload. What readers
+of the remote tier see is therefore behind the local commit by at most
+``max_fragment_age`` (the cut) + the upload + ``debounce_seconds`` on a slow stream,
+and on a streaming one by the time to upload one batch (capped at
+``max_fragment_age``). Streams that confirm on the remote tier (ack = remote) set
+``debounce_count = 1``: every fragment is a batch, every uploaded run is committed at
+once, whole.
 """
 
 from __future__ import annotations
@@ -33,6 +64,7 @@ from tierlog.errors import ConfigError
 from tierlog.remote.fragments import FragmentEntry
 
 MIB = 1 << 20
+DEBOUNCE_BYTES = 512 * MIB  # default commit batch: 8 fragments of the default 64 MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +125,9 @@ class TieringConfig:
     fragment_bytes: int = 64 * MIB
     max_fragment_age: float = 60.0
     max_uploads: int = 4
-    debounce_count: int = 5
+    debounce_count: int = 8
     debounce_seconds: float = 2.0
+    debounce_bytes: int = DEBOUNCE_BYTES
     retry_base: float = 0.5
     retry_max: float = 30.0
     # The local log's segment size: lets the cutter give a segment's last fragment the
@@ -108,8 +141,10 @@ class TieringConfig:
             raise ConfigError("tier.fragment_bytes must be in 1 B .. 1 GiB")
         if self.max_fragment_age <= 0 or self.debounce_seconds < 0:
             raise ConfigError("tier.max_fragment_age must be > 0, debounce_seconds >= 0")
-        if self.max_uploads < 1 or self.debounce_count < 1:
-            raise ConfigError("tier.max_uploads and tier.debounce_count must be >= 1")
+        if self.max_uploads < 1 or self.debounce_count < 1 or self.debounce_bytes < 1:
+            raise ConfigError(
+                "tier.max_uploads, tier.debounce_count and tier.debounce_bytes must be >= 1"
+            )
         if self.retry_base <= 0 or self.retry_max < self.retry_base:
             raise ConfigError("tier.retry_base must be > 0 and <= retry_max")
 
@@ -309,7 +344,7 @@ class TieringState:
                 times.append(p.retry_at)
         run = self._run()
         if run and self._commit is None:
-            times.append(max(self._commit_retry_at, self._debounce_deadline(run)))
+            times.append(max(self._commit_retry_at, self._commit_plan(run)[0]))
         return min(times) if times else None
 
     # -- transitions -----------------------------------------------------------------
@@ -510,27 +545,48 @@ class TieringState:
             expected = p.entry.next_offset
         return run
 
-    def _debounce_deadline(self, run: list[_PlanState]) -> float:
-        """Commit at ``debounce_count`` fragments or ``debounce_seconds`` after the oldest
-        uploaded one; when uploads still in flight would complete the count, wait for them
-        up to twice the time (uploads that finish together otherwise commit in short runs)."""
+    def _batched_length(self, run: list[_PlanState]) -> int:
+        """How many plans of the run end at its last batch boundary (0: no full batch).
+        Batches are cut greedily from ``committed_next``: a batch ends at the fragment
+        that brings it to ``debounce_count`` fragments or ``debounce_bytes`` bytes."""
         cfg = self.config
-        if len(run) >= cfg.debounce_count or self._flush:
-            return 0.0
-        wait = cfg.debounce_seconds
-        following = self._plans[len(run) : len(run) + cfg.debounce_count - len(run)]
-        if len(following) == cfg.debounce_count - len(run) and all(
-            p.status is PlanStatus.UPLOADING for p in following
+        length = count = size = 0
+        for i, p in enumerate(run):
+            count += 1
+            size += p.entry.data_size if p.entry is not None else 0
+            if count >= cfg.debounce_count or size >= cfg.debounce_bytes:
+                length, count, size = i + 1, 0, 0
+        return length
+
+    def _commit_plan(self, run: list[_PlanState]) -> tuple[float, int]:
+        """When the run is committed (the module docstring's commit rule), and how many of
+        its plans: up to its last batch boundary when it holds a full batch, else all."""
+        cfg = self.config
+        batched = self._batched_length(run)
+        if batched:
+            return 0.0, batched
+        oldest = min(p.uploaded_at for p in run)
+        cap = oldest + cfg.max_fragment_age
+        following = self._plans[len(run)] if len(run) < len(self._plans) else None
+        if following is not None and following.status in (
+            PlanStatus.UPLOADING,
+            PlanStatus.QUEUED,
         ):
-            wait *= 2
-        return min(p.uploaded_at for p in run) + wait
+            return cap, len(run)  # uploads stream in: the run is about to grow
+        if self._flush:
+            return 0.0, len(run)
+        return min(cap, oldest + cfg.debounce_seconds), len(run)
 
     def _maybe_commit(self, now: float, effects: list[Effect]) -> None:
         if self._commit is not None or now < self._commit_retry_at:
             return
         run = self._run()
-        if not run or now < self._debounce_deadline(run):
+        if not run:
             return
+        due, length = self._commit_plan(run)
+        if now < due:
+            return
+        run = run[:length]
         commit_id = self.commits + 1
         self.commits = commit_id
         for p in run:
