@@ -5,7 +5,8 @@ leader is SIGKILLed (the other member takes over once the old leader comes back 
 member: two voters need both for a majority). A consumer subscribing on the non-member
 while the leader is down reads what was tiered.
 Oracle: every confirmed message is read through the non-member exactly once, in order;
-Metadata on the non-member names the members; consumer offsets stored on the non-member
+Metadata on the non-member names the leader; DeclarePublisher and
+QueryPublisherSequence there get STREAM_NOT_AVAILABLE; consumer offsets stored on the non-member
 are read back."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rstream import ConsumerOffsetSpecification, OffsetType, Producer
+from rstream import ConsumerOffsetSpecification, OffsetType, Producer, schema
 from rstream.client import Client
 from rstream.consumer import Consumer, MessageContext
 from rstream.exceptions import StreamNotAvailable
@@ -34,6 +35,7 @@ from tests.cluster.nodes import (
 )
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.seaweed import SeaweedServer
+from tierlog.formats.protocol.constants import ResponseCode
 
 pytestmark = [pytest.mark.etcd, pytest.mark.s3]
 
@@ -151,6 +153,17 @@ async def test_non_member_reads_through_a_leader_kill(cluster: Cluster) -> None:
         async with Producer(HOST, port=port, username="guest", password="guest") as p:
             client = await p.default_client
             leader, _ = await client.query_leader_and_replicas(STREAM)
+            # commands that need the leader are refused there (clients reconnect)
+            with pytest.raises(StreamNotAvailable):
+                await client.declare_publisher(STREAM, "writer-on-outsider", 7)
+            sequence = await client.sync_request(  # rstream's own call hides the code
+                schema.QueryPublisherSequence(
+                    client._corr_id_seq.next(), publisher_ref="writer-on-outsider", stream=STREAM
+                ),
+                resp_schema=schema.QueryPublisherSequenceResponse,
+                raise_exception=False,
+            )
+            assert sequence.response_code == ResponseCode.STREAM_NOT_AVAILABLE
         leader_name, _ = cluster.leader_of(STREAM)
         assert leader_name is not None
         assert leader.port == cluster.node(leader_name).process.stream_port
