@@ -2,11 +2,12 @@
 worker started here with ``spark-class`` from the installed pyspark, on free loopback
 ports, stopped by PID -- against SeaweedFS (object store) and etcd (MetaStore).
 
-Every driver is a separate process (one SparkContext per process, and the test session
-already has a local one): the ``tierlog spark`` CLI with ``--master spark://...`` for scrub,
-and one PySpark application that reads with the data source and runs the Iceberg export
-(each application costs a driver and an executor JVM, so the module stays at two). The
-master's JSON status shows the applications really ran on the cluster. JVMs run with C1
+The driver is a separate process (one SparkContext per process, and the test session
+already has a local one): one PySpark application on the cluster reads with the data
+source, runs the Iceberg export, and then runs the ``tierlog spark scrub`` CLI with
+``--master spark://...`` in the same driver (each application costs a driver and an
+executor JVM, so the module runs one). The master's JSON status shows the application
+really ran on the cluster. JVMs run with C1
 only and the serial GC: they live seconds, on a small shared machine."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 
 import tierlog
 from tests.plugins import seaweed as seaweed_plugin
-from tests.plugins.etcd import free_port, stop_process
+from tests.plugins.etcd import free_port
 from tests.plugins.spark import (
     SPARK_TIERING,
     TieredBucket,
@@ -126,8 +127,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             time.sleep(0.3)
         yield state
     finally:
-        stop_process(worker)
-        stop_process(master)
+        stop_quickly(worker)
+        stop_quickly(master)
+
+
+def stop_quickly(proc: Any) -> None:
+    """SIGTERM, and SIGKILL after 2 s: a worker's shutdown can take 10 s on a loaded
+    machine, and these daemons hold nothing the tests read afterwards."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 class RemoteBucket(TieredBucket):
@@ -167,39 +180,12 @@ def remote_bucket(
         bucket.close()
 
 
-def run_job(cluster: Cluster, bucket: RemoteBucket, *args: str) -> tuple[int, str, str]:
-    command = [
-        sys.executable, "-m", "tierlog.cli", "spark", *args,
-        "--master", cluster.master_url,
-        "--object-store", bucket.store_uri, "--meta-store", bucket.meta_uri,
-        "--prefix", bucket.prefix,
-        "--conf", "spark.executor.memory=768m", "--conf", "spark.driver.host=127.0.0.1",
-        "--conf", "spark.ui.enabled=false", "--conf", f"spark.executorEnv.PYTHONPATH={SRC}",
-        "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
-    ]  # fmt: skip
-    done = subprocess.run(
-        command, env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
-    )
-    return done.returncode, done.stdout, done.stderr
-
-
 def expected(bucket: RemoteBucket) -> list[tuple[str, int, bytes]]:
     rows = []
     for stream in bucket.streams:
         durable = stream.tierer.durable_next
         rows += [(stream.display, r.offset, r.body) for r in stream.records(0, durable)]
     return sorted(rows)
-
-
-def test_scrub_on_the_cluster(cluster: Cluster, remote_bucket: RemoteBucket) -> None:
-    code, out, err = run_job(cluster, remote_bucket, "scrub")
-    assert code == 0, err[-3000:]
-    assert f"spark master {cluster.master_url}" in err
-    report = json.loads(out)
-    assert report["ok"] is True
-    fragments = {s["name"]: s["fragments_checked"] for s in report["streams"]}
-    assert set(fragments) == {"orders", "clicks"} and all(n > 0 for n in fragments.values())
-    assert "tierlog-scrub" in cluster.app_names()
 
 
 APPLICATION = """
@@ -209,7 +195,8 @@ from tierlog.spark.session import register
 from tierlog.spark.jobs.common import RemoteTier
 from tierlog.spark.jobs.iceberg_catalog import catalog_config
 from tierlog.spark.jobs.iceberg_export import run_iceberg_export
-master, store, meta, prefix, src, warehouse, jvm = sys.argv[1:8]
+from tierlog.cli import main
+master, store, meta, prefix, src, warehouse, jvm, scrub_report = sys.argv[1:9]
 spark = (SparkSession.builder.master(master).appName("tierlog-read-export")
          .config("spark.executor.memory", "768m").config("spark.driver.host", "127.0.0.1")
          .config("spark.ui.enabled", "false").config("spark.executorEnv.PYTHONPATH", src)
@@ -222,8 +209,10 @@ rows = df.select("stream", "offset", "body").collect()
 read = sorted([r["stream"], r["offset"], bytes(r["body"]).decode()] for r in rows)
 tier = RemoteTier.create(store, meta, prefix)
 report = run_iceberg_export(spark, tier, catalog_config("sql", warehouse), table="all")
-print(json.dumps({"read": read, "export": report.to_dict()}))
-spark.stop()
+# The scrub CLI in this driver: its session is this one (getOrCreate); it stops it at the end.
+scrub = main(["spark", "scrub", "--master", master, "--object-store", store,
+              "--meta-store", meta, "--prefix", prefix, "--report", scrub_report])
+print(json.dumps({"read": read, "export": report.to_dict(), "scrub_exit": scrub}))
 """
 
 
@@ -231,18 +220,31 @@ spark.stop()
 def application(
     cluster: Cluster, remote_bucket: RemoteBucket, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    """Run the read + export application once; its output and warehouse."""
+    """Run the read + export + scrub application once; its output, warehouse, scrub report
+    and driver log."""
     b = remote_bucket
     warehouse = tmp_path_factory.mktemp("warehouse")
+    scrub_report = warehouse / "scrub.json"
     done = subprocess.run(
         [sys.executable, "-c", APPLICATION, cluster.master_url, b.store_uri, b.meta_uri,
-         b.prefix, SRC, str(warehouse), QUICK_JVM],
+         b.prefix, SRC, str(warehouse), QUICK_JVM, str(scrub_report)],
         env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = dict(json.loads(done.stdout.splitlines()[-1]))
     result["warehouse"] = str(warehouse)
+    result["scrub"] = json.loads(scrub_report.read_text())
+    result["stderr"] = done.stderr
     return result
+
+
+def test_scrub_on_the_cluster(cluster: Cluster, application: dict[str, Any]) -> None:
+    assert application["scrub_exit"] == 0, application["stderr"][-3000:]
+    assert f"[tierlog scrub] spark master {cluster.master_url}" in application["stderr"]
+    report = application["scrub"]
+    assert report["ok"] is True
+    fragments = {s["name"]: s["fragments_checked"] for s in report["streams"]}
+    assert set(fragments) == {"orders", "clicks"} and all(n > 0 for n in fragments.values())
 
 
 def test_read_on_the_cluster(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -95,30 +93,6 @@ def test_scrub_reports_a_fragment_that_disagrees_with_its_entry(
     (stream,) = report.streams
     assert [p["kind"] for p in stream.problems] == ["fragment-mismatch"]
     assert "first_offset" in stream.problems[0]["detail"]
-
-
-def test_scrub_cli_exits_non_zero_with_a_json_report(tmp_path: Path) -> None:
-    bucket = TieredBucket(tmp_path, f"file://{tmp_path / 'objects'}")
-    try:
-        _alpha, beta = fill(bucket)
-        bad = walk(bucket, beta).fragments[0].key
-        flip_byte(bucket, bad, 8 + 48 + 10)
-        report_path = tmp_path / "scrub.json"
-        cmd = [
-            sys.executable, "-m", "tierlog", "spark", "scrub",
-            "--object-store", bucket.store_uri, "--meta-store", bucket.meta_uri,
-            "--prefix", bucket.prefix, "--master", "local[1]", "--report", str(report_path),
-        ]  # fmt: skip
-        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    finally:
-        bucket.close()
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert "[tierlog scrub] stage" in done.stderr
-    report = json.loads(report_path.read_text())
-    assert report["ok"] is False
-    kinds = {s["name"]: [p["kind"] for p in s["problems"]] for s in report["streams"]}
-    assert kinds == {"alpha": [], "beta": ["corrupt-fragment"]}
 
 
 # -------------------------------------------------------------------------------- gc

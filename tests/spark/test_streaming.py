@@ -17,6 +17,7 @@ from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.remote.fragments import FragmentEntry
 from tierlog.spark import connections
 from tierlog.spark.options import parse_options
+from tierlog.spark.progress import AVG, MAX, MIN, source_metrics
 from tierlog.spark.streaming import TierlogStreamReader, limit_bytes, limit_rows
 from tierlog.tiering.retention import RetentionPolicy
 
@@ -31,9 +32,13 @@ Batch = list[tuple[str, int, bytes]]
 
 
 def run_available_now(
-    spark: SparkSession, options: dict[str, str], checkpoint: Path
+    spark: SparkSession,
+    options: dict[str, str],
+    checkpoint: Path,
+    progress: list[dict[str, Any]] | None = None,
 ) -> list[Batch]:
-    """Run the query with Trigger.AvailableNow until it stops; the rows of each micro-batch."""
+    """Run the query with Trigger.AvailableNow until it stops; the rows of each micro-batch
+    (and into ``progress`` the source's progress entry of each micro-batch with rows)."""
     batches: list[Batch] = []
 
     def collect(df: DataFrame, batch_id: int) -> None:
@@ -54,6 +59,11 @@ def run_available_now(
     finally:
         query.stop()
     assert query.exception() is None
+    if progress is not None:
+        for entry in query.recentProgress:
+            (source,) = json.loads(entry.json)["sources"]
+            if source["numInputRows"]:
+                progress.append(source)
     return [b for b in batches if b]
 
 
@@ -69,8 +79,15 @@ def test_triggers_limits_and_restart(
     stream.tier()
     opts = tiered_bucket.options(stream, maxRecordsPerTrigger=300)
     checkpoint = tmp_path / "checkpoint"
-    first = run_available_now(spark, opts, checkpoint)
+    progress: list[dict[str, Any]] = []
+    first = run_available_now(spark, opts, checkpoint, progress)
     assert [len(b) for b in first] == [300, 300, 300, 100]
+    # A known backlog: 1000 offsets read 300 per trigger are 700, 400, 100, 0 behind latest.
+    assert [p["latestOffset"] for p in progress] == [{"events": 1000}] * 4
+    assert not any(p.get("metrics") for p in progress)  # no metrics hook for Python sources
+    assert [source_metrics(p) for p in progress] == [
+        {AVG: f"{n}.0", MAX: str(n), MIN: str(n)} for n in (700, 400, 100, 0)
+    ]
     assert [row for batch in first for row in batch] == expected(stream)
     # Offsets in the checkpoint are {stream: next offset}.
     logs = [p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
@@ -101,8 +118,20 @@ def test_byte_limit_and_several_streams_from_latest(
     b.append(bodies(300, "new-b"), per_chunk=20)
     a.tier()
     b.tier()
-    batches = run_available_now(spark, opts, checkpoint)
+    progress: list[dict[str, Any]] = []
+    batches = run_available_now(spark, opts, checkpoint, progress)
     assert len(batches) >= 3  # ~90 kB of fragments in ~20 kB micro-batches
+    # Offsets behind latest per stream, their min / max / mean over the streams.
+    assert all(p["latestOffset"] == {"a": 700, "v/b": 300} for p in progress), progress
+    first_end = progress[0]["endOffset"]
+    behind = [700 - first_end["a"], 300 - first_end["v/b"]]
+    assert max(behind) > 0, first_end
+    assert source_metrics(progress[0]) == {
+        AVG: str(sum(behind) / 2),
+        MAX: str(max(behind)),
+        MIN: str(min(behind)),
+    }
+    assert source_metrics(progress[-1]) == {AVG: "0.0", MAX: "0", MIN: "0"}
     rows = [row for batch in batches for row in batch]
     assert sorted(rows) == sorted(expected(a, 100) + expected(b))
     assert len(rows) == len(set(rows))
@@ -172,3 +201,14 @@ def test_reader_offsets_and_retention_overtaking(tiered_bucket: TieredBucket) ->
     latest = TierlogStreamReader(parse_options({**opts, "startingOffsets": "latest"}))
     assert latest.initialOffset() == {"kept": 640}
     connections.close_all()
+
+
+def test_source_metrics_of_progress_entries() -> None:
+    """Offsets as JSON text (pyspark's ``SourceProgress``) or parsed (``lastProgress``
+    JSON), a stream ahead of ``latestOffset`` counted as 0, nothing without a latest."""
+    text = {"endOffset": '{"a": 10, "b": 4}', "latestOffset": '{"a": 25, "b": 4}'}
+    assert source_metrics(text) == {AVG: "7.5", MAX: "15", MIN: "0"}
+    parsed = {"endOffset": {"a": 30}, "latestOffset": {"a": 25}}
+    assert source_metrics(parsed) == {AVG: "0.0", MAX: "0", MIN: "0"}
+    assert source_metrics({"endOffset": {"a": 1}, "latestOffset": None}) == {}
+    assert source_metrics({"endOffset": "not json", "latestOffset": {"a": 1}}) == {}

@@ -131,8 +131,17 @@ def test_conf_and_master_resolution() -> None:
 
 def test_spark_submit_master_and_conf_win(tmp_path: Path, bucket: TieredBucket) -> None:
     """Run under the real spark-submit: the job takes spark-submit's master and --conf
-    (not a local[*] default) and does its work there."""
+    (not a local[*] default) and does its work there; with a damaged fragment in one
+    stream, scrub reports it in the JSON report, logs its stages and exits non-zero (one
+    driver JVM for both, to keep the area's CI time down)."""
     import pyspark
+
+    from tests.spark.test_jobs import flip_byte, walk
+
+    beta = bucket.add_stream("beta")
+    beta.append([b"b%05d" % i + os.urandom(90) for i in range(400)])
+    beta.tier()
+    flip_byte(bucket, walk(bucket, beta).fragments[0].key, 8 + 48 + 10)
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     script = tmp_path / "job.py"
@@ -161,8 +170,11 @@ def test_spark_submit_master_and_conf_win(tmp_path: Path, bucket: TieredBucket) 
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     output = done.stdout + done.stderr  # spark-submit sends the driver's stderr to stdout
-    assert done.returncode == 0, output[-3000:]
+    assert done.returncode == 1, output[-3000:]
     assert "[tierlog scrub] spark master local[2]" in output
+    assert "[tierlog scrub] stage" in output
     assert "CONF from-submit" in output
     result = json.loads(report.read_text())
-    assert result["ok"] is True and [s["name"] for s in result["streams"]] == ["alpha"]
+    assert result["ok"] is False
+    kinds = {s["name"]: [p["kind"] for p in s["problems"]] for s in result["streams"]}
+    assert kinds == {"alpha": [], "beta": ["corrupt-fragment"]}

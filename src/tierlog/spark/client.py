@@ -162,6 +162,26 @@ class StreamClient:
         assert isinstance(response, c.QueryPublisherSequenceResponse)
         return response.sequence
 
+    def store_offset(self, stream: str, reference: str, offset: int) -> None:
+        """Store ``offset`` under ``reference`` in the stream's tracking data (no reply;
+        a ``query_offset`` on the same connection sees it)."""
+        self._send(c.StoreOffsetRequest(reference, stream, offset).encode())
+
+    def query_offset(self, stream: str, reference: str) -> int | None:
+        """The offset stored under ``reference`` (None: nothing stored)."""
+        request = c.QueryOffsetRequest(self._next_corr(), reference, stream)
+        self._send(request.encode())
+        while True:
+            frame = self._next_frame()
+            if isinstance(frame, c.QueryOffsetResponse) and frame.correlation_id == (
+                request.correlation_id
+            ):
+                if frame.response_code == ResponseCode.NO_OFFSET:
+                    return None
+                if frame.response_code != ResponseCode.OK:
+                    raise ResponseError(f"query offset of {reference!r}", frame.response_code)
+                return frame.offset
+
     def publish(
         self, publisher_id: int, ids: np.ndarray, offsets: np.ndarray, data: np.ndarray
     ) -> None:

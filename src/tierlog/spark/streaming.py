@@ -72,6 +72,7 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._incarnations: dict[str, str] = {}
         self._trees: dict[str, tuple[str | None, ManifestTree]] = {}
         self._last_trigger = time.monotonic()
+        self._latest: Offsets | None = None  # the heads seen by the last latestOffset
 
     # -- the manifests ----------------------------------------------------------------------
     def _tree(self, stream: StreamName) -> ManifestTree:
@@ -156,11 +157,17 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._heads()
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return self._heads()
+        """The heads for the query's progress (``sources[i].latestOffset``): Spark asks right
+        after ``latestOffset``, so these are the heads that micro-batch was planned against,
+        and ``latestOffset - endOffset`` is the backlog Kafka reports as offsets behind
+        latest (``tierlog.spark.progress.source_metrics`` derives those figures: a Python
+        source has no hook to fill ``sources[i].metrics`` itself)."""
+        return self._latest if self._latest is not None else self._heads()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         positions = self._positions(start)
         heads = self._heads()
+        self._latest = heads
         if self._waits_for_more(positions, heads):
             return positions
         self._last_trigger = time.monotonic()

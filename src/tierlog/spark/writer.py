@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,15 +187,10 @@ class TierlogWriter(DataSourceArrowWriter):
             partition_id, attempt, producer, rows, skipped, published, confirmed
         )
 
-    def publish(
-        self, iterator: Iterator[pa.RecordBatch], producer: str, base_id: int
-    ) -> tuple[int, int, int, int]:
-        """Publish the rows through ``producer`` with publishing ids ``base_id + 1, ...``
-        in row order, skipping the rows whose id the server already holds for it.
-        Returns (rows, skipped, published, confirmed)."""
+    def connect(self) -> StreamClient:
+        """A connection to the server the rows go to."""
         o = self.options
-        rows = skipped = published = 0
-        with StreamClient.connect(
+        return StreamClient.connect(
             o.host,
             o.port,
             user=o.user,
@@ -203,7 +198,24 @@ class TierlogWriter(DataSourceArrowWriter):
             vhost=o.vhost,
             timeout=o.timeout,
             max_in_flight=o.max_in_flight,
-        ) as client:
+        )
+
+    def publish(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        producer: str,
+        base_id: int,
+        check: Callable[[StreamClient], None] | None = None,
+    ) -> tuple[int, int, int, int]:
+        """Publish the rows through ``producer`` with publishing ids ``base_id + 1, ...``
+        in row order, skipping the rows whose id the server already holds for it;
+        ``check`` runs on the connection before anything is published.
+        Returns (rows, skipped, published, confirmed)."""
+        o = self.options
+        rows = skipped = published = 0
+        with self.connect() as client:
+            if check is not None:
+                check(client)
             client.declare_publisher(PUBLISHER_ID, o.stream, producer)
             sequence = client.query_publisher_sequence(o.stream, producer) - base_id
             for batch in iterator:
@@ -268,8 +280,9 @@ def _binary_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         array = array.combine_chunks()
     _validity, offsets_buf, data_buf = array.buffers()
     offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=len(array) + 1, offset=0)
-    offsets = offsets[array.offset : array.offset + len(array) + 1]
+    # A slice (a replay skipping the rows already held) starts ``array.offset`` entries in.
+    count = array.offset + len(array) + 1
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=count)[array.offset :]
     data = (
         np.frombuffer(data_buf, dtype=np.uint8)
         if data_buf is not None
