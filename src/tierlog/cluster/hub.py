@@ -114,6 +114,7 @@ class ReplicationHub:
         self._catch_ups: dict[str, CatchUpRun] = {}
         self.auth_failures = 0
         self.malformed_frames = 0
+        self.send_failures = 0  # links closed because a write failed
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -463,6 +464,8 @@ class ReplicationHub:
     def _closed(self, link: Link) -> None:
         if isinstance(link.error, FormatError):
             self.malformed_frames += 1
+        if link.failed_side == "send":
+            self.send_failures += 1
         if self.links.get(link.peer) is link:
             del self.links[link.peer]
         if self._closing:

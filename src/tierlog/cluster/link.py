@@ -9,10 +9,12 @@ reflected back. A failed proof closes the connection (``LinkAuthError``). TLS ca
 wrap the connection as well (the hub takes SSL contexts).
 
 Sending goes through one queue per link drained by one task, so a ``CHUNKS`` frame's
-header and its data (sent with ``loop.sendfile`` straight from the segment file) are
-never interleaved with other frames. Receiving is one task per link that decodes
-frames and hands them to the hub; a malformed frame (``FormatError``) closes that link
-only.
+header and its data (sent with ``loop.sendfile`` straight from the segment file where
+the event loop has it, else read from the file and written in pieces: uvloop has no
+``sendfile``) are never interleaved with other frames. A link whose writer fails is
+closed and logged (``replication_link_failed``), never left half-dead. Receiving is
+one task per link that decodes frames and hands them to the hub; a malformed frame
+(``FormatError``) closes that link only.
 
 ``FileCache`` keeps the segment files being served open, at most ``max_open`` of them
 (least recently used closed first, never one being sent).
@@ -37,6 +39,7 @@ from tierlog.logs import get_logger
 log = get_logger(__name__)
 
 HANDSHAKE_TIMEOUT = 10.0
+SPAN_PIECE = 256 * 1024  # bytes read and written at a time without sendfile
 
 
 def proof(secret: bytes, role: bytes, peer_nonce: bytes, dialer: str, acceptor: str) -> bytes:
@@ -109,6 +112,13 @@ async def handshake_acceptor(
     if not hmac.compare_digest(theirs.mac, proof(secret, b"dialer", nonce, peer, node)):
         raise LinkAuthError(f"node {peer!r} failed to prove the cluster secret")
     return peer
+
+
+_NO_SENDFILE: set[type] = set()  # event loop types whose sendfile raised NotImplementedError
+
+
+def _loop_has_sendfile(loop: asyncio.AbstractEventLoop) -> bool:
+    return type(loop) not in _NO_SENDFILE
 
 
 class FileCache:
@@ -197,6 +207,7 @@ class Link:
         self._wake = asyncio.Event()
         self.closed = False
         self.error: BaseException | None = None
+        self.failed_side: str | None = None  # "send" or "receive" once it failed
         self.frames_received = 0
         self.bytes_sent = 0
         self._tasks = [
@@ -250,7 +261,7 @@ class Link:
                 try:
                     writer.write(header)
                     await writer.drain()
-                    sent = await loop.sendfile(writer.transport, f, position, length)
+                    sent = await self._send_file(loop, writer, f, position, length)
                 finally:
                     self._files.release(path)
                 if sent != length:
@@ -259,7 +270,33 @@ class Link:
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # a link that cannot send is closed, never left half-dead
-            self._fail(exc)
+            self._fail(exc, "send")
+
+    async def _send_file(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        writer: asyncio.StreamWriter,
+        f: BinaryIO,
+        position: int,
+        length: int,
+    ) -> int:
+        """Send ``length`` bytes of ``f`` from ``position``; the bytes sent (fewer only
+        when the file is shorter)."""
+        if _loop_has_sendfile(loop):
+            try:
+                return await loop.sendfile(writer.transport, f, position, length)
+            except NotImplementedError:
+                _NO_SENDFILE.add(type(loop))  # then write the file's bytes ourselves
+        sent = 0
+        fd = f.fileno()
+        while sent < length:
+            piece = os.pread(fd, min(SPAN_PIECE, length - sent), position + sent)
+            if not piece:
+                break
+            writer.write(piece)
+            sent += len(piece)
+            await writer.drain()
+        return sent
 
     async def _receive_loop(self) -> None:
         try:
@@ -276,15 +313,20 @@ class Link:
                     )
         except FormatError as exc:
             log.warning("replication_frame_malformed", peer=self.peer, error=str(exc))
-            self._fail(exc)
+            self._fail(exc, "receive")
         except (asyncio.IncompleteReadError, OSError, ConnectionError) as exc:
-            self._fail(exc)
+            self._fail(exc, "receive")
         except asyncio.CancelledError:
             pass
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, side: str) -> None:
         if self.error is None:
             self.error = exc
+            self.failed_side = side
+        if not self.closed:
+            # a peer going away ends the receive side: expected, not a warning
+            report = log.warning if side == "send" else log.info
+            report("replication_link_failed", peer=self.peer, side=side, error=repr(exc))
         self.close()
 
     def close(self) -> None:

@@ -9,8 +9,11 @@ follows it is sent), ``Truncate`` (``StreamLog.truncate_after``), ``AppendChunks
 ``SetCommit`` (the stream's ``on_commit`` callback) and ``Send``.
 
 A fetch that gets no answer within ``fetch_timeout`` (a cut link, a lost frame) is sent
-again; a duplicate answer is harmless (the session ignores a range that does not
-continue the log). A refusal (leader not serving yet, or not the leader) is retried
+again (logged as ``replica_fetch_timed_out`` and counted); only an answer to the fetch
+in flight disarms that timer, never a ``COMMIT`` or a late answer to an earlier fetch,
+and after every frame handled a followed stream has its timer armed again, so no
+member can wait for good. A duplicate answer is harmless (the session ignores a range
+that does not continue the log). A refusal (leader not serving yet, or not the leader) is retried
 after ``retry_delay``. Frames from a newer epoch's leader (``ADOPT``, or chunks or a
 commit in a newer epoch) switch the stream to that node.
 
@@ -118,6 +121,8 @@ class FollowedStream:
         self._inbox: deque[tuple[str | None, Any]] = deque()
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._outstanding: wire.Fetch | None = None  # the last fetch sent
+        self.fetch_timeouts = 0  # fetches sent again for want of an answer
         self._loop = asyncio.get_running_loop()
 
     # -- input -----------------------------------------------------------------------
@@ -125,8 +130,9 @@ class FollowedStream:
         self._put(None, _Follow(leader, epoch))
 
     def deliver(self, peer: str, frame: wire.Frame) -> None:
-        if peer == self.leader and isinstance(frame, wire.Chunks | wire.History | wire.Refused):
-            self._cancel_timer()  # the fetch was answered (a COMMIT does not answer it)
+        if peer == self.leader and self._answers_outstanding_fetch(frame):
+            self._cancel_timer()
+            self._outstanding = None
         if self.closed:
             return
         if self.budget is not None and isinstance(frame, wire.Chunks):
@@ -135,6 +141,34 @@ class FollowedStream:
 
     def refetch(self) -> None:
         self._put(None, _REFETCH)
+
+    def _answers_outstanding_fetch(self, frame: wire.Frame) -> bool:
+        """Whether ``frame`` answers the fetch in flight. A ``COMMIT``, or a late answer
+        to an earlier fetch (it starts below the one in flight), leaves the timer armed:
+        if the fetch in flight was lost, the timer sends it again."""
+        fetch = self._outstanding
+        if fetch is None or isinstance(frame, wire.Refused):
+            return isinstance(frame, wire.Refused)
+        if isinstance(frame, wire.History):
+            return frame.epoch >= fetch.epoch
+        return (
+            isinstance(frame, wire.Chunks)
+            and frame.epoch >= fetch.epoch
+            and frame.first_chunk_id >= fetch.from_chunk_id
+        )
+
+    def _fetch_timed_out(self) -> None:
+        self._timer = None
+        if self._outstanding is not None:
+            self.fetch_timeouts += 1
+            log.info(
+                "replica_fetch_timed_out",
+                stream=self.stream,
+                leader=self.leader,
+                from_chunk_id=self._outstanding.from_chunk_id,
+                timeouts=self.fetch_timeouts,
+            )
+        self.refetch()
 
     def _put(self, peer: str | None, item: object) -> None:
         if self.closed:
@@ -216,6 +250,10 @@ class FollowedStream:
                     actions.append(Send(session.fetch()))  # follow it from now on
         await self._execute(actions, peer)
         self._epoch = session.leader_epoch
+        if self._timer is None and self.leader is not None and session.leader_epoch is not None:
+            # whatever the frame was, a followed stream always has a timer: an answer
+            # that asked for nothing more (stale, refused append) cannot stall it
+            self._arm(self.fetch_timeout)
 
     async def _execute(self, actions: list[Action], peer: str | None) -> None:
         session = self.session
@@ -260,6 +298,7 @@ class FollowedStream:
                     continue
                 self._send(dest, frame)
                 if isinstance(frame, wire.Fetch):
+                    self._outstanding = frame
                     self._arm(self.fetch_timeout)
 
     def _append(self, chunks: wire.Chunks) -> None:
@@ -273,7 +312,7 @@ class FollowedStream:
     def _arm(self, delay: float) -> None:
         self._cancel_timer()
         if not self.closed:
-            self._timer = self._loop.call_later(delay, self.refetch)
+            self._timer = self._loop.call_later(delay, self._fetch_timed_out)
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

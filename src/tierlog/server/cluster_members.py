@@ -34,8 +34,6 @@ class Follower:
     lane: Executor
     leader: str
     epoch: int
-    seen_next: int = -1
-    idle_scans: int = 0
 
 
 class Followers:
@@ -79,24 +77,6 @@ class Followers:
             epoch=epoch,
             next_offset=stream_log.next_offset,
         )
-
-    def nudge_idle(self, scans: int) -> None:
-        """Ask again (a fetch) for followers whose log has not grown for ``scans``
-        directory scans: a fetch lost together with its timer (a frame from the leader
-        that is not an answer cancels the timer) must not stall a member for good.
-        A fetch the leader already parked is answered twice at worst; the second
-        answer does not continue the log and is ignored."""
-        for incarnation, follower in self.streams.items():
-            next_offset = follower.log.next_offset
-            if next_offset != follower.seen_next:
-                follower.seen_next, follower.idle_scans = next_offset, 0
-                continue
-            follower.idle_scans += 1
-            if follower.idle_scans >= scans:
-                follower.idle_scans = 0
-                followed = self.hub.followed.get(incarnation)
-                if followed is not None:
-                    followed.refetch()
 
     def seen_epochs(self, incarnation: str) -> tuple[int, ...]:
         """The epochs a follower log has seen (written or adopted): a new leader takes

@@ -33,6 +33,7 @@ from tierlog.cluster.errors import (
     LeaderAliveError,
     NotAMemberError,
     NotLeaderError,
+    StaleEpochError,
 )
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.log_history import Tail
@@ -55,6 +56,7 @@ from tierlog.cluster.state import (
     LeaseLost,
     LeaseRenewed,
     LeaseTiming,
+    MembersChanged,
     Phase,
     PromoteLearner,
     RequestAdopt,
@@ -324,8 +326,6 @@ class ClusterService:
                     await self._follow(record, place.leader.name, place.record.epoch)
             except (TierlogError, OSError) as exc:
                 log.error("cluster_member_action_failed", stream=record.name, error=repr(exc))
-        if self.followers is not None:
-            self.followers.nudge_idle(max(2, int(4.0 / self.cluster.scan_interval_seconds)))
         known = {(r.vhost, r.name) for r in records}
         for opening in broker.opening_streams():
             key = (opening.record.vhost, opening.record.name)
@@ -504,7 +504,45 @@ class ClusterService:
                 if handle.tier_poke is not None:
                     handle.tier_poke()
             elif isinstance(effect, PromoteLearner):
-                log.warning("cluster_promotion_not_run", incarnation=incarnation)
+                self._spawn(self._promote(leader, effect))
+
+    async def _promote(self, leader: StreamLeader, effect: PromoteLearner) -> None:
+        """Make a caught-up learner a voter in the directory (a transaction fenced by
+        the epoch), then tell the leader's state machine the new membership. A failed
+        attempt hands the state machine its current membership back, so it tries again
+        once the learner is heard from; a newer epoch means this leader is deposed."""
+        incarnation = leader.incarnation
+        try:
+            leadership = await self._directory(
+                self.directory.promote_learner,
+                leader.leadership,
+                effect.member,
+                effect.written,
+                effect.commit,
+            )
+        except StaleEpochError as exc:
+            self._step_down(incarnation, f"deposed while promoting {effect.member}: {exc}")
+            return
+        except (TierlogError, OSError) as exc:
+            log.warning(
+                "cluster_promotion_failed",
+                incarnation=incarnation,
+                member=effect.member,
+                error=repr(exc),
+            )
+            self._feed(incarnation, MembersChanged(leader.leadership.membership))
+            return
+        if self.node.leaders.get(incarnation) is not leader:
+            return  # stepped down meanwhile: the directory holds the change already
+        leader.leadership = leadership
+        log.info(
+            "cluster_learner_promoted",
+            incarnation=incarnation,
+            member=effect.member,
+            written=effect.written,
+            commit=effect.commit,
+        )
+        self._feed(incarnation, MembersChanged(leadership.membership))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

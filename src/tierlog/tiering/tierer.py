@@ -281,6 +281,7 @@ class StreamTierer(RetentionMixin):
             self.log, self.remote, self.committer, self.runtime.reads, self.epoch, self.config
         )
         result, self.state = resolver.run()
+        self.log.set_tiered_offset(self.committer.tree.next_offset)
         return result
 
     # -- the event loop -------------------------------------------------------------------
@@ -511,6 +512,8 @@ class StreamTierer(RetentionMixin):
         exception but a deposition, including raw OS errors), or a deposition (halts)."""
         try:
             self.committer.commit(effect.entries)
+            # truncation (a member following a new leader) must never cut tiered data
+            self.log.set_tiered_offset(self.committer.tree.next_offset)
             event: Event = CommitSucceeded(effect.commit_id)
         except CommitRetryError as exc:
             event = CommitFailed(effect.commit_id, str(exc))
