@@ -122,11 +122,18 @@ class TcpProxy:
         self._listener.close()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass
 class Node:
     name: str
     process: TierlogServerProcess
     etcd_proxy: TcpProxy | None = None
+    replication_proxy: TcpProxy | None = None
 
     @property
     def pid(self) -> int:
@@ -159,6 +166,7 @@ class Cluster:
         names: tuple[str, ...] = ("n1", "n2", "n3"),
         proxied_etcd: bool = False,
         replicated: bool = False,
+        proxied_replication: bool = False,
     ) -> None:
         self.base = base
         etcd_host, etcd_port = etcd_endpoint.rsplit(":", 1)
@@ -191,11 +199,19 @@ lease_ttl_seconds = {TTL}
 drift_seconds = {DRIFT}
 scan_interval_seconds = 0.3
 """
-            if replicated:
+            if replicated or proxied_replication:
                 config += 'secret = "cluster-secret-for-the-tests"\n'
+            replication_proxy = None
+            if proxied_replication:
+                # peers dial the advertised address (the proxy), which forwards to the
+                # node's own replication listener
+                listen_port = free_port()
+                replication_proxy = TcpProxy(HOST, listen_port)
+                config += f"replication_port = {listen_port}\n"
+                config += f'replication_address = "{HOST}:{replication_proxy.port}"\n'
 
             process = TierlogServerProcess(base / name, config_text=config, env=self.env)
-            self.nodes[name] = Node(name, process, proxy)
+            self.nodes[name] = Node(name, process, proxy, replication_proxy)
         self.meta: MetaStore = open_meta_store(self.meta_uri)
 
     def start(self) -> Cluster:
@@ -214,6 +230,8 @@ scan_interval_seconds = 0.3
                 node.process.kill()
             if node.etcd_proxy is not None:
                 node.etcd_proxy.close()
+            if node.replication_proxy is not None:
+                node.replication_proxy.close()
         self.meta.close()
 
     def node(self, name: str) -> Node:

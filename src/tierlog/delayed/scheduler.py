@@ -42,7 +42,7 @@ from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.msgstore import MessageStore, MsgStoreConfig, MsgStoreError
-from tierlog.storage.errors import StorageError
+from tierlog.storage.errors import EpochFencedError, StorageError
 
 log = get_logger("tierlog.delayed.scheduler")
 
@@ -83,6 +83,9 @@ class Scheduler:
         self.parking_bodies: dict[bytes, bytes] = {}
         self.halted = False
         self.failed: str | None = None
+        self.deposed: str | None = None
+        """Set when a timer-manifest commit or load was fenced by a newer epoch: a leader of
+        a newer epoch owns the stream's delayed state, so this scheduler's rounds end."""
         self._task: asyncio.Task[None] | None = None
         self._last_park = 0.0
         self._last_housekeeping = 0.0
@@ -128,15 +131,33 @@ class Scheduler:
                 self.failed = None
             except asyncio.CancelledError:
                 raise
+            except EpochFencedError as exc:
+                self._deposed(exc)
+                return
             except (TierlogError, OSError) as exc:
                 self.failed = repr(exc)
                 log.error(
                     "delayed_tick_failed", vhost=self.vhost, stream=self.name, error=repr(exc)
                 )
                 await asyncio.sleep(1.0)
-                with contextlib.suppress(TierlogError, OSError):
+                try:
                     await self.rebuild()
+                except EpochFencedError as fenced:
+                    self._deposed(fenced)
+                    return
+                except (TierlogError, OSError):
+                    pass  # the next tick fails again and retries
             await asyncio.sleep(self.config.tick_seconds)
+
+    def _deposed(self, exc: EpochFencedError) -> None:
+        self.deposed = self.failed = repr(exc)
+        log.error(
+            "delayed_scheduler_deposed",
+            vhost=self.vhost,
+            stream=self.name,
+            epoch=self.timers.epoch if self.timers is not None else None,
+            error=repr(exc),
+        )
 
     # ----------------------------------------------------------------- rebuild
 
@@ -346,8 +367,8 @@ class Scheduler:
             self.manifest.parked_through = self.scan_next
             self.manifest = self.timers.commit(self.manifest)
         except (StorageError, OSError):
-            self.manifest = self._load_manifest()
             self.state.parking_failed(taken)
+            self.manifest = self._load_manifest()
             raise
         for entry in self.state.parked_committed(taken, self.clock.now_ms()):
             body = self.parking_bodies[entry.msg_id]
@@ -490,5 +511,6 @@ class Scheduler:
             "dispatch_halted": self.halted,
             "horizon_ms": s.horizon_ms,
             "failed": self.failed,
+            "deposed": self.deposed,
             "working_dir": os.path.abspath(self.working_dir),
         }

@@ -16,7 +16,12 @@ The timer manifest (MetaStore key ``delayed-timers/{incarnation}``) is small JSO
 
 It is committed like the stream manifest pointer: a conditional put on the version read
 and the writer's epoch (``MetaStore.put_if``), so a fenced (older) scheduler cannot
-overwrite a newer one's manifest.
+overwrite a newer one's manifest. The epoch is the stream's writer epoch (in a cluster: the
+leader epoch under which this node leads the stream), the one the stream's manifest
+committer uses. A store whose epoch is below the one recorded gets ``EpochFencedError`` on
+every commit and load, also when its version is stale too (a conflict is checked against
+the stored epoch): a deposed scheduler stops instead of rebuilding from the new leader's
+manifest and retrying.
 
 Encryption: timer objects follow the stream's encryption setting like every object a
 stream owns (``remote.sealing.seal_object`` / ``open_object``; the one call site is here).
@@ -34,7 +39,12 @@ from tierlog.delayed.errors import SystemRecordError, TimerManifestError
 from tierlog.delayed.records import TimerEntry, decode_timer_object, encode_timer_object
 from tierlog.remote.sealing import open_object, seal_object
 from tierlog.remote.settings import StreamSettings
-from tierlog.storage.errors import NotFoundError
+from tierlog.storage.errors import (
+    AlreadyExistsError,
+    EpochFencedError,
+    NotFoundError,
+    VersionConflictError,
+)
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 
@@ -115,11 +125,21 @@ class TimerStore:
 
     def load_manifest(self) -> TimerManifest:
         """The committed manifest; an empty one (version 0) when there is none.
-        TimerManifestError when it does not decode (the caller repairs it)."""
+        TimerManifestError when it does not decode (the caller repairs it);
+        EpochFencedError when a writer of a newer epoch committed it (this one is deposed).
+        """
         stored = self.meta.get(manifest_key(self.incarnation))
         if stored is None:
             return TimerManifest()
+        self._check_epoch(stored.epoch)
         return TimerManifest.decode(stored.value, stored.version)
+
+    def _check_epoch(self, stored_epoch: int) -> None:
+        if stored_epoch > self.epoch:
+            raise EpochFencedError(
+                f"timer manifest of {self.incarnation} has epoch {stored_epoch}"
+                f" > writer epoch {self.epoch}"
+            )
 
     def stored_version(self) -> int:
         stored = self.meta.get(manifest_key(self.incarnation))
@@ -127,12 +147,20 @@ class TimerStore:
 
     def commit(self, manifest: TimerManifest) -> TimerManifest:
         """Conditional put on ``manifest.version`` under this store's epoch (create when
-        version 0); raises the MetaStore's VersionConflictError / EpochFencedError."""
+        version 0); raises the MetaStore's VersionConflictError / AlreadyExistsError, or
+        EpochFencedError when the stored manifest's epoch is above this store's (also when
+        the version read is stale: the epoch decides, not the race)."""
         key = manifest_key(self.incarnation)
-        if manifest.version == 0:
-            stored = self.meta.create(key, manifest.encode(), epoch=self.epoch)
-        else:
-            stored = self.meta.put_if(key, manifest.encode(), manifest.version, self.epoch)
+        try:
+            if manifest.version == 0:
+                stored = self.meta.create(key, manifest.encode(), epoch=self.epoch)
+            else:
+                stored = self.meta.put_if(key, manifest.encode(), manifest.version, self.epoch)
+        except (VersionConflictError, AlreadyExistsError):
+            current = self.meta.get(key)
+            if current is not None:
+                self._check_epoch(current.epoch)
+            raise
         manifest.version = stored.version
         return manifest
 

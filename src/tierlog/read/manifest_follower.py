@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, ManifestPointer
-from tierlog.remote.committed import read_committed_root
-from tierlog.remote.errors import StreamDeletedError
+from tierlog.remote.committed import load_committed_tree
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.storage.object_store import ObjectStore
 
@@ -91,16 +90,9 @@ class FollowedManifest:
             if self._tree is not None and known is not None and known.root_uid == pointer.root_uid:
                 self.pointer = pointer  # same root (a version bump alone changes nothing)
                 return False
-            pointer, data = read_committed_root(
-                self.catalog, self.store, self.prefix, self.incarnation
+            self.pointer, self._tree = load_committed_tree(
+                self.catalog, self.store, self.prefix, self.incarnation, self.m
             )
-            if pointer is None:
-                raise StreamDeletedError(f"stream {self.incarnation} was deleted")
-            if data is None:
-                tree = ManifestTree(self.prefix, self.incarnation, m=self.m)
-            else:
-                tree = ManifestTree.from_root(data, self.prefix, m=self.m)
-            self.pointer, self._tree = pointer, tree
             return True
 
 

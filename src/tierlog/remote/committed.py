@@ -49,6 +49,20 @@ def read_committed_root(
     raise TransientError(f"manifest root of {incarnation} keeps disappearing")
 
 
+def load_committed_tree(
+    catalog: Catalog, store: ObjectStore, prefix: str, incarnation: str, m: int
+) -> tuple[ManifestPointer, ManifestTree]:
+    """The committed pointer and the manifest tree it names (an empty tree before the first
+    commit); StreamDeletedError once the incarnation is gone. Every cached reader of the
+    committed manifest reloads through this one function."""
+    pointer, data = read_committed_root(catalog, store, prefix, incarnation)
+    if pointer is None:
+        raise StreamDeletedError(f"stream {incarnation} was deleted")
+    if data is None:
+        return pointer, ManifestTree(prefix, incarnation, m=m)
+    return pointer, ManifestTree.from_root(data, prefix, m=m)
+
+
 class CommittedManifest(Protocol):
     """The committed manifest of one stream, as a reader sees it."""
 
@@ -107,14 +121,8 @@ class CatalogCommittedManifest:
                 pointer = self.catalog.read_pointer(self.stream_dir)
                 if pointer is not None and pointer.root_uid == known.root_uid:
                     return self._tree  # unchanged: keep the cached root
-            pointer, data = read_committed_root(
-                self.catalog, self.store, self.prefix, self.stream_dir
+            pointer, tree = load_committed_tree(
+                self.catalog, self.store, self.prefix, self.stream_dir, self.m
             )
-            if pointer is None:
-                raise StreamDeletedError(f"stream {self.stream_dir} was deleted")
-            if data is None:
-                tree = ManifestTree(self.prefix, self.stream_dir, m=self.m)
-            else:
-                tree = ManifestTree.from_root(data, self.prefix, m=self.m)
             self.pointer, self._tree = pointer, tree
             return tree

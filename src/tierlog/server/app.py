@@ -47,6 +47,7 @@ from tierlog.server.data_dir_lock import DataDirLock
 from tierlog.server.delayed_service import DelayedService
 from tierlog.server.errors import ListenError, StoreUnavailableError
 from tierlog.server.limits import Gatekeeper
+from tierlog.server.non_member_reads import NonMemberReads
 from tierlog.server.read_only import ReadOnlyBroker
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
@@ -89,6 +90,7 @@ class Server:
         self.tiering: TieringService | None = None
         self.broker: Broker | None = None
         self.cluster: ClusterService | None = None
+        self.non_member_reads: NonMemberReads | None = None
         self.delayed: DelayedService | None = None
         self._lag_provider = lag_provider
         self._remote_status = remote_status
@@ -243,6 +245,11 @@ class Server:
                 f"{s.admin_host}:{self.admin_port}",
             )
             self.cluster.leadership_hooks = self.delayed  # before its first directory scan
+            if self.object_store is not None:  # read anywhere: non-member streams
+                self.non_member_reads = NonMemberReads(
+                    config, catalog, self.object_store, self.cluster
+                )
+                self.non_member_reads.attach(self.broker)
         self.broker.open_streams()  # listening: now open the streams in the background
         if s.ready_file:
             self._write_ready_file(streams_opened=False)
@@ -334,6 +341,8 @@ class Server:
             await self.broker.close()
         if self.cluster is not None:
             await self.cluster.close()
+        if self.non_member_reads is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.non_member_reads.close)
         if self.tiering is not None:
             await self.tiering.close()
         if self.object_store is not None:

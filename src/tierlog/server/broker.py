@@ -580,6 +580,8 @@ class Broker:
         self._closing = False
         self.placement: StreamPlacement | None = None
         self.handle_opened: Callable[[StreamHandle], None] | None = None
+        self.read_elsewhere: Callable[[str, str], StreamHandle | None] | None = None
+        """A cluster node's read-only handle of a stream it is not a member of."""
         """Told of every handle before it is published (delayed delivery attaches its
         publish path to delayed streams here)."""
 
@@ -882,6 +884,14 @@ class Broker:
 
     def get(self, vhost: str, name: str) -> StreamHandle | None:
         return self._streams.get((vhost, name))
+
+    def readable(self, vhost: str, name: str) -> StreamHandle | None:
+        """The handle consumers use: the open stream, else (on a cluster node) the
+        read-only handle of a stream this node is not a member of."""
+        handle = self.get(vhost, name)
+        if handle is None and self.read_elsewhere is not None:
+            return self.read_elsewhere(vhost, name)
+        return handle
 
     def streams(self) -> list[StreamHandle]:
         return list(self._streams.values())

@@ -392,7 +392,12 @@ class ClusterService:
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
             record.incarnation
         )
-        return place is None or place.leader is None or place.leader.name == self.name
+        if place is not None and place.leader is not None and place.leader.name != self.name:
+            return False
+        # leaderless or recorded as ours: opened here only where the scan would take it over
+        # (a system stream only with its stream, also at a whole-cluster restart)
+        hooks = self.leadership_hooks
+        return hooks is None or hooks.may_take_over(record)
 
     def not_available(self, vhost: str, name: str) -> bool:
         return False  # streams this node knows of are listed by the broker as led elsewhere

@@ -251,7 +251,7 @@ class DelayedService:
                 self.meta,
                 self.tier_prefix,
                 incarnation,
-                self.epoch,
+                max(self.epoch, handle.log.max_epoch),  # the stream's writer epoch
                 settings=handle.settings,
             )
         base = self.config or SchedulerConfig()

@@ -41,7 +41,7 @@ class ConsumerHandlers(ConnectionCore):
     """Commands of consumers."""
 
     def _on_subscribe(self, cmd: SubscribeRequest) -> None:
-        handle = self.broker.get(self.vhost, cmd.stream)
+        handle = self.broker.readable(self.vhost, cmd.stream)
         corr = cmd.correlation_id
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
@@ -100,7 +100,7 @@ class ConsumerHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.UNSUBSCRIBE, cmd.correlation_id, code).encode())
 
     def _on_store_offset(self, cmd: StoreOffsetRequest) -> None:
-        handle = self.broker.get(self.vhost, cmd.stream)
+        handle = self.broker.readable(self.vhost, cmd.stream)
         if handle is None or not cmd.reference or len(cmd.reference.encode("utf-8")) > 255:
             return  # StoreOffset has no response; RabbitMQ ignores these too
         if not self._permitted("read", cmd.stream):
@@ -108,7 +108,7 @@ class ConsumerHandlers(ConnectionCore):
         handle.submit_store_offset(cmd.reference, cmd.offset)
 
     async def _on_query_offset(self, cmd: QueryOffsetRequest) -> None:
-        handle = self.broker.get(self.vhost, cmd.stream)
+        handle = self.broker.readable(self.vhost, cmd.stream)
         corr = cmd.correlation_id
         if handle is None:
             response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
