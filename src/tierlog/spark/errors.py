@@ -59,3 +59,20 @@ class StoreMissingError(StoreUnavailableError):
 
 class IcebergCatalogError(JobError):
     """The Iceberg catalog cannot be reached or refuses what the export needs."""
+
+
+class PartitionCountChangedError(WriterError):
+    """A replayed micro-batch has another number of partitions than its first attempt."""
+
+    def __init__(self, batch_id: int, first: int, replay: str) -> None:
+        super().__init__(
+            f"micro-batch {batch_id} was first written with {first} partition(s) and is now "
+            f"replayed with {replay}: publishing ids derive from the partition and the row "
+            "position, so this replay could store rows twice and is refused. Restart the "
+            "query with the partitioning of the first attempt (the same repartition(n), "
+            "file split size, shuffle partitions) to finish this micro-batch, then change "
+            "it. Rows of partitions that exist in both attempts may already have been "
+            "published by this replay."
+        )
+        self.batch_id = batch_id
+        self.first = first

@@ -43,6 +43,7 @@ from pyspark.sql.types import StructType
 
 from tierlog.logs import get_logger
 from tierlog.spark.client import StreamClient
+from tierlog.spark.errors import PartitionCountChangedError
 from tierlog.spark.writer import TierlogWriter, WriterError, WriterOptions
 
 log = get_logger(__name__)
@@ -53,23 +54,6 @@ ROWS_PER_BATCH_BITS = 32
 MAX_BATCH_ID = (1 << (63 - ROWS_PER_BATCH_BITS)) - 1
 PARTITION_COUNT_BITS = 20
 PARTITIONS_SUFFIX = "-partitions"
-
-
-class PartitionCountChangedError(WriterError):
-    """A replayed micro-batch has another number of partitions than its first attempt."""
-
-    def __init__(self, batch_id: int, first: int, replay: str) -> None:
-        super().__init__(
-            f"micro-batch {batch_id} was first written with {first} partition(s) and is now "
-            f"replayed with {replay}: publishing ids derive from the partition and the row "
-            "position, so this replay could store rows twice and is refused. Restart the "
-            "query with the partitioning of the first attempt (the same repartition(n), "
-            "file split size, shuffle partitions) to finish this micro-batch, then change "
-            "it. Rows of partitions that exist in both attempts may already have been "
-            "published by this replay."
-        )
-        self.batch_id = batch_id
-        self.first = first
 
 
 def partition_record(batch_id: int, count: int) -> int:
