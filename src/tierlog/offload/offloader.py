@@ -42,10 +42,15 @@ from tierlog.formats.offload import (
     SegmentMetadata,
     build_index,
     check_block_size,
-    decode_index,
     encode_index,
     frame_block,
     required_block_size,
+)
+from tierlog.formats.offload_sealed import (
+    SEALED_FORMAT_VERSION,
+    SealedOffloadIndex,
+    build_sealed_index,
+    encode_sealed_index,
 )
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
@@ -64,6 +69,11 @@ from tierlog.offload.errors import (
 )
 from tierlog.offload.keys import data_key, index_key, parse_offload_key, segments_prefix
 from tierlog.offload.reader import OffloadedSegment
+from tierlog.offload.sealed_blocks import seal_block
+from tierlog.remote.encryption import Keyring
+from tierlog.remote.sealing import new_object_cipher, seal_object
+from tierlog.remote.segments import decode_offload_index
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import InvalidKeyError, NotFoundError
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import MultipartUpload, ObjectStore
@@ -177,7 +187,11 @@ class ObjectStoreOffloader(SegmentOffloader):
     chunk larger than ``block_size - 140`` is cut into blocks of that chunk + 140 bytes
     instead (each block must hold a whole chunk; readers learn the size from the index).
     ``verify_crc``: check each chunk's header and data CRC while uploading, so a segment
-    damaged on disk is refused rather than offloaded.
+    damaged on disk is refused rather than offloaded. ``settings``: the stream's current
+    settings; when they ask for encryption a segment is offloaded in format 2 (every entry
+    a frame sealed under the data object's own key, the index sealed: see
+    ``formats.offload_sealed``), with ``keyring`` (default: the process's) for new keys and
+    for reading.
     """
 
     def __init__(
@@ -192,6 +206,8 @@ class ObjectStoreOffloader(SegmentOffloader):
         index_cache: int = DEFAULT_INDEX_CACHE,
         read_bytes: int = 4 * 1024 * 1024,
         step_hook: Callable[[str], None] | None = None,
+        settings: Callable[[], StreamSettings] | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         try:
             self.block_size = check_block_size(block_size)
@@ -204,6 +220,8 @@ class ObjectStoreOffloader(SegmentOffloader):
         self.verify_crc = verify_crc
         self.read_bytes = read_bytes
         self._step_hook = step_hook
+        self._settings = settings
+        self._keyring = keyring
         self._lock = threading.Lock()
         self._running: set[uuid_module.UUID] = set()
         self._indexes: OrderedDict[tuple[int, uuid_module.UUID], OffloadedSegment] = OrderedDict()
@@ -246,18 +264,29 @@ class ObjectStoreOffloader(SegmentOffloader):
         meta = source.metadata
         first = meta.first_offset
         sizes = meta.chunk_sizes()
-        block_size = max(self.block_size, required_block_size(int(sizes.max())))
+        dkey, ikey = self.data_key(first, uuid), self.index_key(first, uuid)
+        settings = self._settings() if self._settings is not None else None
+        cipher = (
+            new_object_cipher(settings, dkey, keyring=self._keyring)
+            if settings is not None
+            else None
+        )
+        index: OffloadIndex
         try:
-            index, plans = build_index(meta, block_size)
+            if cipher is None:
+                block_size = max(self.block_size, required_block_size(int(sizes.max())))
+                index, plans = build_index(meta, block_size)
+            else:  # blocks of whole frames, each at least the block size: any chunk fits
+                index, plans = build_sealed_index(meta, self.block_size, cipher.key_block)
         except FormatError as exc:
             raise OffloadSourceError(f"{segment.segment_path}: {exc}") from exc
+        version = FORMAT_VERSION if cipher is None else SEALED_FORMAT_VERSION
         metadata = {
             **extra,
-            FORMAT_VERSION_KEY: str(FORMAT_VERSION),
+            FORMAT_VERSION_KEY: str(version),
             "tierlog-segment": str(first),
             "tierlog-attempt": uuid.hex,
         }
-        dkey, ikey = self.data_key(first, uuid), self.index_key(first, uuid)
         # marked running before it is recorded, so a concurrent ``recover`` never takes it
         # for a crashed attempt; a uuid already recorded belongs to another attempt, whose
         # objects the cleanup below must not touch
@@ -279,9 +308,21 @@ class ObjectStoreOffloader(SegmentOffloader):
             attempt = self.attempts.set_upload_id(attempt, upload.upload_id)
             self._step("upload-id-recorded")
             crcs = np.zeros(meta.chunk_count, dtype=np.uint32)
-            buffers = [bytearray(plans[0].length) for _ in plans[:2]]
+            buffers = [bytearray(plans[0].length) for _ in plans[:2]] if cipher is None else []
 
             def fill(k: int) -> memoryview:
+                if cipher is not None:
+                    assert isinstance(index, SealedOffloadIndex)
+                    return memoryview(
+                        seal_block(
+                            plans[k],
+                            index,
+                            cipher,
+                            lambda view, slots, lo: self._read_entries(
+                                view, slots, lo, meta, crcs, source.fd, segment
+                            ),
+                        )
+                    )
                 view = memoryview(buffers[k % 2])[: plans[k].length]
                 self._fill_block(view, plans[k], meta, sizes, crcs, source.fd, segment)
                 return view
@@ -299,7 +340,12 @@ class ObjectStoreOffloader(SegmentOffloader):
             upload.complete()
             self._step("completed")
             index = replace(index, metadata=replace(meta, chunk_crcs=crcs))
-            encoded = encode_index(index)
+            if isinstance(index, SealedOffloadIndex):
+                assert settings is not None
+                plain = encode_sealed_index(index)
+                encoded = seal_object(settings, ikey, plain, keyring=self._keyring)
+            else:
+                encoded = encode_index(index)
             self.store.put(ikey, encoded, metadata=metadata)
             self._step("index-written")
         except Exception:
@@ -342,7 +388,22 @@ class ObjectStoreOffloader(SegmentOffloader):
         between the entry headers."""
         ids = meta.records["chunk_id"]
         slots = frame_block(view, plan, ids, sizes)
-        position = int(meta.records["position"][plan.first_entry])
+        self._read_entries(view, slots, plan.first_entry, meta, crcs, fd, segment)
+
+    def _read_entries(
+        self,
+        view: memoryview,
+        slots: list[tuple[int, int]],
+        first_entry: int,
+        meta: SegmentMetadata,
+        crcs: np.ndarray,
+        fd: int,
+        segment: SegmentRef,
+    ) -> None:
+        """Read chunks ``first_entry`` on into ``slots`` of ``view`` (one ``preadv`` per 1024
+        chunks), record each one's CRC and check it (header, id, size, data CRC)."""
+        ids = meta.records["chunk_id"]
+        position = int(meta.records["position"][first_entry])
         for at in range(0, len(slots), _IOV_MAX):
             batch = slots[at : at + _IOV_MAX]
             buffers = [view[start:end] for start, end in batch]
@@ -354,11 +415,11 @@ class ObjectStoreOffloader(SegmentOffloader):
                 )
             position += want
         for i, (start, end) in enumerate(slots):
-            crcs[plan.first_entry + i] = crc32(view[start:end])
+            crcs[first_entry + i] = crc32(view[start:end])
         if self.verify_crc:
             for i, (start, end) in enumerate(slots):
                 chunk = view[start:end]
-                expected = int(ids[plan.first_entry + i])
+                expected = int(ids[first_entry + i])
                 try:
                     header = decode_header(chunk)
                     if header.chunk_id != expected or header.total_size != end - start:
@@ -459,7 +520,7 @@ class ObjectStoreOffloader(SegmentOffloader):
                 f"offloaded segment {segment} (attempt {attempt_uuid}) not found: {ikey!r}"
             ) from None
         try:
-            index: OffloadIndex = decode_index(raw)
+            index = decode_offload_index(ikey, raw, keyring=self._keyring)
         except FormatError as exc:
             raise OffloadedDataCorruptError(f"{ikey}: {exc}") from exc
         if index.metadata.first_offset != segment:
@@ -467,7 +528,11 @@ class ObjectStoreOffloader(SegmentOffloader):
                 f"{ikey}: index is of segment {index.metadata.first_offset}, not {segment}"
             )
         handle = OffloadedSegment(
-            self.store, self.data_key(segment, attempt_uuid), index, read_bytes=self.read_bytes
+            self.store,
+            self.data_key(segment, attempt_uuid),
+            index,
+            read_bytes=self.read_bytes,
+            keyring=self._keyring,
         )
         with self._lock:
             self._indexes[cache_key] = handle

@@ -21,7 +21,7 @@ import pyarrow as pa
 from tierlog.read.errors import FragmentExpiredError
 from tierlog.remote.dictionaries import DictionaryCache, as_v1_fragment
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.segments import entry_runs, read_segment_index
+from tierlog.remote.segments import entry_runs, read_segment_index, run_chunks
 from tierlog.spark.arrow_batch import chunks_to_record_batch, fragment_to_record_batch
 from tierlog.spark.connections import object_store
 from tierlog.spark.planning import ReadTask
@@ -111,17 +111,23 @@ def _read_segment(
             b.max_ts is not None and int(stamps[lo]) > b.max_ts
         ):
             continue
-        start = int(positions[lo])
+        start = int(index.stored_starts[lo])
         try:
             data = store.get_view(segment.key, start, end)
         except NotFoundError:
             if settings.skip_expired:
                 return
             raise _expired(task, segment) from None
+        if index.entries.sealed:  # frames opened (and their entry headers checked) here
+            data = memoryview(b"".join(run_chunks(index, lo, hi, data)))
+            start = 0
+            at = np.concatenate(([0], np.cumsum(sizes[lo:hi])[:-1])).astype(np.int64)
+        else:
+            at = positions[lo:hi] - start
         yield chunks_to_record_batch(
             data,
             task.stream,
-            positions=positions[lo:hi] - start,
+            positions=at,
             sizes=sizes[lo:hi],
             include_amqp=settings.include_amqp,
             min_offset=b.min_offset,

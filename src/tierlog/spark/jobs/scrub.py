@@ -21,13 +21,13 @@ from typing import Any
 
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
-from tierlog.formats.errors import FormatError
-from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
+from tierlog.formats.errors import FormatError, UnknownKeyError
+from tierlog.formats.offload_sealed import decode_data_header
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.dictionaries import validate_stored_fragment
 from tierlog.remote.errors import CorruptFragmentError, MissingDictionaryError
 from tierlog.remote.fragments import FragmentEntry, trailer_mismatch
-from tierlog.remote.segments import read_segment_index
+from tierlog.remote.segments import read_segment_index, run_chunks
 from tierlog.spark.jobs.common import (
     Progress,
     RemoteTier,
@@ -149,27 +149,28 @@ def check_segment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     except StorageError as exc:
         return {"kind": "unreadable-fragment", "key": ref.key, "detail": str(exc)}
     except CorruptFragmentError as exc:
-        return {"kind": "corrupt-fragment", "key": ref.index_key, "detail": str(exc)}
+        kind = "undecodable-fragment" if isinstance(exc.__cause__, UnknownKeyError) else None
+        return {"kind": kind or "corrupt-fragment", "key": ref.index_key, "detail": str(exc)}
     if len(data) != index.trailer.index_start:
         detail = f"data object of {len(data)} bytes, the index says {index.trailer.index_start}"
         return {"kind": "corrupt-fragment", "key": ref.key, "detail": detail}
     records = index.records
-    for chunk_id, position, size, crc in zip(
-        records["chunk_id"].tolist(),
-        records["position"].tolist(),
-        records["size"].tolist(),
-        records["crc"].tolist(),
-        strict=True,
-    ):
-        try:
-            if decode_entry_header(data, position - ENTRY_HEADER_SIZE) != (size, chunk_id):
-                raise FormatError(f"entry header of chunk {chunk_id} does not match the index")
-            if decode_header(data[position : position + size]).chunk_id != chunk_id:
-                raise FormatError(f"chunk at {position} is not chunk {chunk_id}")
-            if crc32(data[position : position + size]) != crc:
+    try:
+        if index.entries.sealed:  # the header's key block must be the one the index holds
+            key_block = decode_data_header(data)
+            if key_block != index.entries.key_block:
+                raise FormatError("data object header's key block differs from the index's")
+        chunks = run_chunks(index, 0, len(records), data, base=0)
+        for i, (chunk_id, crc) in enumerate(
+            zip(records["chunk_id"].tolist(), records["crc"].tolist(), strict=True)
+        ):
+            chunk = chunks[i]
+            if decode_header(chunk).chunk_id != chunk_id:
+                raise FormatError(f"chunk {i} is not chunk {chunk_id}")
+            if crc32(chunk) != crc:
                 raise FormatError(f"chunk {chunk_id}: CRC of its bytes does not match")
-        except FormatError as exc:
-            return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
+    except FormatError as exc:
+        return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
     return None
 
 
