@@ -49,7 +49,9 @@ def test_segment_mode_with_default_codings_is_accepted() -> None:
     assert StreamSettings(tier_mode="segments", encryption="aes-256-gcm").encryption != "none"
 
 
-async def test_server_refuses_a_compressed_segment_stream_accepts_encryption(tmp_path: Path) -> None:
+async def test_server_refuses_a_compressed_segment_stream_accepts_encryption(
+    tmp_path: Path,
+) -> None:
     server = Server(make_config(tmp_path))
     await server.start()
     store = open_object_store(f"file://{tmp_path / 'data' / 'objects'}")
