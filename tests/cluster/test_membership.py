@@ -19,7 +19,7 @@ from tierlog.cluster.errors import (
 )
 from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo
 from tierlog.remote.catalog import pointer_key
-from tierlog.storage.errors import LeaseHeldError, VersionConflictError
+from tierlog.storage.errors import LeaseHeldError, LeaseLostError, VersionConflictError
 from tierlog.storage.meta_store import Lease, MetaStore, open_meta_store
 
 TTL = 30.0
@@ -111,6 +111,26 @@ def test_leader_attached_to_its_node_lease(meta_store: MetaStore) -> None:
         taken = directory.acquire_leadership(f"{STREAM}{i}", "b", b)
         assert taken.epoch == 2
         assert directory.leader_of(f"{STREAM}{i}").name == "b"
+
+
+def test_acquisition_on_an_expired_node_lease_is_refused(meta_store: MetaStore) -> None:
+    """A node cut from the MetaStore still holds its old lease object; acquiring with
+    it after the lease expired would record a leader every other node sees as dead
+    (its new registration carries a new lease epoch), so it is refused."""
+    directory = ClusterDirectory(meta_store)
+    short = register(directory, "a", SHORT_TTL)
+    directory.create_stream(STREAM, ["a"])
+    first = directory.acquire_leadership(STREAM, "a", short)
+    assert first.lease_epoch == short.epoch
+    wait_until(lambda: not directory.node_alive("a", short.epoch))
+    before = directory.require_stream(STREAM)
+    with pytest.raises(LeaseLostError):
+        directory.acquire_leadership(STREAM, "a", short)
+    assert directory.require_stream(STREAM) == before
+    again = register(directory, "a")
+    taken = directory.acquire_leadership(STREAM, "a", again)
+    assert taken.lease_epoch == again.epoch > short.epoch
+    assert directory.leader_of(STREAM).name == "a"
 
 
 def test_concurrent_acquisitions_elect_one_leader_per_epoch(meta_store_uri: str) -> None:

@@ -44,6 +44,7 @@ from tierlog.storage.errors import (
     AlreadyExistsError,
     EpochFencedError,
     KeyDeletedError,
+    LeaseLostError,
     VersionConflictError,
 )
 from tierlog.storage.meta_store import Lease, MetaStore, Versioned, validate_meta_key
@@ -156,6 +157,9 @@ class Leadership:
     epoch: int
     membership: Membership
     version: int
+    lease_epoch: int
+    """The node lease the leadership hangs on: it ends with that lease, even if the
+    node registers again with a new one."""
 
 
 class ClusterDirectory:
@@ -271,12 +275,18 @@ class ClusterDirectory:
             raise LeaderAliveError(
                 f"{record.leader!r} leads {incarnation!r} in epoch {record.epoch}"
             )
+        if not self.node_alive(node, node_lease.epoch):
+            # a lease the node has not noticed expiring (cut from the MetaStore): a
+            # leadership recorded on it would look leaderless to every other node
+            raise LeaseLostError(f"{node!r}: node lease epoch {node_lease.epoch} is not held")
         pointer = self.meta.get(pointer_key(incarnation))
         pointer_epoch = 0 if pointer is None else ManifestPointer.decode(pointer.value, 0).epoch
         epoch = next_leader_epoch(max(record.epoch, stored.epoch), pointer_epoch, seen_epochs)
         new = StreamMembers(incarnation, record.membership, epoch, node, node_lease.epoch, 0)
         written = self.meta.put_if(stream_key(incarnation), new.encode(), stored.version, epoch)
-        return Leadership(incarnation, node, epoch, record.membership, written.version)
+        return Leadership(
+            incarnation, node, epoch, record.membership, written.version, node_lease.epoch
+        )
 
     def _leader_update(self, leadership: Leadership, membership: Membership) -> Leadership:
         stored = self.meta.get(stream_key(leadership.incarnation))
@@ -300,7 +310,12 @@ class ClusterDirectory:
         except EpochFencedError as exc:
             raise StaleEpochError(leadership.epoch, record.epoch + 1) from exc
         return Leadership(
-            leadership.incarnation, leadership.node, record.epoch, membership, written.version
+            leadership.incarnation,
+            leadership.node,
+            record.epoch,
+            membership,
+            written.version,
+            record.leader_lease_epoch,
         )
 
     def add_learner(self, leadership: Leadership, node: str) -> Leadership:

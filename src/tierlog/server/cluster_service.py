@@ -254,7 +254,9 @@ class ClusterService:
             except LeaseLostError as exc:
                 log.warning("cluster_lease_lost", node=self.name, error=str(exc))
                 lease.lost()
+                self.registered.clear()  # nothing may be acquired until registered again
                 self._carry(self.node.broadcast(LeaseLost()))
+                await self._register()
                 continue
             except (TierlogError, OSError) as exc:
                 # the MetaStore is out of reach: keep trying; the led streams stop
@@ -358,6 +360,8 @@ class ClusterService:
             )
         except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError):
             return  # another voter got it first (the next scan follows it)
+        except LeaseLostError:
+            return  # our node lease expired unnoticed: the keepalive registers again
         if self.followers is not None:
             await self.followers.stop(incarnation)
         self._acquired[incarnation] = (leadership, sent_at)
@@ -419,6 +423,15 @@ class ClusterService:
         if others and self.hub is None:
             await self._directory(self.directory.resign, leadership)
             raise NotLeaderError(f"{handle.name}: several members need cluster.secret")
+        held = self.lease.lease if self.lease is not None else None
+        if held is None or held.epoch != leadership.lease_epoch:
+            # the lease it was acquired on was lost (and maybe taken again) meanwhile:
+            # renewals of another lease must never keep this leadership alive
+            with contextlib.suppress(TierlogError, OSError):
+                await self._directory(self.directory.resign, leadership)
+            raise NotLeaderError(
+                f"{handle.name}: node lease epoch {leadership.lease_epoch} lost while acquiring"
+            )
         leader = self.node.lead(leadership, tail_of_handle(handle), sent_at)
         self.handles[incarnation] = handle
         self._limit_reads(handle)
@@ -474,7 +487,13 @@ class ClusterService:
                 node_lease,
                 (handle.log.max_epoch, handle.log.read_member_epoch()),
             )
-        except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError) as exc:
+        except (
+            LeaderAliveError,
+            NotAMemberError,
+            VersionConflictError,
+            KeyDeletedError,
+            LeaseLostError,
+        ) as exc:
             raise NotLeaderError(f"{handle.name}: {exc}") from exc
         return leadership, sent_at
 
