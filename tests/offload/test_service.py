@@ -27,9 +27,11 @@ from tierlog.read.prefetch import PrefetchConfig, Prefetcher
 from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
+from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.keys import segments_prefix, stream_prefix
 from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.remote.sealing import is_sealed
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
@@ -88,10 +90,21 @@ class Stream:
                 step_hook(name)
 
         offloader = ObjectStoreOffloader(
-            self.store, self.meta, "", self.dir, block_size=5 * MiB, step_hook=hook
+            self.store,
+            self.meta,
+            "",
+            self.dir,
+            block_size=5 * MiB,
+            step_hook=hook,
+            settings=lambda: self.settings,
         )
         committer = ManifestCommitter(
-            RemoteStream(self.store, "", self.dir), self.catalog, self.deletions, epoch, m=3
+            RemoteStream(self.store, "", self.dir),
+            self.catalog,
+            self.deletions,
+            epoch,
+            m=3,
+            settings=lambda: self.settings,
         )
 
         def trim(tree: ManifestTree) -> int | None:
@@ -141,8 +154,14 @@ def read_all(reader: TieredReader) -> Records:
         return [(o, bytes(r)) for o, r in reader.records()]
 
 
+ENCRYPTIONS = ["none", "aes-256-gcm"]
+"""Tests parametrized with these run on plaintext (offload format 1) and encrypted (format
+2: sealed frames, sealed index, sealed manifest) segment streams."""
+
+
 @pytest.fixture
 def make_stream(tmp_path: Path, object_store: ObjectStore) -> Iterator[Callable[..., Stream]]:
+    set_process_keyring(Keyring([("k1", bytes(range(32)))]))  # for the encrypted variants
     made: list[Stream] = []
 
     def make(segment_bytes: int = 200_000, **settings: object) -> Stream:
@@ -158,12 +177,18 @@ def make_stream(tmp_path: Path, object_store: ObjectStore) -> Iterator[Callable[
     yield make
     for s in made:
         s.close()
+    reset_process_keyring()
 
 
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_size_trigger_then_read_every_spec_after_local_deletion(
-    make_stream: Callable[..., Stream],
+    make_stream: Callable[..., Stream], encryption: str
 ) -> None:
-    s = make_stream(offload_threshold_bytes=300_000, offload_deletion_lag_seconds=60.0)
+    s = make_stream(
+        offload_threshold_bytes=300_000,
+        offload_deletion_lag_seconds=60.0,
+        encryption=encryption,
+    )
     rng = random.Random(1)
     s.append(rng, 400)
     sealed = [x for x in s.log.list_segments() if x.sealed]
@@ -180,6 +205,10 @@ def test_size_trigger_then_read_every_spec_after_local_deletion(
     assert pending + sealed[done].size > 300_000 if done < len(sealed) else True
     entries = list(tree.iter_fragments(s.store.get))
     assert all(e.entry.entry_kind == ENTRY_SEGMENT for e in entries)
+    sealed_format = encryption != "none"
+    for e in entries:  # offload format 2 for an encrypted stream, format 1 otherwise
+        assert (s.store.get(e.entry.key, 0, 4) == b"TLSD") == sealed_format
+        assert is_sealed(s.store.get(e.entry.index_key)) == sealed_format
     assert len(s.objects()) >= 2 * done  # data + index per segment (+ manifest root)
     # the lag holds local copies back; once it passed they go, oldest first
     assert s.service.apply_local_deletion() == []
@@ -202,8 +231,11 @@ def test_size_trigger_then_read_every_spec_after_local_deletion(
     assert read_all(s.reader(OffsetSpec.timestamp(0))) == everything
 
 
-def test_multi_block_segment_reads_across_blocks(make_stream: Callable[..., Stream]) -> None:
-    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0)
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
+def test_multi_block_segment_reads_across_blocks(
+    make_stream: Callable[..., Stream], encryption: str
+) -> None:
+    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0, encryption=encryption)
     rng = random.Random(2)
     s.append(rng, 1700, size=4000)  # one ~13.6 MB segment: 3 blocks of 5 MiB
     everything = local_records(s.log, OffsetSpec.first())
@@ -221,8 +253,13 @@ def test_multi_block_segment_reads_across_blocks(make_stream: Callable[..., Stre
     assert got == everything
 
 
-def test_corrupt_offloaded_chunk_is_refused(make_stream: Callable[..., Stream]) -> None:
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
+def test_corrupt_offloaded_chunk_is_refused(
+    make_stream: Callable[..., Stream], encryption: str
+) -> None:
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(3), 200)
     assert s.service.run_once() >= 1
     s.service.apply_local_deletion()
@@ -321,8 +358,9 @@ def test_offload_settings_are_checked() -> None:
 
 
 @pytest.mark.parametrize("object_store", ["fs"], indirect=True)  # the executor opens it by URI
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_spark_plans_a_task_per_segment_and_reads_block_by_block(
-    make_stream: Callable[..., Stream], tmp_path: Path
+    make_stream: Callable[..., Stream], tmp_path: Path, encryption: str
 ) -> None:
     """The Spark source's executor side on a segment-mode stream: every row, once, in order,
     a block at a time; bounds prune whole blocks."""
@@ -330,7 +368,7 @@ def test_spark_plans_a_task_per_segment_and_reads_block_by_block(
     from tierlog.spark.planning import coalesce, plan_stream
     from tierlog.spark.reading import ReadSettings, read_task
 
-    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0)
+    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0, encryption=encryption)
     rng = random.Random(7)
     s.append(rng, 1700, size=4000)
     s.append(rng, 30)  # more records in the active segment: never offloaded, never read here
@@ -359,8 +397,9 @@ def test_spark_plans_a_task_per_segment_and_reads_block_by_block(
 
 
 @pytest.mark.parametrize("object_store", ["fs"], indirect=True)  # the CLI opens it by URI
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_dump_and_scrub_read_offloaded_segments(
-    make_stream: Callable[..., Stream], tmp_path: Path
+    make_stream: Callable[..., Stream], tmp_path: Path, encryption: str
 ) -> None:
     """``tierlog dump --object-store --meta-store`` prints every record across both tiers
     after local deletion; the scrub job validates segments and reports a damaged one."""
@@ -371,7 +410,9 @@ def test_dump_and_scrub_read_offloaded_segments(
     from tierlog.cli import dump_tiered
     from tierlog.spark.jobs.scrub import check_fragment
 
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(8), 300)
     everything = local_records(s.log, OffsetSpec.first())
     assert s.service.run_once() >= 2
@@ -448,15 +489,18 @@ def test_stream_retention_applies_to_segments_never_offloaded(
     assert got[0][0] >= first and got == local_records(s.log, OffsetSpec.first())
 
 
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_lost_local_log_restarts_past_the_offloaded_segments(
-    make_stream: Callable[..., Stream],
+    make_stream: Callable[..., Stream], encryption: str
 ) -> None:
     """The local directory is lost after offloading: the next start continues the log past
     the remote tier (no offset handed out twice, higher epoch, consumer offsets replayed from
     the last offloaded segment) and reads go on across the gap-free stream."""
     import shutil
 
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(11), 300)
     before = local_records(s.log, OffsetSpec.first())
     sealed = [x for x in s.log.list_segments() if x.sealed]
