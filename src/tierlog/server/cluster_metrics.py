@@ -90,10 +90,11 @@ def member_lag(leader: StreamLeader) -> int:
     """The leader's last written chunk id minus the lowest one any other member reported
     written in this epoch (0 when alone or when every member has everything)."""
     state = leader.state
-    own = state.written(state.node)
-    lowest = min(
-        (state.written(m) for m in state.membership.members if m != state.node), default=own
-    )
+    own = lowest = state.written(state.node)
+    for group in (state.membership.voters, state.membership.learners):
+        for member in group:
+            if member != state.node:
+                lowest = min(lowest, state.written(member))
     return max(0, own - lowest)
 
 
