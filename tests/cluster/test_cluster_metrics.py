@@ -1,6 +1,7 @@
 """The cluster's metrics as a scrape shows them: two real hubs on loopback replicating a
 real log (link bytes and frames move on both sides and agree, a paused leader makes the
-member's fetches time out, counters survive a link cut and the stream being unfollowed),
+member's fetches time out, counters survive a link cut and the stream being unfollowed,
+refused links are counted),
 and the leader-side values (worst member lag, streams without a majority) from a real
 ``LeaderState`` driven through an election."""
 
@@ -15,11 +16,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster.hub_helpers import STREAM, Cluster, CuttingProxy, Recorder, caught_up, until
 from tests.log.acceptor_helpers import SMALL, write_leader_chunks
 from tierlog.cluster.hub import ReplicationHub
+from tierlog.cluster.link import read_frame
 from tierlog.cluster.log_history import Tail
 from tierlog.cluster.members import Membership
 from tierlog.cluster.membership import Leadership
 from tierlog.cluster.node import ClusterNode
 from tierlog.cluster.state import EpochAdopted, LeaseTiming, LocalWritten, MemberAcked, Phase
+from tierlog.formats import replication as wire
 from tierlog.log.writer import StreamLog
 from tierlog.metrics import Metrics
 from tierlog.server.cluster_metrics import member_lag, watch_hub, without_majority
@@ -183,6 +186,33 @@ async def test_link_counters_keep_counting_across_a_cut(cluster, tmp_path):
     await proxy.stop()
     member.close()
     leader.close()
+
+
+async def test_refused_links_are_counted(cluster):
+    n1 = await cluster.add("n1")
+    metrics = watched(n1)
+    host, port = cluster.addresses["n1"]
+    # garbage instead of a handshake: a malformed frame
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"\x00\x00\x00\x05garbage-garbage")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    # a dialer that does not hold the secret: an authentication failure
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(wire.encode(wire.Hello("n9")) + wire.encode(wire.Challenge(bytes(32))))
+    for _ in range(3):
+        await read_frame(reader)  # HELLO, CHALLENGE, PROOF
+    writer.write(wire.encode(wire.Proof(bytes(32))))
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    await until(
+        lambda: value(scrape(metrics), "tierlog_cluster_link_auth_failures_total") == 1,
+        what="the bad proof in the scrape",
+    )
+    samples = scrape(metrics)
+    assert value(samples, "tierlog_cluster_link_malformed_frames_total") == 1
+    assert value(samples, "tierlog_cluster_link_send_failures_total") == 0
+    assert value(samples, "tierlog_cluster_link_up", peer="n9") is None  # never linked
 
 
 def test_member_lag_and_majority_follow_the_leader_state():
