@@ -112,6 +112,7 @@ def watch_cluster(metrics: Metrics, service: ClusterService) -> None:
     families = metrics.cluster
     watch_hub(metrics, lambda: service.hub, lambda: service.view.nodes)
     families.streams_led.read = _one(lambda: len(service.handles))
+    families.streams_followed.read = _one(lambda: len(service.hub.followed) if service.hub else 0)
     families.live_nodes.read = _one(lambda: len(service.view.nodes))
     families.lease_held.read = _one(lambda: service.lease is not None and service.lease.held)
     families.lease_renewal_age_seconds.read = lambda: _lease_age(service)
