@@ -533,3 +533,37 @@ def test_lost_local_log_restarts_past_the_offloaded_segments(
     got = read_all(s.reader(OffsetSpec.first()))
     assert got[: len(remote)] == remote and got[-1][1] == b"after"
     assert got[-1][0] >= tree.next_offset
+
+
+@pytest.mark.parametrize("object_store", ["fs"], indirect=True)
+def test_plaintext_segment_in_place_of_a_sealed_one_is_refused(
+    make_stream: Callable[..., Stream], tmp_path: Path
+) -> None:
+    """An encrypted stream's manifest is sealed since its first commit (its pointer says
+    so): a plaintext (format 1) index and data object of the same segment and attempt, put
+    in the place of the sealed ones by someone with bucket access, are refused by the
+    cross-tier reader, scrub and the offloader, never served."""
+    from tierlog.offload.errors import OffloadedDataCorruptError
+    from tierlog.spark.jobs.scrub import check_fragment
+    from tierlog.storage.fs_object_store import FsObjectStore
+
+    s = make_stream(offload_threshold_bytes=0, encryption="aes-256-gcm")
+    s.append(random.Random(12), 200)
+    assert s.service.run_once() >= 1
+    tree = s.service.committed_tree()
+    assert tree.sealed
+    entry = next(tree.iter_fragments(s.store.get)).entry
+    ref = next(r for r in s.log.segment_refs() if r.first_offset == entry.first_offset)
+    forger = FsObjectStore(tmp_path / "forged")
+    plain = ObjectStoreOffloader(forger, s.meta, "", s.dir, block_size=5 * MiB)
+    plain.offload(ref, entry.uuid, {})
+    plain.finish(ref.first_offset, entry.uuid)
+    for key in (entry.key, entry.index_key):
+        s.store.put(key, forger.get(key))
+    with pytest.raises(RemoteDataCorruptError, match="expected a sealed index"):
+        read_all(s.reader(OffsetSpec.first(), local=False))
+    problem = check_fragment(s.store, entry, sealed=True)
+    assert problem is not None and problem["kind"] == "corrupt-fragment"
+    fresh = ObjectStoreOffloader(s.store, s.meta, "", s.dir, block_size=5 * MiB)
+    with pytest.raises(OffloadedDataCorruptError):
+        fresh.read_offloaded(entry.first_offset, entry.uuid, require_sealed=True)

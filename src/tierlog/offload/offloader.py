@@ -504,12 +504,16 @@ class ObjectStoreOffloader(SegmentOffloader):
 
     # -- read and delete --------------------------------------------------------------------
 
-    def read_offloaded(self, segment: int, attempt_uuid: uuid_module.UUID) -> OffloadedSegment:
-        """The offloaded segment, its index object fetched once and cached."""
+    def read_offloaded(
+        self, segment: int, attempt_uuid: uuid_module.UUID, *, require_sealed: bool = False
+    ) -> OffloadedSegment:
+        """The offloaded segment, its index object fetched once and cached.
+        ``require_sealed``: the manifest naming it is sealed, so a plaintext index is
+        refused (``OffloadedDataCorruptError``)."""
         cache_key = (segment, attempt_uuid)
         with self._lock:
             cached = self._indexes.get(cache_key)
-            if cached is not None:
+            if cached is not None and (cached.entries.sealed or not require_sealed):
                 self._indexes.move_to_end(cache_key)
                 return cached
         ikey = self.index_key(segment, attempt_uuid)
@@ -520,7 +524,9 @@ class ObjectStoreOffloader(SegmentOffloader):
                 f"offloaded segment {segment} (attempt {attempt_uuid}) not found: {ikey!r}"
             ) from None
         try:
-            index = decode_offload_index(ikey, raw, keyring=self._keyring)
+            index = decode_offload_index(
+                ikey, raw, keyring=self._keyring, require_sealed=require_sealed
+            )
         except FormatError as exc:
             raise OffloadedDataCorruptError(f"{ikey}: {exc}") from exc
         if index.metadata.first_offset != segment:

@@ -99,8 +99,9 @@ class ManifestSource:
                 return cached
         index: FragmentIndex
         try:
-            if loc.entry.is_segment:
-                index = read_segment_index(self.store, loc.entry)
+            if loc.entry.is_segment:  # a sealed manifest names sealed segments only
+                sealed = self.tree().sealed
+                index = read_segment_index(self.store, loc.entry, require_sealed=sealed)
             else:
                 index = read_known_fragment(self.store, loc.entry).index
         except NotFoundError:

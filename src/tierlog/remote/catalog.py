@@ -45,14 +45,24 @@ class StreamRecord:
 
 @dataclass(frozen=True, slots=True)
 class ManifestPointer:
-    """Which root object is the committed manifest, written under which epoch."""
+    """Which root object is the committed manifest, written under which epoch.
+
+    ``sealed``: the stream's manifest has been sealed since its first commit, so the root,
+    every branch and every offloaded segment index it names must be sealed; readers refuse
+    a plaintext one put in their place (a downgrade by someone with bucket access only: the
+    pointer lives in the MetaStore). Absent from pointers of streams that are not encrypted,
+    so their pointers are unchanged."""
 
     root_uid: str | None
     epoch: int
     version: int
+    sealed: bool = False
 
     def encode(self) -> bytes:
-        return json.dumps({"root": self.root_uid, "epoch": self.epoch}).encode()
+        body: dict[str, object] = {"root": self.root_uid, "epoch": self.epoch}
+        if self.sealed:
+            body["sealed"] = True
+        return json.dumps(body).encode()
 
     @staticmethod
     def decode(value: bytes, version: int) -> ManifestPointer:
@@ -61,8 +71,11 @@ class ManifestPointer:
             root = data["root"]
             if root is not None:
                 bytes.fromhex(root)
-            return ManifestPointer(root_uid=root, epoch=int(data["epoch"]), version=version)
-        except (ValueError, KeyError, TypeError) as exc:
+            sealed = data.get("sealed", False)
+            if not isinstance(sealed, bool):
+                raise TypeError(f"sealed is {sealed!r}")
+            return ManifestPointer(root, int(data["epoch"]), version, sealed)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptPointerError(
                 f"manifest pointer (version {version}) does not decode: {exc}"
             ) from exc
@@ -186,12 +199,18 @@ class Catalog:
         return None if stored is None else ManifestPointer.decode(stored.value, stored.version)
 
     def put_pointer(
-        self, incarnation: str, root_uid: str, epoch: int, expected_version: int
+        self,
+        incarnation: str,
+        root_uid: str,
+        epoch: int,
+        expected_version: int,
+        *,
+        sealed: bool = False,
     ) -> int:
         """Conditional put (version unchanged, stored epoch <= epoch); the new version.
 
         Raises VersionConflictError, EpochFencedError, KeyDeletedError (stream deleted)."""
-        value = ManifestPointer(root_uid=root_uid, epoch=epoch, version=0).encode()
+        value = ManifestPointer(root_uid, epoch, 0, sealed).encode()
         return self.meta.put_if(pointer_key(incarnation), value, expected_version, epoch).version
 
     def delete_pointer(self, incarnation: str) -> None:

@@ -76,7 +76,7 @@ def load_tree(catalog: Catalog, store: ObjectStore, prefix: str, incarnation: st
         raise StreamUnavailableError(f"stream incarnation {incarnation} was deleted")
     if data is None:
         return ManifestTree(prefix, incarnation)
-    return ManifestTree.from_root(data, prefix)
+    return ManifestTree.from_root(data, prefix, sealed=pointer.sealed)
 
 
 def resolve_stream(catalog: Catalog, vhost: str, name: str) -> StreamRecord:

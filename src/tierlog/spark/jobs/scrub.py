@@ -47,6 +47,7 @@ class FragmentRange:
 
     stream: str
     fragments: tuple[FragmentEntry, ...]
+    sealed: bool = False  # the stream's pointer says its manifest is sealed
 
 
 @dataclass
@@ -106,7 +107,7 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
     with tier.open_store() as store:
         for ref in work.fragments:
             result.fragments += 1
-            problem = check_fragment(store, ref)
+            problem = check_fragment(store, ref, sealed=work.sealed)
             if problem is None:
                 result.bytes += ref.data_size
             else:
@@ -114,10 +115,13 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
     return result
 
 
-def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
-    """None if the fragment is intact and matches its manifest entry, else the problem."""
+def check_fragment(
+    store: Any, ref: FragmentEntry, *, sealed: bool = False
+) -> dict[str, str] | None:
+    """None if the fragment is intact and matches its manifest entry, else the problem.
+    ``sealed``: the manifest naming it is sealed, so an offloaded segment must be too."""
     if ref.is_segment:
-        return check_segment(store, ref)
+        return check_segment(store, ref, sealed=sealed)
     try:
         data = store.get(ref.key)
     except NotFoundError:
@@ -138,11 +142,11 @@ def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
     return None
 
 
-def check_segment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
+def check_segment(store: Any, ref: FragmentEntry, *, sealed: bool = False) -> dict[str, str] | None:
     """None if an offloaded segment's index object matches its manifest entry and every
     chunk of its data object is intact (entry header, chunk header, whole-chunk CRC)."""
     try:
-        index = read_segment_index(store, ref)
+        index = read_segment_index(store, ref, require_sealed=sealed)
         data = store.get_view(ref.key)
     except NotFoundError as exc:
         return {"kind": "missing-fragment", "key": ref.key, "detail": f"referenced: {exc}"}
@@ -175,7 +179,7 @@ def check_segment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
 
 
 def plan_ranges(
-    stream: str, fragments: list[FragmentEntry], target_bytes: int
+    stream: str, fragments: list[FragmentEntry], target_bytes: int, *, sealed: bool = False
 ) -> list[FragmentRange]:
     """Cut a stream's fragments into runs of about ``target_bytes`` each."""
     ranges: list[FragmentRange] = []
@@ -183,12 +187,12 @@ def plan_ranges(
     size = 0
     for ref in fragments:
         if run and (size + ref.data_size > target_bytes or len(run) >= MAX_FRAGMENTS_PER_TASK):
-            ranges.append(FragmentRange(stream, tuple(run)))
+            ranges.append(FragmentRange(stream, tuple(run), sealed))
             run, size = [], 0
         run.append(ref)
         size += ref.data_size
     if run:
-        ranges.append(FragmentRange(stream, tuple(run)))
+        ranges.append(FragmentRange(stream, tuple(run), sealed))
     return ranges
 
 
@@ -221,7 +225,8 @@ def run_scrub(
                 problems=list(walk.problems),
             )
             results[record.incarnation] = scrub
-            ranges += plan_ranges(record.incarnation, walk.fragments, target_bytes)
+            sealed = walk.pointer is not None and walk.pointer.sealed
+            ranges += plan_ranges(record.incarnation, walk.fragments, target_bytes, sealed=sealed)
     fragments = sum(len(r.fragments) for r in ranges)
     say(f"checking {fragments} fragment(s) in {len(ranges)} task(s)")
     for done in run_distributed(
