@@ -539,8 +539,8 @@ def test_lost_local_log_restarts_past_the_offloaded_segments(
 def test_plaintext_segment_in_place_of_a_sealed_one_is_refused(
     make_stream: Callable[..., Stream], tmp_path: Path
 ) -> None:
-    """An encrypted stream's manifest is sealed since its first commit (its pointer says
-    so): a plaintext (format 1) index and data object of the same segment and attempt, put
+    """An encrypted stream's manifest is sealed since its creation (its pointer says so):
+    a plaintext (format 1) index and data object of the same segment and attempt, put
     in the place of the sealed ones by someone with bucket access, are refused by the
     cross-tier reader, scrub and the offloader, never served."""
     from tierlog.offload.errors import OffloadedDataCorruptError

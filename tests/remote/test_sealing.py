@@ -250,9 +250,9 @@ def make_reader_fresh(s: object) -> list[bytes]:
 def test_plaintext_manifest_objects_in_place_of_sealed_ones_are_refused(
     tmp_path: Path, ring: Keyring
 ) -> None:
-    """A stream encrypted from its first commit has a pointer saying so (in the MetaStore,
-    out of reach of someone with bucket access only): a plaintext root or branch put in the
-    place of a sealed one is refused by every reader, never read."""
+    """A stream created encrypted has a pointer saying so (in the MetaStore, out of reach
+    of someone with bucket access only): a plaintext root or branch put in the place of a
+    sealed one is refused by every reader, never read."""
     from tests.tiering.test_cold import make
     from tierlog.remote.committed import load_committed_tree
     from tierlog.spark.jobs.common import walk_manifest
@@ -289,7 +289,7 @@ def test_plaintext_manifest_objects_in_place_of_sealed_ones_are_refused(
         s.close()
 
 
-def test_streams_not_sealed_from_their_first_commit_keep_reading_plaintext(
+def test_streams_not_created_encrypted_keep_reading_plaintext(
     tmp_path: Path, ring: Keyring
 ) -> None:
     """Compatibility: a stream without encryption keeps a pointer without the flag, and one

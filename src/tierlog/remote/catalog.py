@@ -47,11 +47,12 @@ class StreamRecord:
 class ManifestPointer:
     """Which root object is the committed manifest, written under which epoch.
 
-    ``sealed``: the stream's manifest has been sealed since its first commit, so the root,
-    every branch and every offloaded segment index it names must be sealed; readers refuse
-    a plaintext one put in their place (a downgrade by someone with bucket access only: the
-    pointer lives in the MetaStore). Absent from pointers of streams that are not encrypted,
-    so their pointers are unchanged."""
+    ``sealed``: the stream was created encrypted and has stayed so, so the root, every
+    branch and every offloaded segment index its manifest names must be sealed; readers
+    refuse a plaintext one put in their place (a downgrade by someone with bucket access
+    only: the pointer lives in the MetaStore). Set when the stream is created, kept by each
+    commit while the stream is encrypted, dropped for good once it is not. Absent from the
+    pointers of other streams, which are unchanged."""
 
     root_uid: str | None
     epoch: int
@@ -107,7 +108,9 @@ class Catalog:
             raise StreamExistsError(f"stream {name!r} already exists in vhost {vhost!r}")
         # Pointer first: an orphaned pointer (crash in between) is harmless, a catalog
         # entry without its pointer is not.
-        empty = ManifestPointer(root_uid=None, epoch=0, version=0)
+        # created encrypted: every manifest object it will ever name is sealed (the flag
+        # stays while the stream stays encrypted, see ``ManifestPointer.sealed``)
+        empty = ManifestPointer(None, 0, 0, sealed=settings.encryption != "none")
         with contextlib.suppress(AlreadyExistsError):
             self.meta.create(pointer_key(incarnation), empty.encode(), epoch=0)
         body = {

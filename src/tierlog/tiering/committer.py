@@ -184,12 +184,12 @@ class ManifestCommitter:
         return seal_object(self._settings(), key, data)
 
     def _seals_everything(self) -> bool:
-        """Whether the pointer of this commit says the manifest is sealed: the stream is
-        encrypted and has been since its first commit (a stream that turned encryption on
-        later still names plaintext branches and segments of before)."""
+        """Whether the pointer of this commit says the manifest is sealed: the stream was
+        created encrypted (its first pointer says so) and still is (a stream that turned
+        encryption on later still names plaintext branches and segments of before)."""
         if self._settings is None or self._settings().encryption == "none":
             return False
-        return self.pointer.root_uid is None or self.pointer.sealed
+        return self.pointer.sealed
 
     def _resolve_ambiguous(
         self, uid: bytes, written: list[str], exc: Exception, sealed: bool
