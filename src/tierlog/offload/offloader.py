@@ -4,8 +4,11 @@
 multipart upload, one part per block from part 1, streamed from the segment file with
 ``os.preadv``: the next block is read while the current one uploads, so two blocks at most are
 in memory, never the segment) plus an index object
-(``tierlog.formats.offload``). ``read_offloaded`` returns a handle whose readers behave like
-local segment readers; ``delete_offloaded`` removes both objects.
+(``tierlog.formats.offload``). An encrypted stream's segments go in format 2
+(``tierlog.formats.offload_sealed``): each chunk sealed as its own frame under the data
+object's key (``offload.sealed_blocks``), the index sealed whole. ``read_offloaded`` returns a
+handle whose readers behave like local segment readers (either format);
+``delete_offloaded`` removes both objects.
 
 Every attempt has a UUID, recorded in the MetaStore before anything is uploaded, with the
 multipart upload id recorded right after initiation; the object keys carry the UUID. The
@@ -30,20 +33,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tierlog.errors import ConfigError
-from tierlog.formats.chunk import HEADER_SIZE, check_crc, decode_header
-from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError
 from tierlog.formats.offload import (
     DEFAULT_BLOCK_SIZE,
     FORMAT_VERSION,
     FORMAT_VERSION_KEY,
-    BlockPlan,
     OffloadIndex,
-    SegmentMetadata,
     build_index,
     check_block_size,
     encode_index,
-    frame_block,
     required_block_size,
 )
 from tierlog.formats.offload_sealed import (
@@ -52,13 +50,7 @@ from tierlog.formats.offload_sealed import (
     build_sealed_index,
     encode_sealed_index,
 )
-from tierlog.formats.segment import (
-    FILE_HEADER_SIZE,
-    INDEX_RECORD_DTYPE,
-    INDEX_RECORD_SIZE,
-    check_index_header,
-)
-from tierlog.log.segment_files import SegmentRef, pread_exact, read_file
+from tierlog.log.segment_files import SegmentRef
 from tierlog.logs import get_logger
 from tierlog.offload.attempts import Attempt, AttemptLog
 from tierlog.offload.errors import (
@@ -70,6 +62,7 @@ from tierlog.offload.errors import (
 from tierlog.offload.keys import data_key, index_key, parse_offload_key, segments_prefix
 from tierlog.offload.reader import OffloadedSegment
 from tierlog.offload.sealed_blocks import seal_block
+from tierlog.offload.source import SegmentSource, fill_block, load_source, read_entries
 from tierlog.remote.encryption import Keyring
 from tierlog.remote.sealing import new_object_cipher, seal_object
 from tierlog.remote.segments import decode_offload_index
@@ -80,7 +73,6 @@ from tierlog.storage.object_store import MultipartUpload, ObjectStore
 
 log = get_logger(__name__)
 
-_IOV_MAX = 1024  # iovecs per preadv (Linux's limit)
 DEFAULT_INDEX_CACHE = 64
 
 
@@ -134,50 +126,6 @@ class SegmentOffloader(ABC):
     @abstractmethod
     def delete_offloaded(self, segment: int, attempt_uuid: uuid_module.UUID) -> None:
         """Delete the offloaded segment's objects (missing ones are not an error)."""
-
-
-@dataclass(frozen=True)
-class _Source:
-    """A sealed segment file as the offloader sees it."""
-
-    metadata: SegmentMetadata
-    fd: int
-
-
-def _load_source(segment: SegmentRef) -> _Source:
-    """Open the segment and check it is sealed and matches its index: the index's records
-    end at a chunk whose end is the end of the file."""
-    buf = read_file(segment.index_path)
-    try:
-        check_index_header(buf)
-    except FormatError as exc:
-        raise OffloadSourceError(f"{segment.index_path}: {exc}") from exc
-    count = (len(buf) - FILE_HEADER_SIZE) // INDEX_RECORD_SIZE
-    records = np.frombuffer(buf, INDEX_RECORD_DTYPE, count=count, offset=FILE_HEADER_SIZE)
-    zero = np.flatnonzero(records["position"] == 0)  # all-zero records end the index
-    if len(zero):
-        records = records[: int(zero[0])]
-    if len(records) == 0:
-        raise OffloadSourceError(f"{segment.index_path}: no chunk to offload")
-    fd = os.open(segment.segment_path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        last_pos = int(records["position"][-1])
-        try:
-            last = decode_header(pread_exact(fd, HEADER_SIZE, last_pos))
-        except FormatError as exc:
-            raise OffloadSourceError(f"{segment.segment_path} at {last_pos}: {exc}") from exc
-        end = last_pos + last.total_size
-        if last.chunk_id != int(records["chunk_id"][-1]) or end != size:
-            raise OffloadSourceError(
-                f"{segment.segment_path}: not sealed or not matching its index (last indexed "
-                f"chunk {int(records['chunk_id'][-1])} ends at {end}, file has {size} bytes)"
-            )
-        metadata = SegmentMetadata(segment.first_offset, last.next_offset, size, records.copy())
-        return _Source(metadata, fd)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 class ObjectStoreOffloader(SegmentOffloader):
@@ -248,7 +196,7 @@ class ObjectStoreOffloader(SegmentOffloader):
         attempt_uuid: uuid_module.UUID,
         extra_metadata: Mapping[str, str],
     ) -> OffloadResult:
-        source = _load_source(segment)
+        source = load_source(segment)
         try:
             return self._offload(segment, source, attempt_uuid, extra_metadata)
         finally:
@@ -257,7 +205,7 @@ class ObjectStoreOffloader(SegmentOffloader):
     def _offload(
         self,
         segment: SegmentRef,
-        source: _Source,
+        source: SegmentSource,
         uuid: uuid_module.UUID,
         extra: Mapping[str, str],
     ) -> OffloadResult:
@@ -318,13 +266,13 @@ class ObjectStoreOffloader(SegmentOffloader):
                             plans[k],
                             index,
                             cipher,
-                            lambda view, slots, lo: self._read_entries(
-                                view, slots, lo, meta, crcs, source.fd, segment
+                            lambda view, slots, lo: read_entries(
+                                view, slots, lo, source, crcs, verify=self.verify_crc
                             ),
                         )
                     )
                 view = memoryview(buffers[k % 2])[: plans[k].length]
-                self._fill_block(view, plans[k], meta, sizes, crcs, source.fd, segment)
+                fill_block(view, plans[k], source, sizes, crcs, verify=self.verify_crc)
                 return view
 
             # block k + 1 is read and checked while block k uploads: two blocks in memory
@@ -372,66 +320,6 @@ class ObjectStoreOffloader(SegmentOffloader):
             max_epoch=int(records["epoch"].max()),
             puts=len(plans) + 3,
         )
-
-    def _fill_block(
-        self,
-        view: memoryview,
-        plan: BlockPlan,
-        meta: SegmentMetadata,
-        sizes: np.ndarray,
-        crcs: np.ndarray,
-        fd: int,
-        segment: SegmentRef,
-    ) -> None:
-        """Frame the block and read its chunks straight into place: the block's chunks are
-        contiguous in the segment file, so one ``preadv`` (per 1024 chunks) scatters them
-        between the entry headers."""
-        ids = meta.records["chunk_id"]
-        slots = frame_block(view, plan, ids, sizes)
-        self._read_entries(view, slots, plan.first_entry, meta, crcs, fd, segment)
-
-    def _read_entries(
-        self,
-        view: memoryview,
-        slots: list[tuple[int, int]],
-        first_entry: int,
-        meta: SegmentMetadata,
-        crcs: np.ndarray,
-        fd: int,
-        segment: SegmentRef,
-    ) -> None:
-        """Read chunks ``first_entry`` on into ``slots`` of ``view`` (one ``preadv`` per 1024
-        chunks), record each one's CRC and check it (header, id, size, data CRC)."""
-        ids = meta.records["chunk_id"]
-        position = int(meta.records["position"][first_entry])
-        for at in range(0, len(slots), _IOV_MAX):
-            batch = slots[at : at + _IOV_MAX]
-            buffers = [view[start:end] for start, end in batch]
-            want = sum(end - start for start, end in batch)
-            got = os.preadv(fd, buffers, position)
-            if got != want:
-                raise OffloadSourceError(
-                    f"{segment.segment_path}: short read of {got} of {want} bytes at {position}"
-                )
-            position += want
-        for i, (start, end) in enumerate(slots):
-            crcs[first_entry + i] = crc32(view[start:end])
-        if self.verify_crc:
-            for i, (start, end) in enumerate(slots):
-                chunk = view[start:end]
-                expected = int(ids[first_entry + i])
-                try:
-                    header = decode_header(chunk)
-                    if header.chunk_id != expected or header.total_size != end - start:
-                        raise FormatError(
-                            f"chunk {header.chunk_id} of {header.total_size} bytes where the "
-                            f"index has chunk {expected} of {end - start} bytes"
-                        )
-                    check_crc(
-                        header, chunk[header.data_start : header.data_start + header.data_length]
-                    )
-                except FormatError as exc:
-                    raise OffloadSourceError(f"{segment.segment_path}: {exc}") from exc
 
     def _cleanup_after_failure(
         self,
