@@ -567,3 +567,14 @@ def test_plaintext_segment_in_place_of_a_sealed_one_is_refused(
     fresh = ObjectStoreOffloader(s.store, s.meta, "", s.dir, block_size=5 * MiB)
     with pytest.raises(OffloadedDataCorruptError):
         fresh.read_offloaded(entry.first_offset, entry.uuid, require_sealed=True)
+    # the Spark source's executor side
+    from tierlog.remote.errors import CorruptFragmentError
+    from tierlog.remote.manifest_walk import Bounds
+    from tierlog.spark.planning import coalesce, plan_stream
+    from tierlog.spark.reading import ReadSettings, read_task
+
+    task = coalesce(plan_stream("s", tree, s.store.get, Bounds()), Bounds(), 0)[0]
+    assert task.sealed and task.fragments[0] == entry
+    where = ReadSettings(f"file://{tmp_path / 'objects'}", (), False, False, True, None)
+    with pytest.raises(CorruptFragmentError, match="expected a sealed index"):
+        list(read_task(task, where))

@@ -251,11 +251,18 @@ def test_plaintext_manifest_objects_in_place_of_sealed_ones_are_refused(
     tmp_path: Path, ring: Keyring
 ) -> None:
     """A stream created encrypted has a pointer saying so (in the MetaStore, out of reach
-    of someone with bucket access only): a plaintext root or branch put in the place of a
-    sealed one is refused by every reader, never read."""
+    of someone with bucket access only): a plaintext root, branch or fragment put in the
+    place of a sealed one is refused by every reader, never read."""
     from tests.tiering.test_cold import make
+    from tierlog.read.errors import RemoteDataCorruptError
     from tierlog.remote.committed import load_committed_tree
+    from tierlog.remote.dictionaries import DictionaryCache, as_v1_fragment
+    from tierlog.remote.errors import CorruptFragmentError
+    from tierlog.remote.manifest_walk import Bounds
     from tierlog.spark.jobs.common import walk_manifest
+    from tierlog.spark.jobs.scrub import check_fragment
+    from tierlog.spark.planning import coalesce, plan_stream
+    from tierlog.spark.reading import ReadSettings, read_task
 
     s = make(tmp_path, encryption="aes-256-gcm", manifest_fanout=2)
     s.tierer.committer.m = 2
@@ -284,6 +291,25 @@ def test_plaintext_manifest_objects_in_place_of_sealed_ones_are_refused(
         with pytest.raises(AuthenticationError, match="expected a sealed object"):
             read_committed_root(s.catalog, s.store, prefix, inc)
         s.store.put(root_key, sealed_root)
+        assert s.remote_chunks() == original
+        # a v1 (plaintext) fragment of the very same chunks in the place of a sealed one
+        fragment = s.fragment_keys()[0]
+        sealed_fragment = s.store.get(fragment)
+        plaintext = as_v1_fragment(s.store, fragment, sealed_fragment, DictionaryCache(s.store))
+        s.store.put(fragment, bytes(plaintext))
+        s.tierer.committer.tree.clear_cache()
+        with pytest.raises(RemoteDataCorruptError, match="plaintext fragment"):
+            s.remote_chunks()
+        entry = next(e for e in walk_manifest(s.store, s.catalog, prefix, inc).fragments)
+        problem = check_fragment(s.store, entry, sealed=True)
+        assert problem is not None and "plaintext fragment" in problem["detail"]
+        _, tree = load_committed_tree(s.catalog, s.store, prefix, inc, 2)
+        task = coalesce(plan_stream("s", tree, s.store.get, Bounds()), Bounds(), 1 << 40)[0]
+        assert task.sealed and task.fragments[0].key == fragment
+        where = ReadSettings(f"file://{tmp_path / 'objects'}", (), False, False, True, None)
+        with pytest.raises(CorruptFragmentError, match="plaintext fragment"):
+            list(read_task(task, where))  # the Spark source's executor side
+        s.store.put(fragment, sealed_fragment)
         assert s.remote_chunks() == original
     finally:
         s.close()

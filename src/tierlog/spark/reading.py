@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -56,11 +57,12 @@ def read_task(
         return
     dictionaries = DictionaryCache(store)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierlog-fetch") as pool:
-        pending: Future[memoryview | None] = pool.submit(_fetch, store, fragments[0], dictionaries)
+        fetch = partial(_fetch, store, dictionaries=dictionaries, sealed=task.sealed)
+        pending: Future[memoryview | None] = pool.submit(fetch, fragments[0])
         for i, fragment in enumerate(fragments):
             data = pending.result()
             if i + 1 < len(fragments):
-                pending = pool.submit(_fetch, store, fragments[i + 1], dictionaries)
+                pending = pool.submit(fetch, fragments[i + 1])
             if data is None:
                 if settings.skip_expired:
                     continue
@@ -88,7 +90,7 @@ def _read_segment(
     """An offloaded segment, one ranged GET and one batch per block (so a task holds one
     block, not the segment); blocks outside the bounds are not fetched."""
     try:
-        index = read_segment_index(store, segment)
+        index = read_segment_index(store, segment, require_sealed=task.sealed)
     except NotFoundError:
         if settings.skip_expired:
             return
@@ -139,15 +141,21 @@ def _read_segment(
 
 
 def _fetch(
-    store: ObjectStore, fragment: FragmentEntry, dictionaries: DictionaryCache
+    store: ObjectStore,
+    fragment: FragmentEntry,
+    *,
+    dictionaries: DictionaryCache,
+    sealed: bool,
 ) -> memoryview | None:
     """The whole fragment with its chunks in the clear (a compressed or encrypted v2
-    fragment is decoded here, on the fetch thread); None when it expired."""
+    fragment is decoded here, on the fetch thread); None when it expired. ``sealed``: the
+    stream's manifest is sealed, so a plaintext fragment is refused."""
     try:
         data = store.get_view(fragment.key)
     except NotFoundError:
         return None
-    return memoryview(as_v1_fragment(store, fragment.key, data, dictionaries)).cast("B")
+    plain = as_v1_fragment(store, fragment.key, data, dictionaries, require_encrypted=sealed)
+    return memoryview(plain).cast("B")
 
 
 def _decode(

@@ -22,6 +22,7 @@ from typing import Any
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError, UnknownKeyError
+from tierlog.formats.fragment_v2 import FragmentIndexV2
 from tierlog.formats.offload_sealed import decode_data_header
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.dictionaries import validate_stored_fragment
@@ -136,6 +137,9 @@ def check_fragment(
         return {"kind": "missing-dictionary", "key": ref.key, "detail": str(exc)}
     except CorruptFragmentError as exc:  # its dictionary or key is unusable
         return {"kind": "undecodable-fragment", "key": ref.key, "detail": str(exc)}
+    if sealed and not (isinstance(index, FragmentIndexV2) and index.encrypted):
+        detail = "plaintext fragment where the stream's manifest names encrypted ones only"
+        return {"kind": "corrupt-fragment", "key": ref.key, "detail": detail}
     mismatch = trailer_mismatch(ref, index.trailer)
     if mismatch:
         return {"kind": "fragment-mismatch", "key": ref.key, "detail": mismatch}
