@@ -439,12 +439,16 @@ def test_dump_and_scrub_read_offloaded_segments(
 
 @pytest.mark.spark
 @pytest.mark.parametrize("object_store", ["fs"], indirect=True)  # Spark opens it by URI
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_spark_source_reads_a_segment_mode_stream(
-    make_stream: Callable[..., Stream], tmp_path: Path, spark: Any
+    make_stream: Callable[..., Stream], tmp_path: Path, spark: Any, encryption: str
 ) -> None:
     """``spark.read.format("tierlog")`` on real Spark: one partition per offloaded segment,
-    every offloaded row once, in order."""
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    every offloaded row once, in order (sealed segments opened on the executors with the
+    keys of their environment)."""
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(9), 300)
     everything = local_records(s.log, OffsetSpec.first())
     assert s.service.run_once() >= 2
