@@ -5,7 +5,7 @@
   follow its progress until it has retired.
 * ``tierlog node status [NAME]`` — one node's status (or every node's), as JSON.
 
-``--admin URL`` names any node's admin listener (default ``http://127.0.0.1:15552``, the admin listener's default);
+``--admin URL`` names any node's admin listener (default ``http://127.0.0.1:15552``);
 credentials come from ``--user`` / ``--password`` or ``TIERLOG_ADMIN_USER`` /
 ``TIERLOG_ADMIN_PASSWORD`` (default ``guest`` / ``guest``).
 """
