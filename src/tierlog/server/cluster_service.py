@@ -306,6 +306,7 @@ class ClusterService:
         self.view = view
         if not self.registered.is_set() or not broker.catalog_loaded.is_set():
             return
+        await self.changes.refresh()
         by_incarnation = {r.incarnation: r for r in records}
         for record in records:
             if broker.get(record.vhost, record.name) is None:
@@ -393,10 +394,13 @@ class ClusterService:
     # -- placement (called by the broker) ---------------------------------------------
     async def should_open(self, record: StreamRecord) -> bool:
         await self.registered.wait()
+        await self.changes.refresh(max_age=self.cluster.scan_interval_seconds)
+        if self.changes.retiring_here:
+            return False  # a retiring node leads nothing, not even after a restart
         existing = await self._directory(self.directory.stream, record.incarnation)
         if existing is None:
             return True  # a stream from before the cluster: the first node to open it leads
-        if not existing.membership.is_voter(self.name) or self.changes.retiring_here:
+        if not existing.membership.is_voter(self.name):
             return False  # a learner follows; a non-member is pointed at the leader
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
             record.incarnation

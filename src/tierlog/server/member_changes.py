@@ -90,6 +90,7 @@ class MemberChanges:
         self.waiting: dict[str, str] = {}  # incarnation -> what its next change waits for
         self._busy: set[str] = set()  # incarnations with a change being carried out
         self.changes = 0
+        self._refreshed_at: float | None = None
 
     @property
     def retiring_here(self) -> bool:
@@ -97,13 +98,23 @@ class MemberChanges:
         return self.retirement is not None
 
     # -- every scan -------------------------------------------------------------------
-    async def after_scan(self, view: DirectoryView) -> None:
-        service = self.service
-        retirements: dict[str, Retirement] = await service._directory(self.retirements.all)
+    async def refresh(self, max_age: float = 0.0) -> None:
+        """Read the retirement records: before any decision to lead (a scan's take-overs,
+        opening a stream at start-up), so a retiring node never leads, even right after
+        it restarted. ``max_age``: reuse a read at most that old (start-up opens many
+        streams)."""
+        now = time.monotonic()
+        if self._refreshed_at is not None and now - self._refreshed_at <= max_age:
+            return
+        self._refreshed_at = now
+        retirements: dict[str, Retirement] = await self.service._directory(self.retirements.all)
         self.retiring = frozenset(retirements)
-        self.retirement = retirements.get(service.name)
+        self.retirement = retirements.get(self.service.name)
         if self.retirement is None:
             self.retired = False
+
+    async def after_scan(self, view: DirectoryView) -> None:
+        service = self.service
         await self._stop_following(view)
         nodes = NodesSeen(frozenset(view.nodes), self.retiring, member_counts(view))
         for incarnation, leader in list(service.node.leaders.items()):
