@@ -126,6 +126,8 @@ async def test_late_joiner_is_added_under_load_and_promoted(cluster: Cluster) ->
         cluster.node("n1"), "POST", f"/api/streams/{STREAM}/members", {"add": "n2"}
     )
     assert status == 409, again  # one change at a time (and n2 is a member)
+    status, bad = admin_call(cluster.node("n1"), "POST", f"/api/streams/{STREAM}/members", {})
+    assert status == 400, bad
 
     def promoted() -> bool:
         r = record(cluster)
@@ -133,6 +135,8 @@ async def test_late_joiner_is_added_under_load_and_promoted(cluster: Cluster) ->
 
     await publish_while(publisher, promoted, 6 * TTL)
     assert record(cluster).epoch == cluster.leader_of(STREAM)[1]
+    _, runtime = admin_call(cluster.node("n1"), "GET", "/api/cluster")
+    assert runtime["member_changes"] >= 1 and runtime["retiring"] is False
     leader = await finish(cluster, publisher, watch)
     assert leader == "n1"  # a member change, not a new election
     for member in ("n2", "n3"):

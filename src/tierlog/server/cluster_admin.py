@@ -7,11 +7,14 @@
   members and replication factor; 409 when the change breaks a rule (one change at a
   time, the staying voters do not hold the commit offset yet, ...); 503 without a live
   leader.
+* ``GET /api/cluster`` — this node's cluster runtime: streams it leads, whether it is
+  retiring or retired, and what each led stream's next member change waits for.
 * ``GET /api/nodes`` — every registered node: live, retiring, retired, streams held.
 * ``GET /api/nodes/{name}`` — one node's status; a retiring node's progress is the list
   of streams it still holds (``streams_left``) and ``retired`` once it released its lease.
 * ``POST /api/nodes/{name}/retire`` — start retiring the node (idempotent; 202).
-* ``DELETE /api/nodes/{name}/retire`` — withdraw a retirement not finished yet.
+* ``DELETE /api/nodes/{name}/retire`` — withdraw a retirement (``"restart": true`` when
+  the node had retired already: it rejoins when restarted).
 
 Node requests need the configure permission on every stream name of the default vhost
 (a pattern matching any name, checked with the empty name). Any node answers them from
@@ -170,11 +173,10 @@ def add_cluster_routes(
         current = await service._directory(service.changes.retirements.get, name)
         if current is None:
             return _error(404, f"node {name!r} is not retiring")
-        if current.retired:
-            return _error(409, f"node {name!r} has retired already: restart it to rejoin")
         await service._directory(service.changes.retirements.withdraw, name)
         log.info("cluster_node_retire_withdrawn", node=name, by=service.name)
-        return web.json_response({"node": name, "retiring": False})
+        # a node that retired already released its lease for good: restarting it rejoins
+        return web.json_response({"node": name, "retiring": False, "restart": current.retired})
 
     async def change_members(request: web.Request) -> web.Response:
         service = service_or_error()
@@ -234,6 +236,14 @@ def add_cluster_routes(
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _error(503, f"leader {place.leader.name} unreachable: {exc!r}")
 
+    async def this_node(request: web.Request) -> web.Response:
+        service = service_or_error()
+        if isinstance(service, web.Response):
+            return service
+        require_node_admin(request)
+        return web.json_response(service.status())
+
+    app.router.add_get("/api/cluster", this_node)
     app.router.add_post("/api/streams/{name}/members", change_members)
     app.router.add_get("/api/nodes", list_nodes)
     app.router.add_get("/api/nodes/{name}", get_node)
