@@ -154,6 +154,41 @@ async def test_late_joiner_starts_at_a_snapshot_segment(cluster, tmp_path):
     leader.close()
 
 
+async def test_member_behind_the_leaders_local_retention_rejoins_at_its_first_segment(
+    cluster, tmp_path
+):
+    """A member that was away while the leader's local retention deleted every segment
+    holding its tail (those chunks are committed and in the remote tier) drops its
+    stale local copy and starts again where the leader's log starts: it must not ask
+    for the missing range for ever."""
+    n1, n2 = [await cluster.add(n, retry_delay=0.05) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 10)
+    member = member_log(tmp_path, "n2")
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="first catch-up")
+    n2.unfollow(STREAM)
+    n1.unlead(STREAM)
+    write_leader_chunks(leader, 40, start=10)
+    leader.sync()
+    behind = member.last_chunk_id
+    for segment in leader.list_segments()[:-2]:
+        leader.delete_segment(segment.first_offset)  # local retention ran
+    assert leader.first_offset > behind + 1
+    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
+    n1.serve(STREAM)
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="rejoin after retention")
+    assert member.first_offset == leader.first_offset
+    assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    assert n2.followed[STREAM].rejoins == 1
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
 async def test_link_cut_mid_chunks_resumes_without_gap_or_duplicate(cluster, tmp_path):
     n1 = await cluster.add("n1", fetch_bytes=3000)
     proxy = CuttingProxy(cluster.addresses["n1"], cut_after=5000)

@@ -172,3 +172,19 @@ def test_late_joiner_starts_at_the_join_offset() -> None:
     after = member.session.written(history_of([(2, 2), (2, 3)]), 4)
     assert after[0] == rep.Send(wire.Written(STREAM, 2, 3))
     assert after[1] == rep.SetCommit(3)
+
+
+def test_member_below_the_leaders_local_log_drops_its_copy_and_rejoins() -> None:
+    session = rep.ReplicaSession(STREAM, history_of([(1, i) for i in range(5)]), 5, 1)
+    session.follow(2)
+    assert session.below_local_log(1) == []  # a stale answer from another epoch's leader
+    assert session.below_local_log(2) == [rep.Truncate(NO_CHUNK)]
+    actions = session.truncated((), 0)
+    assert len(actions) == 1 and isinstance(actions[0], rep.Send)
+    fetch = actions[0].frame
+    assert isinstance(fetch, wire.Fetch)
+    assert fetch.tail_chunk_id == NO_CHUNK and fetch.epoch == 2  # an empty member's fetch
+    joined = rep.answer_fetch(
+        STREAM, 2, history_of([(2, i) for i in range(40, 50)]), 50, 49, fetch, 40
+    )
+    assert joined == rep.ServeChunks(40, fetch.max_bytes)

@@ -82,13 +82,13 @@ def answer(
     try:
         span = log.chunk_span(start, result.max_bytes)
     except ChunkNotLocalError:
+        first = log.first_offset
+        # below our first segment: local retention deleted it after it was tiered (so
+        # it was committed); the member starts again at our log's start
+        code = wire.RefusalCode.BELOW_LOCAL_LOG if start < first else wire.RefusalCode.OUT_OF_RANGE
         link.send(
             wire.Refused(
-                stream,
-                epoch,
-                wire.RefusalCode.OUT_OF_RANGE,
-                epoch,
-                f"chunk {start} is not on the local log",
+                stream, epoch, code, epoch, f"chunk {start} is not on the local log (from {first})"
             )
         )
         return True

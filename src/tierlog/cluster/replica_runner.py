@@ -118,6 +118,8 @@ class FollowedStream:
         self.session: ReplicaSession | None = None
         self.closed = False
         self.errors = 0  # refused appends (bad chunks from the leader)
+        self.refusals = 0  # fetches the leader refused (retried after ``retry_delay``)
+        self.rejoins = 0  # local copies dropped: the leader's retention passed our tail
         self._inbox: deque[tuple[str | None, Any]] = deque()
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -232,9 +234,32 @@ class FollowedStream:
             else:
                 actions = [Send(session.fetch())]
         elif isinstance(item, wire.Refused):
-            if peer == self.leader:
+            if peer != self.leader:
+                return
+            self.refusals += 1
+            if item.code is wire.RefusalCode.BELOW_LOCAL_LOG:
+                actions = session.below_local_log(item.epoch)
+                if actions:
+                    self.rejoins += 1
+                    log.warning(
+                        "replica_rejoining_at_leader_log_start",
+                        stream=self.stream,
+                        leader=peer,
+                        tail=session.tail.chunk_id,
+                        reason=item.message,
+                    )
+            else:
+                if self.refusals == 1 or self.refusals % 100 == 0:
+                    log.warning(
+                        "replica_fetch_refused",
+                        stream=self.stream,
+                        leader=peer,
+                        code=item.code.name,
+                        refusals=self.refusals,
+                        reason=item.message,
+                    )
                 self._arm(self.retry_delay)
-            return
+                return
         else:
             assert isinstance(item, wire.Adopt | wire.History | wire.Chunks | wire.Commit)
             before = session.leader_epoch

@@ -199,6 +199,17 @@ class ReplicaSession:
             self.commit = visible
             actions.append(SetCommit(visible))
 
+    def below_local_log(self, epoch: int) -> list[Action]:
+        """The leader of ``epoch`` no longer holds the chunks after our tail locally:
+        its retention deleted them once they were tiered, so they are committed and in
+        the remote tier. Our copy is dropped and we start again where its log starts
+        (as a late joiner), instead of asking for the missing range for ever. From
+        another epoch's leader (a stale answer) this does nothing."""
+        if epoch != self.leader_epoch:
+            return []
+        self._pending_append = None
+        return [Truncate(NO_CHUNK)]
+
     def truncated(self, history: History, next_offset: int) -> list[Action]:
         """The shell cut the log as asked; continue fetching from its new end."""
         self.history, self.next_offset = history, next_offset

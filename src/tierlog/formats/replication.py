@@ -98,6 +98,7 @@ class RefusalCode(IntEnum):
     UNKNOWN_STREAM = 3
     OUT_OF_RANGE = 4  # the fetch position is not on the leader's local log
     NOT_A_MEMBER = 5
+    BELOW_LOCAL_LOG = 6  # the fetch position was deleted by the leader's local retention
 
 
 @dataclass(frozen=True, slots=True)
