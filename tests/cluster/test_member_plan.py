@@ -87,6 +87,12 @@ def test_a_retiring_leader_replaces_itself_then_resigns() -> None:
     assert isinstance(step, Resign)
 
 
+def test_a_companion_streams_members_are_preferred_spares() -> None:
+    nodes = NodesSeen(LIVE | {"e"}, frozenset({"c"}), {"d": 0, "e": 5}, prefer=frozenset({"e"}))
+    step = next_member_change(stream(("a", "b", "c")), nodes)
+    assert step == AddLearner("e", "replaces retiring c")
+
+
 def test_a_retiring_single_voter_leader_without_a_spare_waits() -> None:
     nodes = NodesSeen(frozenset({"a"}), frozenset({"a"}))
     assert isinstance(next_member_change(stream(("a",)), nodes), Wait)

@@ -265,6 +265,15 @@ async def test_retire_the_leader_node_under_load(cluster: Cluster) -> None:
     assert cluster.node("n1").process.alive()  # retiring does not stop the process
     leader = await finish(cluster, publisher, watch)
     assert leader in ("n2", "n3")
+    # the replacement joined late, under load, across segment rolls: same files
+    for member in ("n2", "n3"):
+        if member != leader:
+            await wait_for(
+                lambda m=member: same_files_as_leader(cluster, STREAM, m),  # type: ignore[misc]
+                6 * TTL,
+                f"{member}'s files equal the leader's",
+            )
+    assert len(cluster.stream_files("n3", STREAM)) >= 4
     # the retired node led, and was handed over only once tiering reached the commit
     tiered = cluster.node("n1").log_events("cluster_retiring_tiered")
     assert tiered and all(e["tiered"] == "true" for e in tiered)

@@ -24,8 +24,9 @@ The rules, in order (the first that applies wins):
    data never rests on fewer copies than a majority of the new voter set.
 4. **Under-replicated** (fewer voters than the replication factor): add a spare.
 
-A spare is a live node that is neither retiring nor a member; among several, the one
-holding the fewest stream members, then the first by name.
+A spare is a live node that is neither retiring nor a member; among several, a preferred
+one (a delayed stream's system stream prefers its stream's members, so the two stay on
+the same nodes), then the one holding the fewest stream members, then the first by name.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class NodesSeen:
     live: frozenset[str]
     retiring: frozenset[str] = frozenset()
     load: Mapping[str, int] = field(default_factory=dict)
+    prefer: frozenset[str] = frozenset()
+    """Spares to take first (a companion stream's members, so both stay together)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +94,13 @@ Step = AddLearner | RemoveMember | Resign | Wait
 
 
 def spare_node(stream: StreamSeen, nodes: NodesSeen) -> str | None:
-    """The node to add to ``stream``: live, not retiring, not a member, least loaded."""
+    """The node to add to ``stream``: live, not retiring, not a member; preferred ones
+    first, then the least loaded, then by name."""
     members = set(stream.membership.members)
     candidates = [n for n in nodes.live if n not in nodes.retiring and n not in members]
     if not candidates:
         return None
-    return min(candidates, key=lambda n: (nodes.load.get(n, 0), n))
+    return min(candidates, key=lambda n: (n not in nodes.prefer, nodes.load.get(n, 0), n))
 
 
 def holds_commit(stream: StreamSeen, voters: tuple[str, ...]) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tierlog.cluster.errors import MembershipChangeError, NotLeaderError, StaleEpochError
@@ -49,6 +49,7 @@ from tierlog.cluster.retirement import Retirement, Retirements
 from tierlog.cluster.state import MembersChanged, Phase, PromoteLearner
 from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
+from tierlog.server.delayed_intake import SYSTEM_PREFIX, is_system_stream
 
 if TYPE_CHECKING:
     from tierlog.server.cluster_service import ClusterService
@@ -126,9 +127,26 @@ class MemberChanges:
             seen = self._seen(leader, place.record.target_voters)
             if seen is None:
                 continue
-            step = next_member_change(seen, nodes)
+            step = next_member_change(seen, replace(nodes, prefer=self._companions(leader, view)))
             self._carry(leader, step)
         await self._finish_retirement(view)
+
+    def _companions(self, leader: StreamLeader, view: DirectoryView) -> frozenset[str]:
+        """For a delayed stream's system stream: the members of its stream, which spares
+        are taken from first, so both keep the same members and can be led on one node
+        (the scheduler needs both there)."""
+        handle = self.service.handles.get(leader.incarnation)
+        broker = self.service.broker
+        if handle is None or broker is None or not is_system_stream(handle.name):
+            return frozenset()
+        parent = handle.name[len(SYSTEM_PREFIX) :]
+        parent_handle = broker.get(handle.vhost, parent)
+        opening = broker.opening(handle.vhost, parent)
+        record = parent_handle.record if parent_handle is not None else None
+        if record is None and opening is not None:
+            record = opening.record
+        place = view.streams.get(record.incarnation) if record is not None else None
+        return frozenset(place.record.membership.members) if place is not None else frozenset()
 
     def _seen(self, leader: StreamLeader, replication_factor: int) -> StreamSeen | None:
         state = leader.state
@@ -313,7 +331,7 @@ class MemberChanges:
                 raise MembershipChangeError(f"node {node!r} is not live")
             if node in self.retiring:
                 raise MembershipChangeError(f"node {node!r} is retiring")
-            factor = max(factor, len(membership.voters)) + 1
+            factor = max(factor, len(membership.voters) + 1)
         elif action == "remove":
             if node in membership.voters:
                 staying = tuple(v for v in membership.voters if v != node)
