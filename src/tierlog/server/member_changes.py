@@ -49,6 +49,7 @@ from tierlog.cluster.retirement import Retirement, Retirements
 from tierlog.cluster.state import MembersChanged, Phase, PromoteLearner
 from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
+from tierlog.server.cluster_gates import MemberEvents
 from tierlog.server.delayed_intake import SYSTEM_PREFIX, is_system_stream
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ class MemberChanges:
             if seen is None:
                 continue
             step = next_member_change(seen, replace(nodes, prefer=self._companions(leader, view)))
+            if isinstance(step, AddLearner) and service.hub is None:
+                step = Wait("adding a member needs replication between nodes (cluster.secret)")
             self._carry(leader, step)
         await self._finish_retirement(view)
 
@@ -240,9 +243,24 @@ class MemberChanges:
             return  # stepped down meanwhile: the directory holds the change already
         leader.leadership = leadership
         hub = service.hub
+        others = tuple(m for m in leadership.membership.members if m != service.name)
         if hub is not None and incarnation in hub.led:
-            members = leadership.membership.members
-            hub.led[incarnation].members = tuple(m for m in members if m != service.name)
+            hub.led[incarnation].members = others
+        elif hub is not None and others:
+            # a stream that had no other member: serve the newcomer's fetches from now on
+            handle = service.handles.get(incarnation)
+            if handle is not None:
+                hub.lead(
+                    incarnation,
+                    handle.log,
+                    leader.epoch,
+                    others,
+                    MemberEvents(service, incarnation),
+                    executor=handle.executor,
+                )
+                hub.serve(incarnation)
+                if leader.committed != NO_CHUNK:
+                    hub.set_commit(incarnation, leader.committed)
         service._feed(incarnation, MembersChanged(leadership.membership))
 
     async def promote(self, leader: StreamLeader, effect: PromoteLearner) -> None:
@@ -327,6 +345,8 @@ class MemberChanges:
         membership = leader.state.membership
         factor = record.target_voters
         if action == "add":
+            if service.hub is None:
+                raise MembershipChangeError("adding members needs replication: cluster.secret")
             if node not in service.view.nodes:
                 raise MembershipChangeError(f"node {node!r} is not live")
             if node in self.retiring:
