@@ -45,6 +45,14 @@ def admin(server: Server, method: str, path: str, body: Any = None) -> tuple[int
         return exc.code, json.loads(exc.read())
 
 
+def scrape(server: Server) -> str:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.admin_port}/metrics", headers={"Authorization": AUTH}
+    )
+    with urllib.request.urlopen(request, timeout=20) as response:
+        return str(response.read().decode())
+
+
 async def call(server: Server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     return await asyncio.to_thread(admin, server, method, path, body)
 
@@ -92,6 +100,9 @@ async def test_retiring_the_only_member_moves_the_stream_to_a_spare(tmp_path: Pa
         assert not directory.node_alive("a")
         _, runtime = await call(a, "GET", "/api/cluster")
         assert runtime["retired"] is True and runtime["leading"] == []
+        assert "tierlog_cluster_node_retiring 2.0" in await asyncio.to_thread(scrape, a)
+        removed = "tierlog_cluster_member_changes_total 1.0"  # the new leader removed a
+        assert removed in await asyncio.to_thread(scrape, new)
         # a retiring node creates nothing
         refused = await ca.request(c.CreateRequest(ca.next_corr(), "later", {}))
         assert refused.response_code != ResponseCode.OK

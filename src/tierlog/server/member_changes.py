@@ -119,6 +119,9 @@ class MemberChanges:
         service = self.service
         await self._stop_following(view)
         nodes = NodesSeen(frozenset(view.nodes), self.retiring, member_counts(view))
+        for incarnation in list(self.waiting):
+            if incarnation not in service.node.leaders:
+                del self.waiting[incarnation]
         for incarnation, leader in list(service.node.leaders.items()):
             place = view.streams.get(incarnation)
             if place is None or incarnation in self._busy:
@@ -178,7 +181,7 @@ class MemberChanges:
                 )
             self.waiting[incarnation] = step.reason
             return
-        self.waiting[incarnation] = step.reason
+        self.waiting.pop(incarnation, None)
         self._busy.add(incarnation)
         task = self._run(leader, step)
         self.service._spawn(task)
