@@ -93,6 +93,7 @@ class MemberChanges:
         self._busy: set[str] = set()  # incarnations with a change being carried out
         self.changes = 0
         self._refreshed_at: float | None = None
+        self._refresh_lock = asyncio.Lock()
 
     @property
     def retiring_here(self) -> bool:
@@ -105,15 +106,17 @@ class MemberChanges:
         opening a stream at start-up), so a retiring node never leads, even right after
         it restarted. ``max_age``: reuse a read at most that old (start-up opens many
         streams)."""
-        now = time.monotonic()
-        if self._refreshed_at is not None and now - self._refreshed_at <= max_age:
-            return
-        self._refreshed_at = now
-        retirements: dict[str, Retirement] = await self.service._directory(self.retirements.all)
-        self.retiring = frozenset(retirements)
-        self.retirement = retirements.get(self.service.name)
-        if self.retirement is None:
-            self.retired = False
+        async with self._refresh_lock:  # concurrent openings wait for one read
+            started = time.monotonic()
+            if self._refreshed_at is not None and started - self._refreshed_at <= max_age:
+                return
+            read = self.retirements.all
+            retirements: dict[str, Retirement] = await self.service._directory(read)
+            self.retiring = frozenset(retirements)
+            self.retirement = retirements.get(self.service.name)
+            if self.retirement is None:
+                self.retired = False
+            self._refreshed_at = started
 
     async def after_scan(self, view: DirectoryView) -> None:
         service = self.service
