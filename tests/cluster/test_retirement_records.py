@@ -96,3 +96,23 @@ def test_node_retire_against_no_admin_listener_fails_in_one_line(
         err.startswith("error: POST http://127.0.0.1:1/api/nodes/n1/retire")
         and err.count("\n") == 1
     )
+
+
+def test_node_status_counts_a_dead_retiring_node_holding_nothing_as_retired() -> None:
+    from tierlog.cluster.members import Membership
+    from tierlog.cluster.node import DirectoryView, StreamPlace
+    from tierlog.server.cluster_admin import node_status
+
+    record = StreamMembers(STREAM, Membership(("a", "b")), 3, "b", 7, 1)
+    a = NodeInfo("a", "a:1", "a:2", "a:3", 1)
+    b = NodeInfo("b", "b:1", "b:2", "b:3", 7)
+    view = DirectoryView({STREAM: StreamPlace(record, b)}, {"a": a, "b": b})
+    asked = Retirement("a", 1)
+    status = node_status("a", a, view, asked, {STREAM: "/orders"})
+    assert status["retiring"] and not status["retired"]
+    assert status["streams_left"] == [{"stream": "/orders", "incarnation": STREAM, "role": "voter"}]
+    assert node_status("b", b, view, None, {})["streams"][0]["role"] == "leader"
+    gone = DirectoryView({}, {"b": b})  # a is dead and was removed everywhere
+    assert node_status("a", a, gone, asked, {})["retired"] is True
+    still_member = DirectoryView({STREAM: StreamPlace(record, b)}, {"b": b})
+    assert node_status("a", a, still_member, asked, {})["retired"] is False

@@ -81,7 +81,10 @@ def node_status(
         "stream_address": info.stream_address if info else None,
         "admin_address": info.admin_address if info else None,
         "retiring": retirement is not None,
-        "retired": retirement is not None and retirement.retired,
+        # a retiring node that is gone and holds nothing has retired too (it died after
+        # its streams moved off it, or was never restarted)
+        "retired": retirement is not None
+        and (retirement.retired or (name not in view.nodes and not held)),
         "streams_left" if retirement is not None else "streams": held,
     }
 
