@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,7 +72,18 @@ REQUEST = 4 * MiB
 CONCURRENCY = 8
 
 
+COLD_ARGS = {
+    "x-tierlog-max-fragment-age": "2s",
+    "x-tierlog-read-strategy": "FORCE",
+    "stream-max-segment-size-bytes": str(64 * MiB),
+}
+"""The cold stream: 64 MiB segments, a 2 s fragment age, every tiered chunk read from the
+remote tier."""
+
+
 class Server:
+    """A running ``tierlog serve`` subprocess: ports, CPU time, memory, admin metrics."""
+
     def __init__(self, proc: subprocess.Popen[bytes], port: int, admin: int) -> None:
         self.proc, self.port, self.admin = proc, port, admin
 
@@ -83,37 +94,96 @@ class Server:
                     return int(line.split()[1]) / 1024
         return float("nan")
 
+    def cpu_times(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of the server process (all threads) so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the server process (all threads) so far."""
+        return sum(self.cpu_times())
+
+    def faults_and_switches(self) -> tuple[int, int]:
+        """(minor page faults of the process, context switches of its live threads)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            minflt = int(f.read().rsplit(")", 1)[1].split()[7])
+        switches = 0
+        for task in os.listdir(f"/proc/{self.proc.pid}/task"):
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{task}/status") as f:
+                    for line in f:
+                        if "ctxt_switches:" in line:
+                            switches += int(line.split()[1])
+            except FileNotFoundError:  # the thread ended
+                continue
+        return minflt, switches
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=10) as r:
             return str(r.read().decode())
 
+    def metric_values(self, name: str, pattern: str = "") -> list[float]:
+        """The samples of ``name`` whose line matches ``pattern`` (none before the
+        server first reports the metric)."""
+        return [
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics().splitlines()
+            if line.startswith(name) and re.search(pattern, line)
+        ]
+
     def metric_sum(self, name: str, pattern: str = "") -> float:
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith(name) and re.search(pattern, line):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(self.metric_values(name, pattern))
+
+
+def s3_server_environment(seaweed: SeaweedServer, prefix: str) -> dict[str, str]:
+    """The settings of a server tiering to ``prefix`` in the SeaweedFS bucket."""
+    return {
+        "TIERLOG_STORAGE_OBJECT_STORE": (
+            f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}&region={seaweed.region}"
+        ),
+        "AWS_ACCESS_KEY_ID": seaweed.access_key,
+        "AWS_SECRET_ACCESS_KEY": seaweed.secret_key,
+    }
+
+
+def seaweed_and_store(workdir: Path) -> tuple[SeaweedServer, S3ObjectStore, str]:
+    """SeaweedFS started under ``workdir/seaweed``, a client store on its bucket and the
+    prefix (fresh per process) the server tiers to; the caller closes both."""
+    seaweed = start_seaweed(str(workdir / "seaweed"))
+    prefix = f"catchup-{os.getpid()}"
+    store = S3ObjectStore(
+        S3Config(
+            bucket=seaweed.bucket,
+            prefix=prefix,
+            endpoint=seaweed.endpoint,
+            region=seaweed.region,
+            access_key_id=seaweed.access_key,
+            secret_access_key=seaweed.secret_key,
+        )
+    )
+    return seaweed, store, prefix
 
 
 @contextmanager
-def tierlog_server(workdir: str, seaweed: SeaweedServer, prefix: str) -> Iterator[Server]:
-    base = Path(workdir)
-    ready = base / "ready.json"
+def tierlog_server(
+    workdir: Path, env_extra: Mapping[str, str], server_src: str = str(ROOT / "src")
+) -> Iterator[Server]:
+    """``python -m tierlog serve`` with ``PYTHONPATH=server_src``, data in ``workdir``
+    (also its working directory), warnings only; SIGTERM on exit."""
+    ready = workdir / "ready.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
     env.update(
         TIERLOG_SERVER_PORT="0",
         TIERLOG_SERVER_ADMIN_PORT="0",
         TIERLOG_SERVER_READY_FILE=str(ready),
-        TIERLOG_STORAGE_DATA_DIR=str(base / "data"),
+        TIERLOG_STORAGE_DATA_DIR=str(workdir / "data"),
         TIERLOG_SERVER_LOG_LEVEL="WARNING",
-        TIERLOG_STORAGE_OBJECT_STORE=(
-            f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}&region={seaweed.region}"
-        ),
-        AWS_ACCESS_KEY_ID=seaweed.access_key,
-        AWS_SECRET_ACCESS_KEY=seaweed.secret_key,
-        PYTHONPATH=str(ROOT / "src"),
+        PYTHONPATH=server_src,
     )
-    proc = subprocess.Popen([sys.executable, "-m", "tierlog", "serve"], env=env)
+    env.update(env_extra)
+    proc = subprocess.Popen([sys.executable, "-m", "tierlog", "serve"], env=env, cwd=workdir)
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -158,6 +228,19 @@ def wait_tiered(server: Server, stream: str, messages: int, timeout: float = 600
 
 def gets(server: Server) -> float:
     return server.metric_sum("tierlog_object_store_requests_total", r'op="get')
+
+
+def seek(server: Server, stream: str, messages: int) -> tuple[int, float]:
+    """(GET requests, milliseconds) from subscribing a fresh consumer at a third of
+    ``stream`` to its first chunk."""
+    before = gets(server)
+    seeker = LeanConsumer("127.0.0.1", server.port, stream, offset=messages // 3, credit=1)
+    t0 = time.perf_counter()
+    seeker.read_until(messages // 3 + 1)
+    seek_ms = 1000 * (time.perf_counter() - t0)
+    seek_gets = int(gets(server) - before)
+    seeker.close()
+    return seek_gets, seek_ms
 
 
 def cpu_seconds(pid: int) -> float:
@@ -332,21 +415,11 @@ def main() -> int:
         return 0
     if args.quick:
         args.mib, args.reader_mib, args.after, args.hot_seconds = 128, 8, 3.0, 5.0
-    workdir = tempfile.mkdtemp(prefix="tierlog-bench-catchup-")
-    seaweed = start_seaweed(os.path.join(workdir, "seaweed"))
-    prefix = f"catchup-{os.getpid()}"
-    store = S3ObjectStore(
-        S3Config(
-            bucket=seaweed.bucket,
-            prefix=prefix,
-            endpoint=seaweed.endpoint,
-            region=seaweed.region,
-            access_key_id=seaweed.access_key,
-            secret_access_key=seaweed.secret_key,
-        )
-    )
+    workdir = Path(tempfile.mkdtemp(prefix="tierlog-bench-catchup-"))
+    seaweed, store, prefix = seaweed_and_store(workdir)
     try:
-        with tierlog_server(workdir, seaweed, prefix) as server:
+        (workdir / "server").mkdir()
+        with tierlog_server(workdir / "server", s3_server_environment(seaweed, prefix)) as server:
             CPU_PIDS.update(server=server.proc.pid, seaweed=seaweed.pid, bench=os.getpid())
             run(server, store, args)
     finally:
@@ -359,23 +432,12 @@ def main() -> int:
 def run(server: Server, store: S3ObjectStore, args: argparse.Namespace) -> None:
     with open("/proc/loadavg") as f:
         print(f"load average at the start: {' '.join(f.read().split()[:3])}")
-    cold_args = {
-        "x-tierlog-max-fragment-age": "2s",
-        "x-tierlog-read-strategy": "FORCE",
-        "stream-max-segment-size-bytes": str(64 * MiB),
-    }
-    messages = load(server, "cold", cold_args, args.mib)
+    messages = load(server, "cold", COLD_ARGS, args.mib)
     wait_tiered(server, "cold", messages)
     objects = [(o.key, o.size) for o in store.list("") if o.size >= MiB]
     print(f"  tiered: {len(objects)} fragment objects, {sum(s for _, s in objects) / MiB:.0f} MiB")
 
-    before = gets(server)
-    seeker = LeanConsumer("127.0.0.1", server.port, "cold", offset=messages // 3, credit=1)
-    t0 = time.perf_counter()
-    seeker.read_until(messages // 3 + 1)
-    seek_ms = 1000 * (time.perf_counter() - t0)
-    seek_gets = int(gets(server) - before)
-    seeker.close()
+    seek_gets, seek_ms = seek(server, "cold", messages)
     print(f"  seek to offset {messages // 3}: {seek_gets} GETs, first chunk in {seek_ms:.0f} ms")
 
     spy = None

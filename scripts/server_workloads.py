@@ -48,16 +48,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,88 +63,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benches"))
 
-MiB = 1 << 20
-RECORD = 1024
-FRAME = 1000
-
-
-class Server:
-    """A running ``tierlog serve`` subprocess: ports, CPU time, admin metrics."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, admin: int) -> None:
-        self.proc, self.port, self.admin = proc, port, admin
-
-    def cpu_times(self) -> tuple[float, float]:
-        """(user, system) CPU seconds of the server process (all threads) so far."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        tick = os.sysconf("SC_CLK_TCK")
-        return int(fields[11]) / tick, int(fields[12]) / tick
-
-    def faults_and_switches(self) -> tuple[int, int]:
-        """(minor page faults of the process, context switches of its live threads)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            minflt = int(f.read().rsplit(")", 1)[1].split()[7])
-        switches = 0
-        for task in os.listdir(f"/proc/{self.proc.pid}/task"):
-            try:
-                with open(f"/proc/{self.proc.pid}/task/{task}/status") as f:
-                    for line in f:
-                        if "ctxt_switches:" in line:
-                            switches += int(line.split()[1])
-            except FileNotFoundError:  # the thread ended
-                continue
-        return minflt, switches
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the server process (all threads) so far."""
-        return sum(self.cpu_times())
-
-    def metric_sum(self, name: str, pattern: str = "") -> float | None:
-        """Sum of the samples of ``name`` whose line matches ``pattern``; None if none."""
-        url = f"http://127.0.0.1:{self.admin}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        values = [
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name) and re.search(pattern, line)
-        ]
-        return sum(values) if values else None
-
-
-@contextmanager
-def tierlog_server(
-    server_src: str, workdir: Path, env_extra: Mapping[str, str]
-) -> Iterator[Server]:
-    """``python -m tierlog serve`` with ``PYTHONPATH=server_src``, data in ``workdir``."""
-    ready = workdir / "ready.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERLOG_")}
-    env.update(
-        TIERLOG_SERVER_PORT="0",
-        TIERLOG_SERVER_ADMIN_PORT="0",
-        TIERLOG_SERVER_READY_FILE=str(ready),
-        TIERLOG_STORAGE_DATA_DIR=str(workdir / "data"),
-        TIERLOG_SERVER_LOG_LEVEL="WARNING",
-        PYTHONPATH=server_src,
-    )
-    env.update(env_extra)
-    proc = subprocess.Popen([sys.executable, "-m", "tierlog", "serve"], env=env, cwd=workdir)
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("tierlog serve did not start")
-            time.sleep(0.05)
-        info = json.loads(ready.read_text())
-        yield Server(proc, int(info["stream_port"]), int(info["admin_port"]))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+from catchup import (  # noqa: E402 - the workload setup's one home
+    COLD_ARGS,
+    RECORD,
+    MiB,
+    Server,
+    gets,
+    lean_read,
+    load,
+    raw_gets,
+    s3_server_environment,
+    seaweed_and_store,
+    seek,
+    tierlog_server,
+)
 
 
 @contextmanager
@@ -200,7 +129,7 @@ def protocol(server_src: str, args: argparse.Namespace) -> dict[str, float]:
 
     workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
     try:
-        with tierlog_server(server_src, workdir, {}) as server:
+        with tierlog_server(workdir, {}, server_src) as server:
             cpu0 = server.cpu_seconds()
             pub = asyncio.run(
                 publish("127.0.0.1", server.port, args.messages, args.size, args.batch)
@@ -263,7 +192,7 @@ def lean(server_src: str, args: argparse.Namespace) -> dict[str, float]:
     workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
     try:
         with (
-            tierlog_server(server_src, workdir, {}) as server,
+            tierlog_server(workdir, {}, server_src) as server,
             profiled(server, args.profile),
         ):
             lean_pub, lean_con, cpu_pub, cpu_con = lean_phase(server, args)
@@ -287,78 +216,37 @@ def wait_tiered(server: Server, stream: str, timeout: float = 600) -> None:
     """Until the stream's tiering lag metric reads 0 (every committed byte tiered)."""
     deadline = time.monotonic() + timeout
     while True:
-        lag = server.metric_sum("tierlog_tier_lag_bytes", f'"[^"]*{stream}')
-        if lag == 0:
+        lag = server.metric_values("tierlog_tier_lag_bytes", f'"[^"]*{stream}')
+        if lag and sum(lag) == 0:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{stream}: tiering lag still {lag} bytes")
+            raise RuntimeError(f"{stream}: tiering lag still {sum(lag)} bytes")
         time.sleep(0.5)
 
 
-def get_requests(server: Server) -> float:
-    return server.metric_sum("tierlog_object_store_requests_total", r'op="get') or 0.0
-
-
 def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
-    from catchup import lean_read, load, raw_gets
-    from lean_client import LeanConsumer
-    from tests.plugins.seaweed import start_seaweed
-
-    from tierlog.storage.s3_config import S3Config
-    from tierlog.storage.s3_object_store import S3ObjectStore
-
     workdir = Path(tempfile.mkdtemp(prefix="tierlog-serverbench-", dir=args.data_root))
-    seaweed = start_seaweed(str(workdir / "seaweed"))
-    prefix = f"catchup-{os.getpid()}"
-    store = S3ObjectStore(
-        S3Config(
-            bucket=seaweed.bucket,
-            prefix=prefix,
-            endpoint=seaweed.endpoint,
-            region=seaweed.region,
-            access_key_id=seaweed.access_key,
-            secret_access_key=seaweed.secret_key,
-        )
-    )
-    env = {
-        "TIERLOG_STORAGE_OBJECT_STORE": (
-            f"s3://{seaweed.bucket}/{prefix}?endpoint={seaweed.endpoint}&region={seaweed.region}"
-        ),
-        "AWS_ACCESS_KEY_ID": seaweed.access_key,
-        "AWS_SECRET_ACCESS_KEY": seaweed.secret_key,
-    }
+    seaweed, store, prefix = seaweed_and_store(workdir)
+    env = s3_server_environment(seaweed, prefix)
     try:
         (workdir / "server").mkdir()
-        with tierlog_server(server_src, workdir / "server", env) as server:
-            cold_args = {
-                "x-tierlog-max-fragment-age": "2s",
-                "x-tierlog-read-strategy": "FORCE",
-                "stream-max-segment-size-bytes": str(64 * MiB),
-            }
+        with tierlog_server(workdir / "server", env, server_src) as server:
             started = time.perf_counter()
-            messages = load(server, "coldread", cold_args, args.mib)  # type: ignore[arg-type]
+            messages = load(server, "coldread", COLD_ARGS, args.mib)
             load_mbs = messages * RECORD / (time.perf_counter() - started) / 1e6
             wait_tiered(server, "coldread")
             objects = [(o.key, o.size) for o in store.list("") if o.size >= MiB]
             print(f"  tiered: {len(objects)} objects ≥ 1 MiB", flush=True)
 
-            before = get_requests(server)
-            seeker = LeanConsumer(
-                "127.0.0.1", server.port, "coldread", offset=messages // 3, credit=1
-            )
-            t0 = time.perf_counter()
-            seeker.read_until(messages // 3 + 1)
-            seek_ms = 1000 * (time.perf_counter() - t0)
-            seek_gets = get_requests(server) - before
-            seeker.close()
+            seek_gets, seek_ms = seek(server, "coldread", messages)
 
             with profiled(server, args.profile):
                 user0, sys0 = server.cpu_times()
-                gets0 = get_requests(server)
+                gets0 = gets(server)
                 faults0, switches0 = server.faults_and_switches()
-                cold_s, cold_bytes = lean_read(server, "coldread", messages)  # type: ignore[arg-type]
+                cold_s, cold_bytes = lean_read(server, "coldread", messages)
                 faults1, switches1 = server.faults_and_switches()
-                cold_gets = get_requests(server) - gets0
+                cold_gets = gets(server) - gets0
                 user1, sys1 = server.cpu_times()
                 cold_cpu = user1 - user0 + sys1 - sys0
             cpu0 = server.cpu_seconds()
@@ -366,10 +254,10 @@ def catchup(server_src: str, args: argparse.Namespace) -> dict[str, float]:
             raw_server_cpu = server.cpu_seconds() - cpu0  # should be ~0: the server is idle
 
             local_args = {"x-tierlog-read-strategy": "DISABLE", "x-tierlog-max-fragment-age": "2s"}
-            load(server, "localread", local_args, args.mib)  # type: ignore[arg-type]
+            load(server, "localread", local_args, args.mib)
             wait_tiered(server, "localread")  # no upload while the read is measured
             cpu0 = server.cpu_seconds()
-            local_s, local_bytes = lean_read(server, "localread", messages)  # type: ignore[arg-type]
+            local_s, local_bytes = lean_read(server, "localread", messages)
             local_cpu = server.cpu_seconds() - cpu0
     finally:
         store.close()
