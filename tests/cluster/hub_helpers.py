@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from tests.log.acceptor_helpers import SMALL, write_leader_chunks
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.log.writer import StreamLog
 
@@ -57,6 +60,16 @@ class Cluster:
     async def stop(self) -> None:
         for hub in self.hubs.values():
             await hub.stop()
+
+
+def leader_log(tmp_path: Path, node: str = "n1") -> StreamLog:
+    """The leader's log of ``STREAM`` (vhost ``v``, name ``s``) under ``tmp_path/node``."""
+    return StreamLog.create(str(tmp_path / node), "v", "s", SMALL, created_ns=1)
+
+
+def member_log(tmp_path: Path, node: str = "n2") -> StreamLog:
+    """An empty member's log of ``STREAM`` under ``tmp_path/node``."""
+    return StreamLog.create_follower(str(tmp_path / node / STREAM), SMALL)
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
@@ -122,3 +135,42 @@ class CuttingProxy:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+
+
+async def hubs_linked_through_a_cut(
+    hubs: Cluster, cut_after: int = 5000
+) -> tuple[ReplicationHub, ReplicationHub, CuttingProxy]:
+    """Hubs ``n1`` (fetch answers of at most 3000 bytes) and ``n2``, whose link to ``n1``
+    goes through a ``CuttingProxy`` that cuts its first connection after ``cut_after``
+    bytes; the caller stops the proxy."""
+    n1 = await hubs.add("n1", fetch_bytes=3000)
+    proxy = CuttingProxy(hubs.addresses["n1"], cut_after=cut_after)
+    proxied = await proxy.start()
+    n2 = await hubs.add("n2")
+    real = dict(hubs.addresses)
+    n2._peers = lambda node: proxied if node == "n1" else real[node]
+    return n1, n2, proxy
+
+
+def replicate_streams(
+    tmp_path: Path,
+    leader_hub: ReplicationHub,
+    member_hub: ReplicationHub,
+    names: list[str],
+    chunks: int,
+) -> tuple[list[StreamLog], list[StreamLog]]:
+    """One stream per name (vhost ``v``) with ``chunks`` chunks, led and served by
+    ``leader_hub`` (node ``n1``, epoch 1) and followed by ``member_hub`` (node ``n2``)
+    into an empty log: the leaders' and the members' logs, in the order of ``names``."""
+    leaders, members = [], []
+    for stream_name in names:
+        leader = StreamLog.create(str(tmp_path / "n1"), "v", stream_name, SMALL, created_ns=1)
+        write_leader_chunks(leader, chunks)
+        name = os.path.basename(leader.stream_dir)
+        member = StreamLog.create_follower(str(tmp_path / "n2" / name), SMALL)
+        leader_hub.lead(name, leader, 1, ("n2",), Recorder())
+        leader_hub.serve(name)
+        member_hub.follow(name, member, "n1", 1)
+        leaders.append(leader)
+        members.append(member)
+    return leaders, members

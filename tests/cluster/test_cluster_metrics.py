@@ -10,11 +10,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cluster.hub_helpers import STREAM, Cluster, CuttingProxy, Recorder, caught_up, until
-from tests.log.acceptor_helpers import SMALL, write_leader_chunks
+from tests.cluster.hub_helpers import (
+    STREAM,
+    Recorder,
+    caught_up,
+    hubs_linked_through_a_cut,
+    leader_log,
+    member_log,
+    until,
+)
+from tests.log.acceptor_helpers import write_leader_chunks
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.link import read_frame
 from tierlog.cluster.log_history import Tail
@@ -23,7 +30,6 @@ from tierlog.cluster.membership import Leadership
 from tierlog.cluster.node import ClusterNode
 from tierlog.cluster.state import EpochAdopted, LeaseTiming, LocalWritten, MemberAcked, Phase
 from tierlog.formats import replication as wire
-from tierlog.log.writer import StreamLog
 from tierlog.metrics import Metrics
 from tierlog.server.cluster_metrics import member_lag, watch_hub, without_majority
 
@@ -86,27 +92,12 @@ class PausingProxy:
             self._server.close()
 
 
-@pytest.fixture
-async def cluster():
-    c = Cluster()
-    yield c
-    await c.stop()
-
-
-def leader_log(tmp_path: Path) -> StreamLog:
-    return StreamLog.create(str(tmp_path / "n1"), "v", "s", SMALL, created_ns=1)
-
-
-def member_log(tmp_path: Path) -> StreamLog:
-    return StreamLog.create_follower(str(tmp_path / "n2" / STREAM), SMALL)
-
-
-async def test_link_traffic_and_fetch_timeouts_show_in_the_scrape(cluster, tmp_path):
-    n1 = await cluster.add("n1")
-    proxy = PausingProxy(cluster.addresses["n1"])
+async def test_link_traffic_and_fetch_timeouts_show_in_the_scrape(hubs, tmp_path):
+    n1 = await hubs.add("n1")
+    proxy = PausingProxy(hubs.addresses["n1"])
     proxied = await proxy.start()
-    n2 = await cluster.add("n2")
-    real = dict(cluster.addresses)
+    n2 = await hubs.add("n2")
+    real = dict(hubs.addresses)
     n2._peers = lambda node: proxied if node == "n1" else real[node]
     m1, m2 = watched(n1), watched(n2)
     before = scrape(m2)
@@ -160,13 +151,8 @@ async def test_link_traffic_and_fetch_timeouts_show_in_the_scrape(cluster, tmp_p
     leader.close()
 
 
-async def test_link_counters_keep_counting_across_a_cut(cluster, tmp_path):
-    n1 = await cluster.add("n1", fetch_bytes=3000)
-    proxy = CuttingProxy(cluster.addresses["n1"], cut_after=5000)
-    proxied = await proxy.start()
-    n2 = await cluster.add("n2")
-    real = dict(cluster.addresses)
-    n2._peers = lambda node: proxied if node == "n1" else real[node]
+async def test_link_counters_keep_counting_across_a_cut(hubs, tmp_path):
+    n1, n2, proxy = await hubs_linked_through_a_cut(hubs)
     m2 = watched(n2)
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 60)
@@ -188,10 +174,10 @@ async def test_link_counters_keep_counting_across_a_cut(cluster, tmp_path):
     leader.close()
 
 
-async def test_refused_links_are_counted(cluster):
-    n1 = await cluster.add("n1")
+async def test_refused_links_are_counted(hubs):
+    n1 = await hubs.add("n1")
     metrics = watched(n1)
-    host, port = cluster.addresses["n1"]
+    host, port = hubs.addresses["n1"]
     # garbage instead of a handshake: a malformed frame
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"\x00\x00\x00\x05garbage-garbage")

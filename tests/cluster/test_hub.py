@@ -8,15 +8,15 @@ from __future__ import annotations
 import asyncio
 import os
 
-import pytest
-
 from tests.cluster.hub_helpers import (
     SECRET,
     STREAM,
-    Cluster,
-    CuttingProxy,
     Recorder,
     caught_up,
+    hubs_linked_through_a_cut,
+    leader_log,
+    member_log,
+    replicate_streams,
     until,
 )
 from tests.log.acceptor_helpers import SMALL, replicate, stream_files, write_leader_chunks
@@ -25,23 +25,8 @@ from tierlog.formats import replication as wire
 from tierlog.log.writer import StreamLog
 
 
-@pytest.fixture
-async def cluster():
-    c = Cluster()
-    yield c
-    await c.stop()
-
-
-def leader_log(tmp_path, node: str = "n1") -> StreamLog:
-    return StreamLog.create(str(tmp_path / node), "v", "s", SMALL, created_ns=1)
-
-
-def member_log(tmp_path, node: str) -> StreamLog:
-    return StreamLog.create_follower(str(tmp_path / node / STREAM), SMALL)
-
-
-async def test_members_get_byte_identical_files(cluster, tmp_path):
-    n1, n2, n3 = [await cluster.add(n) for n in ("n1", "n2", "n3")]
+async def test_members_get_byte_identical_files(hubs, tmp_path):
+    n1, n2, n3 = [await hubs.add(n) for n in ("n1", "n2", "n3")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 25)
     recorder = Recorder()
@@ -75,8 +60,8 @@ async def test_members_get_byte_identical_files(cluster, tmp_path):
     leader.close()
 
 
-async def test_divergent_suffix_is_truncated_before_following(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_divergent_suffix_is_truncated_before_following(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 8)
     old = member_log(tmp_path, "n2")
@@ -102,8 +87,8 @@ async def test_divergent_suffix_is_truncated_before_following(cluster, tmp_path)
     leader.close()
 
 
-async def test_older_epochs_are_refused(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_older_epochs_are_refused(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 3)
     member = member_log(tmp_path, "n2")
@@ -134,8 +119,8 @@ async def test_older_epochs_are_refused(cluster, tmp_path):
     leader.close()
 
 
-async def test_late_joiner_starts_at_a_snapshot_segment(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_late_joiner_starts_at_a_snapshot_segment(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 40)
     leader.sync()
@@ -155,13 +140,13 @@ async def test_late_joiner_starts_at_a_snapshot_segment(cluster, tmp_path):
 
 
 async def test_member_behind_the_leaders_local_retention_rejoins_at_its_first_segment(
-    cluster, tmp_path
+    hubs, tmp_path
 ):
     """A member that was away while the leader's local retention deleted every segment
     holding its tail (those chunks are committed and in the remote tier) drops its
     stale local copy and starts again where the leader's log starts: it must not ask
     for the missing range for ever."""
-    n1, n2 = [await cluster.add(n, retry_delay=0.05) for n in ("n1", "n2")]
+    n1, n2 = [await hubs.add(n, retry_delay=0.05) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 10)
     member = member_log(tmp_path, "n2")
@@ -189,13 +174,8 @@ async def test_member_behind_the_leaders_local_retention_rejoins_at_its_first_se
     leader.close()
 
 
-async def test_link_cut_mid_chunks_resumes_without_gap_or_duplicate(cluster, tmp_path):
-    n1 = await cluster.add("n1", fetch_bytes=3000)
-    proxy = CuttingProxy(cluster.addresses["n1"], cut_after=5000)
-    proxied = await proxy.start()
-    n2 = await cluster.add("n2")
-    real = dict(cluster.addresses)
-    n2._peers = lambda node: proxied if node == "n1" else real[node]
+async def test_link_cut_mid_chunks_resumes_without_gap_or_duplicate(hubs, tmp_path):
+    n1, n2, proxy = await hubs_linked_through_a_cut(hubs)
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 60)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
@@ -213,9 +193,9 @@ async def test_link_cut_mid_chunks_resumes_without_gap_or_duplicate(cluster, tmp
     leader.close()
 
 
-async def test_malformed_frames_close_the_link_and_the_hub_stays_up(cluster, tmp_path):
-    n1 = await cluster.add("n1")
-    host, port = cluster.addresses["n1"]
+async def test_malformed_frames_close_the_link_and_the_hub_stays_up(hubs, tmp_path):
+    n1 = await hubs.add("n1")
+    host, port = hubs.addresses["n1"]
     # garbage before any handshake
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(b"\x00\x00\x00\x05garbage-garbage")
@@ -235,7 +215,7 @@ async def test_malformed_frames_close_the_link_and_the_hub_stays_up(cluster, tmp
     write_leader_chunks(leader, 5)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
     n1.serve(STREAM)
-    n2 = await cluster.add("n2")
+    n2 = await hubs.add("n2")
     member = member_log(tmp_path, "n2")
     n2.follow(STREAM, member, "n1", 1)
     await until(caught_up(member, leader), what="replication after bad peers")
@@ -244,9 +224,9 @@ async def test_malformed_frames_close_the_link_and_the_hub_stays_up(cluster, tmp
     leader.close()
 
 
-async def test_wrong_secret_is_refused(cluster, tmp_path):
-    n1 = await cluster.add("n1")
-    n2 = await cluster.add("n2", secret=b"not-the-cluster-secret")
+async def test_wrong_secret_is_refused(hubs, tmp_path):
+    n1 = await hubs.add("n1")
+    n2 = await hubs.add("n2", secret=b"not-the-cluster-secret")
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 5)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
@@ -257,7 +237,7 @@ async def test_wrong_secret_is_refused(cluster, tmp_path):
     await asyncio.sleep(0.3)
     assert member.next_offset == 0 and "n1" not in n2.links and "n2" not in n1.links
     # a dialer that does not hold the secret is refused by the acceptor too
-    reader, writer = await asyncio.open_connection(*cluster.addresses["n1"])
+    reader, writer = await asyncio.open_connection(*hubs.addresses["n1"])
     writer.write(wire.encode(wire.Hello("n9")) + wire.encode(wire.Challenge(bytes(32))))
     for _ in range(3):
         await read_frame(reader)  # HELLO, CHALLENGE, PROOF
@@ -271,8 +251,8 @@ async def test_wrong_secret_is_refused(cluster, tmp_path):
     leader.close()
 
 
-async def test_new_leader_catches_up_from_the_most_up_to_date_member(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_new_leader_catches_up_from_the_most_up_to_date_member(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     ahead = leader_log(tmp_path, "n2-src")
     write_leader_chunks(ahead, 20)
     lagging = member_log(tmp_path, "n1")
@@ -333,7 +313,7 @@ def test_file_cache_is_bounded_and_never_serves_a_replaced_file(tmp_path):
     cache.close()
 
 
-async def test_links_over_mutual_tls(cluster, tmp_path):
+async def test_links_over_mutual_tls(hubs, tmp_path):
     import ssl
 
     from tests.server.certificates import make_certificates
@@ -346,8 +326,8 @@ async def test_links_over_mutual_tls(cluster, tmp_path):
     client = ssl.create_default_context(cafile=str(certs.ca))
     client.load_cert_chain(str(certs.client_cert), str(certs.client_key))
     options = {"server_ssl": server, "client_ssl": client}
-    n1 = await cluster.add("n1", **options)
-    n2 = await cluster.add("n2", **options)
+    n1 = await hubs.add("n1", **options)
+    n2 = await hubs.add("n2", **options)
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 20)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
@@ -362,8 +342,8 @@ async def test_links_over_mutual_tls(cluster, tmp_path):
     leader.close()
 
 
-async def test_a_failed_append_is_retried_from_what_is_on_disk(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_a_failed_append_is_retried_from_what_is_on_disk(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 20)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
@@ -389,20 +369,10 @@ async def test_a_failed_append_is_retried_from_what_is_on_disk(cluster, tmp_path
     leader.close()
 
 
-async def test_a_small_receive_budget_slows_links_but_loses_nothing(cluster, tmp_path):
-    n1 = await cluster.add("n1")
-    n2 = await cluster.add("n2", max_buffered_bytes=1000)
-    leaders, members = [], []
-    for i in range(4):
-        leader = StreamLog.create(str(tmp_path / "n1"), "v", f"b{i}", SMALL, created_ns=1)
-        write_leader_chunks(leader, 30)
-        name = os.path.basename(leader.stream_dir)
-        member = StreamLog.create_follower(str(tmp_path / "n2" / name), SMALL)
-        n1.lead(name, leader, 1, ("n2",), Recorder())
-        n1.serve(name)
-        n2.follow(name, member, "n1", 1)
-        leaders.append(leader)
-        members.append(member)
+async def test_a_small_receive_budget_slows_links_but_loses_nothing(hubs, tmp_path):
+    n1 = await hubs.add("n1")
+    n2 = await hubs.add("n2", max_buffered_bytes=1000)
+    leaders, members = replicate_streams(tmp_path, n1, n2, [f"b{i}" for i in range(4)], 30)
     for leader, member in zip(leaders, members, strict=True):
         await until(caught_up(member, leader), what="replication under a small budget")
         leader.sync()
@@ -412,8 +382,8 @@ async def test_a_small_receive_budget_slows_links_but_loses_nothing(cluster, tmp
         log.close()
 
 
-async def test_late_joiner_of_a_stream_without_tracking(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_late_joiner_of_a_stream_without_tracking(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     for i in range(40):
         leader.append_records([b"plain-%d" % i] * 2)
@@ -432,10 +402,10 @@ async def test_late_joiner_of_a_stream_without_tracking(cluster, tmp_path):
     leader.close()
 
 
-async def test_failover_converges_every_member_to_the_new_leaders_log(cluster, tmp_path):
+async def test_failover_converges_every_member_to_the_new_leaders_log(hubs, tmp_path):
     """n1 leads epoch 1 and writes a suffix nobody copies; n2 takes over in epoch 2 with
     n3's adoption; n1 then follows n2, cutting its suffix: three identical logs."""
-    hubs = {n: await cluster.add(n) for n in ("n1", "n2", "n3")}
+    hubs = {n: await hubs.add(n) for n in ("n1", "n2", "n3")}
     logs = {"n1": leader_log(tmp_path, "n1")}
     logs.update({n: member_log(tmp_path, n) for n in ("n2", "n3")})
     write_leader_chunks(logs["n1"], 20)
@@ -478,8 +448,8 @@ async def test_failover_converges_every_member_to_the_new_leaders_log(cluster, t
         log.close()
 
 
-async def test_adoption_is_asked_again_until_the_member_registers(cluster, tmp_path):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_adoption_is_asked_again_until_the_member_registers(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     recorder = Recorder()
     n1.lead(STREAM, leader, 3, ("n2",), recorder)

@@ -7,9 +7,7 @@ import os
 import threading
 import time
 
-from tests.cluster.hub_helpers import Cluster, Recorder, until
-from tests.log.acceptor_helpers import SMALL, write_leader_chunks
-from tierlog.log.writer import StreamLog
+from tests.cluster.hub_helpers import Cluster, replicate_streams, until
 
 STREAMS = int(os.environ.get("HUB_SCALE_STREAMS", "100"))
 
@@ -20,17 +18,7 @@ async def test_many_streams_share_one_link_and_a_bounded_pool(tmp_path):
         n1 = await cluster.add("n1", max_open_files=8, workers=2)
         n2 = await cluster.add("n2", max_open_files=8, workers=2)
         threads_before = threading.active_count()
-        leaders, members = [], []
-        for i in range(STREAMS):
-            leader = StreamLog.create(str(tmp_path / "n1"), "v", f"s{i}", SMALL, created_ns=1)
-            write_leader_chunks(leader, 8)
-            name = os.path.basename(leader.stream_dir)
-            member = StreamLog.create_follower(str(tmp_path / "n2" / name), SMALL)
-            n1.lead(name, leader, 1, ("n2",), Recorder())
-            n1.serve(name)
-            n2.follow(name, member, "n1", 1)
-            leaders.append(leader)
-            members.append(member)
+        leaders, members = replicate_streams(tmp_path, n1, n2, [f"s{i}" for i in range(STREAMS)], 8)
         started = time.monotonic()
         await until(
             lambda: all(

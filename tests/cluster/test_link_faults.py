@@ -4,23 +4,21 @@ a link whose writer fails, and a lost fetch while the leader keeps talking (a
 
 from __future__ import annotations
 
-import pytest
 import uvloop
 
-from tests.cluster.hub_helpers import STREAM, Cluster, Recorder, caught_up, until
-from tests.log.acceptor_helpers import SMALL, stream_files, write_leader_chunks
+from tests.cluster.hub_helpers import (
+    STREAM,
+    Cluster,
+    Recorder,
+    caught_up,
+    leader_log,
+    member_log,
+    until,
+)
+from tests.log.acceptor_helpers import stream_files, write_leader_chunks
 from tierlog.cluster.fetch_server import LedStream
 from tierlog.cluster.link import Link
 from tierlog.formats import replication as wire
-from tierlog.log.writer import StreamLog
-
-
-def leader_log(tmp_path) -> StreamLog:
-    return StreamLog.create(str(tmp_path / "n1"), "v", "s", SMALL, created_ns=1)
-
-
-def member_log(tmp_path, node: str) -> StreamLog:
-    return StreamLog.create_follower(str(tmp_path / node / STREAM), SMALL)
 
 
 async def _replicate_two_rounds(tmp_path) -> None:
@@ -53,17 +51,8 @@ def test_replication_under_uvloop_copies_files_byte_identical(tmp_path):
     uvloop.run(_replicate_two_rounds(tmp_path))
 
 
-@pytest.fixture
-async def cluster():
-    c = Cluster()
-    yield c
-    await c.stop()
-
-
-async def test_a_failed_writer_closes_the_link_and_replication_resumes(
-    cluster, tmp_path, monkeypatch
-):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+async def test_a_failed_writer_closes_the_link_and_replication_resumes(hubs, tmp_path, monkeypatch):
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 20)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
@@ -91,9 +80,9 @@ async def test_a_failed_writer_closes_the_link_and_replication_resumes(
 
 
 async def test_a_lost_fetch_is_sent_again_despite_commits_and_late_answers(
-    cluster, tmp_path, monkeypatch
+    hubs, tmp_path, monkeypatch
 ):
-    n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 10)
     n1.lead(STREAM, leader, 1, ("n2",), Recorder())
