@@ -174,3 +174,20 @@ def replicate_streams(
         leaders.append(leader)
         members.append(member)
     return leaders, members
+
+
+def lead_and_follow(
+    leader_hub: ReplicationHub,
+    member_hub: ReplicationHub,
+    leader: StreamLog,
+    member: StreamLog,
+    epoch: int = 1,
+) -> Recorder:
+    """``leader_hub`` (node ``n1``) leads ``STREAM`` from ``leader`` in ``epoch`` with
+    ``n2`` as its member and serves it; ``member_hub`` (node ``n2``) follows it into
+    ``member``. Returns what the leader hears."""
+    recorder = Recorder()
+    leader_hub.lead(STREAM, leader, epoch, ("n2",), recorder)
+    leader_hub.serve(STREAM)
+    member_hub.follow(STREAM, member, "n1", epoch)
+    return recorder

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.hub_helpers import (
     STREAM,
-    Recorder,
     caught_up,
     hubs_linked_through_a_cut,
+    lead_and_follow,
     leader_log,
     member_log,
     until,
@@ -107,10 +107,8 @@ async def test_link_traffic_and_fetch_timeouts_show_in_the_scrape(hubs, tmp_path
 
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 30)
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
     member = member_log(tmp_path)
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="catch-up")
     leader_bytes = sum(s.stat().st_size for s in Path(leader.stream_dir).glob("*.segment"))
     on_leader, on_member = scrape(m1), scrape(m2)
@@ -156,10 +154,8 @@ async def test_link_counters_keep_counting_across_a_cut(hubs, tmp_path):
     m2 = watched(n2)
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 60)
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
     member = member_log(tmp_path)
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="resume after the cut")
     assert proxy.cuts == 1 and proxy.connections >= 2
     samples = scrape(m2)

@@ -14,6 +14,7 @@ from tests.cluster.hub_helpers import (
     Recorder,
     caught_up,
     hubs_linked_through_a_cut,
+    lead_and_follow,
     leader_log,
     member_log,
     replicate_streams,
@@ -150,9 +151,7 @@ async def test_member_behind_the_leaders_local_retention_rejoins_at_its_first_se
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 10)
     member = member_log(tmp_path, "n2")
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="first catch-up")
     n2.unfollow(STREAM)
     n1.unlead(STREAM)
@@ -162,9 +161,7 @@ async def test_member_behind_the_leaders_local_retention_rejoins_at_its_first_se
     for segment in leader.list_segments()[:-2]:
         leader.delete_segment(segment.first_offset)  # local retention ran
     assert leader.first_offset > behind + 1
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="rejoin after retention")
     assert member.first_offset == leader.first_offset
     assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
@@ -178,10 +175,8 @@ async def test_link_cut_mid_chunks_resumes_without_gap_or_duplicate(hubs, tmp_pa
     n1, n2, proxy = await hubs_linked_through_a_cut(hubs)
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 60)
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
     member = member_log(tmp_path, "n2")
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="resume after the cut")
     assert proxy.cuts == 1 and proxy.connections >= 2
     leader.sync()
@@ -229,10 +224,8 @@ async def test_wrong_secret_is_refused(hubs, tmp_path):
     n2 = await hubs.add("n2", secret=b"not-the-cluster-secret")
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 5)
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
     member = member_log(tmp_path, "n2")
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(lambda: n2.auth_failures >= 1, what="the dialer refuses n1's proof")
     await asyncio.sleep(0.3)
     assert member.next_offset == 0 and "n1" not in n2.links and "n2" not in n1.links
@@ -330,10 +323,8 @@ async def test_links_over_mutual_tls(hubs, tmp_path):
     n2 = await hubs.add("n2", **options)
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 20)
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
     member = member_log(tmp_path, "n2")
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="replication over TLS")
     leader.sync()
     assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)

@@ -11,6 +11,7 @@ from tests.cluster.hub_helpers import (
     Cluster,
     Recorder,
     caught_up,
+    lead_and_follow,
     leader_log,
     member_log,
     until,
@@ -27,10 +28,8 @@ async def _replicate_two_rounds(tmp_path) -> None:
         n1, n2 = [await cluster.add(n) for n in ("n1", "n2")]
         leader = leader_log(tmp_path)
         write_leader_chunks(leader, 20)
-        n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-        n1.serve(STREAM)
         member = member_log(tmp_path, "n2")
-        n2.follow(STREAM, member, "n1", 1)
+        lead_and_follow(n1, n2, leader, member)
         await until(caught_up(member, leader), what="catching up")
         write_leader_chunks(leader, 20, start=20)
         n1.wake(STREAM)
@@ -85,10 +84,8 @@ async def test_a_lost_fetch_is_sent_again_despite_commits_and_late_answers(
     n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
     leader = leader_log(tmp_path)
     write_leader_chunks(leader, 10)
-    n1.lead(STREAM, leader, 1, ("n2",), Recorder())
-    n1.serve(STREAM)
     member = member_log(tmp_path, "n2")
-    n2.follow(STREAM, member, "n1", 1)
+    lead_and_follow(n1, n2, leader, member)
     await until(caught_up(member, leader), what="catching up")
     first_chunk = 0
     stale = wire.Chunks(STREAM, 1, first_chunk, 1, 0, 1, b"not a chunk that continues")
