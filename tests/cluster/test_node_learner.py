@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cluster.test_node_replication import SECRET, stream_files
+from tests.cluster.test_node_replication import SECRET, orders_on_three_nodes, stream_files
 from tests.cluster.test_node_servers import (
-    AsyncRawClient,
     node_config,
     publish_confirmed,
     start,
@@ -18,8 +17,6 @@ from tests.cluster.test_node_servers import (
 )
 from tierlog.cluster.membership import ClusterDirectory
 from tierlog.cluster.state import MembersChanged
-from tierlog.formats.protocol import commands as c
-from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.remote.catalog import Catalog
 
 ARGS = {"x-initial-cluster-size": "2", "x-tierlog-max-segment-chunks": "8"}
@@ -30,17 +27,7 @@ async def test_a_learner_catches_up_and_is_promoted(tmp_path: Path) -> None:
     try:
         a = servers["a"]
         assert a.cluster is not None
-
-        async def all_known() -> bool:
-            await a.cluster.scan()  # type: ignore[union-attr]
-            return len(a.cluster.view.nodes) == 3  # type: ignore[union-attr]
-
-        await until(all_known)
-        ca = await AsyncRawClient.connect(a.stream_port)
-        created = await ca.request(c.CreateRequest(ca.next_corr(), "orders", ARGS))
-        assert created.response_code == ResponseCode.OK
-        await ca.request(c.DeclarePublisherRequest(ca.next_corr(), 1, "p", "orders"))
-        await publish_confirmed(ca, range(1, 41))
+        ca = await orders_on_three_nodes(servers, ARGS, 40)
         meta = a.meta
         assert meta is not None
         directory = ClusterDirectory(meta)

@@ -56,22 +56,33 @@ def visible_records(server: Server, incarnation: str) -> list[bytes]:
         return [bytes(r) for _, r in reader.records()]
 
 
+async def orders_on_three_nodes(
+    servers: dict[str, Server], arguments: dict[str, str], messages: int
+) -> AsyncRawClient:
+    """Once node ``a`` knows all three nodes: creates ``orders`` with ``arguments`` through
+    ``a`` and publishes ``m1`` .. ``m<messages>`` as publisher 1 (reference ``p``), each
+    confirmed; returns the connection to ``a``."""
+    a = servers["a"]
+    assert a.cluster is not None
+
+    async def all_known() -> bool:
+        await a.cluster.scan()  # type: ignore[union-attr]
+        return len(a.cluster.view.nodes) == 3  # type: ignore[union-attr]
+
+    await until(all_known)
+    ca = await AsyncRawClient.connect(a.stream_port)
+    created = await ca.request(c.CreateRequest(ca.next_corr(), "orders", arguments))
+    assert created.response_code == ResponseCode.OK
+    await ca.request(c.DeclarePublisherRequest(ca.next_corr(), 1, "p", "orders"))
+    await publish_confirmed(ca, range(1, messages + 1))
+    return ca
+
+
 async def test_three_members_replicate_and_a_follower_takes_over(tmp_path: Path) -> None:
     servers = {n: await start(node_config(tmp_path, n, secret=SECRET)) for n in ("a", "b", "c")}
     try:
         a = servers["a"]
-        assert a.cluster is not None
-
-        async def all_known() -> bool:
-            await a.cluster.scan()  # type: ignore[union-attr]
-            return len(a.cluster.view.nodes) == 3  # type: ignore[union-attr]
-
-        await until(all_known)
-        ca = await AsyncRawClient.connect(a.stream_port)
-        created = await ca.request(c.CreateRequest(ca.next_corr(), "orders", ARGS))
-        assert created.response_code == ResponseCode.OK
-        await ca.request(c.DeclarePublisherRequest(ca.next_corr(), 1, "p", "orders"))
-        await publish_confirmed(ca, range(1, 61))
+        ca = await orders_on_three_nodes(servers, ARGS, 60)
         meta = a.meta
         assert meta is not None
         incarnation = Catalog(meta).require("/", "orders").incarnation
@@ -129,17 +140,7 @@ async def test_a_stream_without_a_majority_is_not_available(tmp_path: Path) -> N
     servers = {n: await start(node_config(tmp_path, n, secret=SECRET)) for n in ("a", "b", "c")}
     stopped: set[str] = set()
     try:
-        a = servers["a"]
-
-        async def all_known() -> bool:
-            await a.cluster.scan()  # type: ignore[union-attr]
-            return len(a.cluster.view.nodes) == 3  # type: ignore[union-attr]
-
-        await until(all_known)
-        ca = await AsyncRawClient.connect(a.stream_port)
-        await ca.request(c.CreateRequest(ca.next_corr(), "orders", ARGS))
-        await ca.request(c.DeclarePublisherRequest(ca.next_corr(), 1, "p", "orders"))
-        await publish_confirmed(ca, range(1, 11))
+        ca = await orders_on_three_nodes(servers, ARGS, 10)
         ca.close()
         for name in ("a", "b"):
             await servers[name].stop()
