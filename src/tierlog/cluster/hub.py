@@ -160,11 +160,13 @@ class ReplicationHub:
         *,
         executor: Executor | None = None,
         on_commit: Callable[[int], None] | None = None,
+        on_truncate: Callable[[int], None] | None = None,
     ) -> None:
         """Be a member of ``stream`` with ``log``: answer ``ADOPT`` from any newer
         leader and replicate from it; with ``leader`` and ``epoch`` (the directory's
         current leader), start fetching from it now. ``on_commit(chunk_id)``: the
-        cluster commit offset as this member may show it (never past its log)."""
+        cluster commit offset as this member may show it (never past its log);
+        ``on_truncate(keep_through)``: the log was cut after that chunk."""
         followed = self.followed.get(stream)
         if followed is None:
             followed = FollowedStream(
@@ -181,6 +183,8 @@ class ReplicationHub:
             self.followed[stream] = followed
         elif on_commit is not None:
             followed.on_commit = on_commit
+        if on_truncate is not None:
+            followed.on_truncate = on_truncate
         if leader is not None and epoch is not None:
             followed.follow(leader, epoch)
 
