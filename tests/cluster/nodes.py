@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.client import Client
 from rstream.consumer import Consumer, MessageContext
 from rstream.exceptions import StreamNotAvailable
 from rstream.producer import ConfirmationStatus
@@ -390,9 +391,78 @@ class Publisher:
                 await asyncio.wait_for(producer.close(), 3)
 
 
-async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30.0) -> list[int]:
+class PinnedConsumer(Consumer):
+    """An rstream consumer that reads from the node it connected to instead of the
+    leader or a replica named by Metadata (rstream always follows Metadata)."""
+
+    async def _get_or_create_client(self, stream: str) -> Client:
+        if stream not in self._clients:
+            self._clients[stream] = await self._pool.get(
+                connection_name=self._connection_name,
+                connection_closed_handler=self._on_connection_closed,
+                stream=stream,
+                max_clients_by_connections=self._max_subscribers_by_connection,
+            )
+        return self._clients[stream]
+
+
+@dataclass
+class ResumingReader:
+    """Reads a stream through one node from its first offset and, whenever the node ends
+    the subscription (MetadataUpdate: it took the stream over, or stopped serving it) or
+    the connection drops, subscribes again on that node after the last offset it got,
+    as a client resuming at its stored offset does. ``ids`` in delivery order."""
+
+    port: int
+    stream: str
+    ids: list[int] = field(default_factory=list)
+    ended: int = 0  # subscriptions the node ended (MetadataUpdate or connection lost)
+    next_offset: int | None = None
+
+    async def run(self, stop: Callable[[], bool]) -> None:
+        async def on_message(msg: Any, ctx: MessageContext) -> None:
+            if self.next_offset is not None and ctx.offset < self.next_offset:
+                return  # the rest of a chunk a resumed subscription started inside
+            self.ids.append(id_of(bytes(msg)))
+            self.next_offset = ctx.offset + 1
+
+        while not stop():
+            gone = asyncio.Event()
+            consumer = PinnedConsumer(
+                HOST,
+                port=self.port,
+                username="guest",
+                password="guest",
+                heartbeat=0,
+                on_close_handler=lambda info, gone=gone: gone.set(),  # type: ignore[misc]
+            )
+            try:
+                await asyncio.wait_for(consumer.start(), 5)
+                spec = (
+                    ConsumerOffsetSpecification(OffsetType.FIRST)
+                    if self.next_offset is None
+                    else ConsumerOffsetSpecification(OffsetType.OFFSET, self.next_offset)
+                )
+                await asyncio.wait_for(
+                    consumer.subscribe(self.stream, on_message, offset_specification=spec), 5
+                )
+                while not stop() and not gone.is_set():
+                    await asyncio.sleep(0.1)
+                if gone.is_set():
+                    self.ended += 1
+            except Exception:
+                await asyncio.sleep(0.3)  # not available yet (or the node is down): again
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.close(), 3)
+
+
+async def read_stream(
+    port: int, stream: str, at_least: int, timeout: float = 30.0, pinned: bool = False
+) -> list[int]:
     """Message ids of the whole stream read through one node, in order: reads until
-    ``at_least`` ids arrived and the stream has been quiet for a second."""
+    ``at_least`` ids arrived and the stream has been quiet for a second. ``pinned``:
+    from that node itself, not from the leader or a replica Metadata names."""
     got: list[int] = []
     last = [time.monotonic()]
 
@@ -402,7 +472,8 @@ async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30
 
     deadline = time.monotonic() + timeout
     while True:  # the stream may still be opening (resolution after a take-over)
-        consumer = Consumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
+        kind = PinnedConsumer if pinned else Consumer
+        consumer = kind(HOST, port=port, username="guest", password="guest", heartbeat=0)
         await consumer.start()
         try:
             await consumer.subscribe(

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer, schema
-from rstream.client import Client
 from rstream.consumer import Consumer, MessageContext
 from rstream.exceptions import StreamNotAvailable
 
@@ -28,6 +27,7 @@ from tests.cluster.nodes import (
     STREAM_ARGS,
     TTL,
     Cluster,
+    PinnedConsumer,
     Publisher,
     id_of,
     oracle,
@@ -48,21 +48,6 @@ register_crash_point(
         "a non-member node serves a consumer read-only while the stream's leader is SIGKILLed",
     )
 )
-
-
-class PinnedConsumer(Consumer):
-    """An rstream consumer that reads from the node it connected to instead of the
-    leader or a replica named by Metadata (rstream always follows Metadata)."""
-
-    async def _get_or_create_client(self, stream: str) -> Client:
-        if stream not in self._clients:
-            self._clients[stream] = await self._pool.get(
-                connection_name=self._connection_name,
-                connection_closed_handler=self._on_connection_closed,
-                stream=stream,
-                max_clients_by_connections=self._max_subscribers_by_connection,
-            )
-        return self._clients[stream]
 
 
 @pytest.fixture

@@ -92,9 +92,6 @@ if TYPE_CHECKING:
 
 log = get_logger("tierlog.server.cluster")
 
-SERVE_ON_REPLICAS = False
-"""Members other than the leader hold the stream's log but do not serve consumers yet."""
-
 CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
 
 
@@ -141,6 +138,7 @@ class ClusterService:
         self._new_voters: dict[tuple[str, str], tuple[str, ...]] = {}  # streams being created
         self._effect_tasks: set[asyncio.Task[Any]] = set()
         self.leadership_hooks: LeadershipHooks | None = None
+        self.replicas_serve = False  # members serve consumers (``server.member_reads``)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -678,11 +676,11 @@ class ClusterService:
         self._new_voters[(vhost, name)] = (self.name, *others[: size - 1])
 
     def locate(self, vhost: str, name: str) -> StreamLocation:
-        """Leader and replicas of a stream as Metadata reports them. Replicas are not
-        listed while members do not serve consumers (clients such as rstream read from
-        a listed replica when there is one): every client reads from the leader."""
+        """Leader and replicas of a stream as Metadata reports them. Replicas are listed
+        when members serve consumers (clients such as rstream read from a listed replica
+        when there is one), which needs the remote tier for what a member lacks."""
         where = self._locate(vhost, name)
-        if not SERVE_ON_REPLICAS:
+        if not self.replicas_serve:
             return StreamLocation(where.code, where.leader, ())
         return where
 

@@ -45,7 +45,12 @@ from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.remote.settings import StreamSettings
-from tierlog.server.chunk_source import CommitNotifier, DeliverableChunk, deliverable_from_raw
+from tierlog.server.chunk_source import (
+    ChunkSource,
+    CommitNotifier,
+    DeliverableChunk,
+    deliverable_from_raw,
+)
 from tierlog.server.config import ServerConfig
 from tierlog.server.errors import SourceClosedError, UnreadableDataError
 from tierlog.storage.object_store import ObjectStore
@@ -202,7 +207,7 @@ class RemoteStreamHandle:
         self.manifest = ManifestSource(self.manifest_view)
         self.tracking = RemoteTracking(self.manifest)
         self.log = RemoteTail(self)
-        self.source = self
+        self.source: ChunkSource = self
         self._stores: set[Future[bool]] = set()
 
     @property
@@ -376,6 +381,12 @@ class RemoteStreams:
 
     def known(self, vhost: str, name: str) -> RemoteStreamHandle | None:
         return self._handles.get((vhost, name))
+
+    def drop(self, vhost: str, name: str) -> None:
+        """Close the read-only handle of a stream (this node became a member of it)."""
+        handle = self._handles.pop((vhost, name), None)
+        if handle is not None:
+            handle.close()
 
     def forget_missing(self, present: set[tuple[str, str]]) -> None:
         for key in [k for k in self._handles if k not in present]:

@@ -1,0 +1,98 @@
+"""The member's commit view on real follower logs: readers see exactly the chunks up to
+the learned cluster commit (across segment rolls), a ``next`` reader waits right after
+the last committed chunk, a divergent suffix is never shown and a reader keeps going
+across its truncation onto the new leader's chunks; a cut below what was shown breaks
+the view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.log.acceptor_helpers import SMALL, replicate, span_bytes, write_leader_chunks
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.reader import LogReader
+from tierlog.log.writer import StreamLog
+from tierlog.server.member_view import MemberCommitView, chunk_end
+
+
+def chunk_ids(log: StreamLog) -> list[tuple[int, int]]:
+    """(chunk id, next offset) of every chunk of ``log``."""
+    out = []
+    offset = 0
+    while (got := span_bytes(log, offset, 1)) is not None:
+        out.append((offset, got[1]))
+        offset = got[1]
+    return out
+
+
+def records(reader: LogReader) -> list[tuple[int, bytes]]:
+    return [(offset, bytes(data)) for offset, data in reader.records()]
+
+
+def test_readers_see_exactly_the_learned_commit_across_rolls(tmp_path: Path) -> None:
+    leader = StreamLog.create(str(tmp_path / "leader"), "v", "s", SMALL, created_ns=1)
+    write_leader_chunks(leader, 40)
+    leader.sync()
+    follower = StreamLog.create_follower(str(tmp_path / "f" / "v_s_1"), SMALL)
+    replicate(leader, follower)
+    assert len(follower.segment_refs()) > 3
+    view = MemberCommitView(follower)
+    assert view.commit_point().chunk_id == -1
+    assert records(LogReader(view, OffsetSpec.first())) == []
+    everything = records(LogReader(leader, OffsetSpec.first()))
+    for chunk_id, next_offset in chunk_ids(leader):
+        assert view.set_limit(chunk_id)
+        point = view.commit_point()
+        assert (point.chunk_id, point.next_offset) == (chunk_id, next_offset)
+        assert point == chunk_end(follower, chunk_id)
+        seen = records(LogReader(view, OffsetSpec.first()))
+        assert seen == [r for r in everything if r[0] < next_offset]
+        # ``next`` waits right after the committed chunk, not at the log's end
+        assert LogReader(view, OffsetSpec.next()).next_offset == next_offset
+    assert not view.set_limit(0)  # never down
+    follower.close()
+    leader.close()
+
+
+def test_a_divergent_suffix_is_never_shown_and_readers_follow_the_new_leader(
+    tmp_path: Path,
+) -> None:
+    old = StreamLog.create(str(tmp_path / "old"), "v", "s", SMALL, created_ns=1)
+    write_leader_chunks(old, 10)
+    old.sync()
+    common = chunk_ids(old)
+    committed_id, committed_next = common[-1]
+    # the new leader holds the committed prefix, then writes in a newer epoch
+    new = StreamLog.create_follower(str(tmp_path / "new" / "v_s_1"), SMALL)
+    replicate(old, new)
+    new.start_epoch(2)
+    new.append([b"new-1", b"new-2"])
+    new.append([b"new-3"])
+    new.sync()
+    # the old leader wrote a suffix the member copied but a majority never held
+    old.append([b"lost-1"] * 3)
+    old.append([b"lost-2"])
+    old.sync()
+    member = StreamLog.create_follower(str(tmp_path / "m" / "v_s_1"), SMALL)
+    replicate(old, member)
+    view = MemberCommitView(member)
+    view.set_limit(committed_id)
+    reader = LogReader(view, OffsetSpec.next())
+    first = LogReader(view, OffsetSpec.first())
+    assert reader.next_offset == committed_next
+    assert [r[1] for r in records(first)][-1] != b"lost-2"
+    assert all(not r[1].startswith(b"lost") for r in records(LogReader(view, OffsetSpec.first())))
+    assert records(reader) == []
+    # the member cuts its suffix (the view keeps everything it showed) and follows
+    member.truncate_after(committed_id)
+    assert view.truncated(committed_id)
+    replicate(new, member)
+    view.set_limit(chunk_ids(new)[-1][0])
+    assert [r[1] for r in records(reader)] == [b"new-1", b"new-2", b"new-3"]
+    assert [r[1] for r in records(first)] == [b"new-1", b"new-2", b"new-3"]
+    # a cut below what was shown breaks the view (its readers are told)
+    member.truncate_after(-1)
+    assert not view.truncated(-1)
+    assert view.broken and not view.set_limit(10**6)
+    for log in (member, new, old):
+        log.close()
