@@ -22,7 +22,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.server.app import Server
 from tierlog.server.config import ReaderSection, ServerConfig, StorageSection
 from tierlog.server.read_only import ReadOnlyBroker
-from tierlog.server.remote_stream import resolve_spec
+from tierlog.server.remote_stream import CommittedTail, resolve_spec
 
 FAST = {
     "x-tierlog-max-fragment-age": "0.1s",
@@ -66,9 +66,12 @@ async def delivered(client: AsyncRawClient, count: int, timeout: float = 10.0) -
 
 def test_next_resolves_to_the_leader_tail_when_known() -> None:
     assert resolve_spec(OffsetSpec.next(), None) == OffsetSpec.next()
-    assert resolve_spec(OffsetSpec.next(), 42) == OffsetSpec.offset(42)
-    assert resolve_spec(OffsetSpec.first(), 42) == OffsetSpec.first()
-    assert resolve_spec(OffsetSpec.last(), 42) == OffsetSpec.last()
+    assert resolve_spec(OffsetSpec.last(), None) == OffsetSpec.last()
+    tail = CommittedTail(42, 40)
+    assert resolve_spec(OffsetSpec.next(), tail) == OffsetSpec.offset(42)
+    assert resolve_spec(OffsetSpec.first(), tail) == OffsetSpec.first()
+    assert resolve_spec(OffsetSpec.last(), tail) == OffsetSpec.offset(40)
+    assert resolve_spec(OffsetSpec.last(), CommittedTail(42, -1)) == OffsetSpec.offset(42)
 
 
 async def test_read_only_server_serves_and_refuses(tmp_path: Path) -> None:

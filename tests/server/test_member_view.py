@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.log.acceptor_helpers import SMALL, replicate, span_bytes, write_leader_chunks
+from tierlog.log.committed_chunk import chunk_end, last_user_chunk
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
-from tierlog.server.member_view import MemberCommitView, chunk_end
+from tierlog.server.member_view import MemberCommitView
 
 
 def chunk_ids(log: StreamLog) -> list[tuple[int, int]]:
@@ -49,6 +50,9 @@ def test_readers_see_exactly_the_learned_commit_across_rolls(tmp_path: Path) -> 
         assert seen == [r for r in everything if r[0] < next_offset]
         # ``next`` waits right after the committed chunk, not at the log's end
         assert LogReader(view, OffsetSpec.next()).next_offset == next_offset
+        # ``last`` is the last user chunk up to it
+        last = LogReader(view, OffsetSpec.last()).next_offset
+        assert last_user_chunk(follower, chunk_id) == (last if last <= chunk_id else -1)
     assert not view.set_limit(0)  # never down
     follower.close()
     leader.close()

@@ -20,6 +20,10 @@ Public API (what the server's cluster integration calls; all from the event loop
                on_commit=lambda chunk_id: ...)    # cluster commit visible here
     hub.unfollow(stream)
 
+    # any node: the committed tail of a stream led elsewhere (None: no answer in time)
+    tail = await hub.query_tail(stream, leader="n1", reference="", timeout=1.0)
+    hub.tail_answerer = answer   # how this node answers such queries for what it leads
+
     await hub.stop()
 
 ``peers(node) -> (host, port)`` resolves a node name to its replication address (the
@@ -56,6 +60,7 @@ from tierlog.cluster.link import (
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream
+from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
 from tierlog.formats.errors import FormatError
@@ -112,6 +117,7 @@ class ReplicationHub:
         self.followed: dict[str, FollowedStream] = {}
         self.led: dict[str, LedStream] = {}
         self._catch_ups: dict[str, CatchUpRun] = {}
+        self.tails = TailQueries(self.send)
         self.auth_failures = 0
         self.malformed_frames = 0
         self.send_failures = 0  # links closed because a write failed
@@ -279,6 +285,21 @@ class ReplicationHub:
                 del self._catch_ups[stream]
         return (result.epoch, result.chunk_id)
 
+    # -- committed tails -------------------------------------------------------------
+    async def query_tail(
+        self, stream: str, leader: str, reference: str = "", *, timeout: float = 1.0
+    ) -> wire.Tail | None:
+        """Ask ``leader`` for the stream's committed tail (``cluster.tail_queries``)."""
+        return await self.tails.ask(stream, leader, reference, timeout)
+
+    @property
+    def tail_answerer(self) -> TailAnswerer | None:
+        return self.tails.answerer
+
+    @tail_answerer.setter
+    def tail_answerer(self, answerer: TailAnswerer | None) -> None:
+        self.tails.answerer = answerer
+
     # -- frames ----------------------------------------------------------------------
     def _on_frame(self, link: Link, frame: wire.Frame) -> None:
         peer = link.peer
@@ -286,6 +307,9 @@ class ReplicationHub:
             log.warning("replication_unexpected_handshake_frame", peer=peer)
             self.malformed_frames += 1
             link.close()
+            return
+        if isinstance(frame, wire.TailQuery | wire.Tail):
+            self.tails.on_frame(link, frame)
             return
         stream = frame.stream
         if isinstance(frame, wire.Fetch):

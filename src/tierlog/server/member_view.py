@@ -17,67 +17,16 @@ breaks the view: its readers are told (``broken``), never silently moved.
 
 from __future__ import annotations
 
-import bisect
-import os
 import threading
 import time
 
-from tierlog.formats.chunk import HEADER_SIZE, decode_header
-from tierlog.formats.errors import FormatError
-from tierlog.formats.segment import FILE_HEADER_SIZE, index_record_count, index_record_position
+from tierlog.formats.segment import FILE_HEADER_SIZE
 from tierlog.log.commit_point import CommitPoint
+from tierlog.log.committed_chunk import chunk_end
 from tierlog.log.reader import LogSource
-from tierlog.log.segment_files import SegmentRef, pread_exact
+from tierlog.log.segment_files import SegmentRef
 
 NOTHING = -1
-
-
-def chunk_end(source: LogSource, chunk_id: int) -> CommitPoint | None:
-    """The commit point that ends right after local chunk ``chunk_id`` (its segment, the
-    file position after it, the offset after it); None when the log does not hold a
-    chunk with that id. A binary search of one index file, one header read."""
-    refs = source.segment_refs()
-    i = bisect.bisect_right([r.first_offset for r in refs], chunk_id) - 1
-    if i < 0:
-        return None
-    ref = refs[i]
-    try:
-        position = _index_position(ref, chunk_id)
-        if position is None:
-            return None
-        fd = os.open(ref.segment_path, os.O_RDONLY)
-        try:
-            header = decode_header(pread_exact(fd, HEADER_SIZE, position))
-        finally:
-            os.close(fd)
-    except (OSError, FormatError):
-        return None
-    if header.chunk_id != chunk_id:
-        return None
-    return CommitPoint(chunk_id, header.next_offset, ref.first_offset, position + header.total_size)
-
-
-def _index_position(ref: SegmentRef, chunk_id: int) -> int | None:
-    """File position of chunk ``chunk_id`` in the segment (its index record), or None."""
-    fd = os.open(ref.index_path, os.O_RDONLY)
-    try:
-        count = index_record_count(os.fstat(fd).st_size)
-        lo, hi = 0, count
-        while lo < hi:
-            mid = (lo + hi) // 2
-            found = int.from_bytes(pread_exact(fd, 8, index_record_position(mid)), "big")
-            if found < chunk_id:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo >= count:
-            return None
-        record = pread_exact(fd, 29, index_record_position(lo))
-        if len(record) < 29 or int.from_bytes(record[:8], "big") != chunk_id:
-            return None
-        return int.from_bytes(record[24:28], "big")  # id u64, ts i64, epoch u64, position u32
-    finally:
-        os.close(fd)
 
 
 class MemberCommitView:
