@@ -3,6 +3,7 @@ read-only from the remote tier (``server.remote_stream``), the way a read-only n
 every stream. Subscribe, QueryOffset and StoreOffset reach it; publishing and declaring a
 publisher still get STREAM_NOT_AVAILABLE with Metadata naming the members (only members
 write). StoreOffset goes to the MetaStore offsets, which the next leader takes over.
+``next`` / ``last`` and QueryPublisherSequence ask the leader (``server.leader_tail``).
 
 Members (voters and learners) that do not lead serve consumers from their own follower
 log up to the cluster commit they learned (``server.member_reads``); the handle is
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tierlog.remote.catalog import Catalog
 from tierlog.server.broker import LED_ELSEWHERE, Broker, StreamHandle
 from tierlog.server.config import ServerConfig
+from tierlog.server.leader_tail import LeaderTails
 from tierlog.server.member_reads import MemberReads
 from tierlog.server.remote_stream import RemoteStreams
 from tierlog.storage.object_store import ObjectStore
@@ -36,12 +38,15 @@ class NonMemberReads:
         service: ClusterService,
     ) -> None:
         self.service = service
-        self.remote = RemoteStreams(config, catalog, store)
+        self.tails = LeaderTails(service)
+        self.remote = RemoteStreams(config, catalog, store, leader_tail=self.tails.ask)
         self.members = MemberReads(self.remote)
 
     def attach(self, broker: Broker) -> None:
         self.remote.start(asyncio.get_running_loop())
         broker.read_elsewhere = self.handle
+        if self.service.hub is not None:  # the leader answers the others' tail queries
+            self.service.hub.tail_answerer = self.tails.answer
         followers = self.service.followers
         if followers is not None:  # replication runs here: members serve consumers
             followers.reads = self.members
