@@ -11,7 +11,8 @@ stream served (bounded rate) and wakes their consumers when a commit lands.
 
 Freshness (see ``read.manifest_follower``): fragment age + upload + commit debounce +
 ``reader.poll_interval_seconds``. ``next`` and ``last`` resolve against the leader's
-committed tail when ``leader_tail`` gets it (a cluster node asks the leader), else against
+committed tail when ``leader_tail`` gets it (a cluster node asks the leader; chunks the
+remote tier holds below that offset are not delivered), else against
 the remote tier's tail, which lags the leader by that freshness (logged as
 ``read_anywhere_tail_from_remote`` with the remote tail it used).
 
@@ -115,6 +116,7 @@ class RemoteChunkCursor:
         if spec.kind == "next" and tree is not None and handle.listeners:
             spec = OffsetSpec.offset(tree.next_offset)  # polled: fresh within the interval
         self._spec = spec
+        self._skip_below = -1  # chunks wholly below the leader's tail are not delivered
         self._reader: TieredReader | None = None
         self._ready: deque[TieredChunk] = deque()
 
@@ -140,6 +142,10 @@ class RemoteChunkCursor:
         reader = self._reader
         assert reader is not None
         first = reader.read_chunk()
+        # the reader starts at the remote tier's tail when the leader's is further on:
+        # whole chunks below that offset precede what ``next`` / ``last`` asked for
+        while first is not None and first.header.next_offset <= self._skip_below:
+            first = reader.read_chunk()
         if first is None:
             return None
         taken = first.header.data_length
@@ -159,6 +165,7 @@ class RemoteChunkCursor:
         tail = await task
         if tail is not None:
             self._spec = resolve_spec(self._asked, tail)
+            self._skip_below = self._spec.value
             return
         tree = self._handle.manifest_view.loaded_tree()
         log.info(
