@@ -8,7 +8,9 @@ the commit it learned); a consumer on a member reading through the kill (it resu
 after its last offset when the member ends its subscription with a MetadataUpdate)
 gets every confirmed message exactly once, in order; every member's segment and index files
 byte-identical once they caught up; the manifest pointer never goes back; the woken
-leader neither confirmed nor committed a manifest in its old epoch after waking."""
+leader neither confirmed nor committed a manifest in its old epoch after waking. Once
+caught up, the leader's /metrics shows the stream led with its members' lag 0 and a
+majority, and every other node shows it followed over an open link."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import asyncio
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rstream import Producer
 
 from tests.cluster.nodes import (
@@ -28,6 +32,7 @@ from tests.cluster.nodes import (
     STREAM_ARGS,
     TTL,
     Cluster,
+    Node,
     PointerWatch,
     Publisher,
     ResumingReader,
@@ -108,6 +113,50 @@ async def check(cluster: Cluster, publisher: Publisher, watch: PointerWatch) -> 
 
     await wait_for(identical, 6 * TTL, "every member's files equal the leader's")
     assert len(cluster.stream_files(leader, STREAM)) >= 4  # rolled segments too
+    await check_metrics(cluster, leader)
+
+
+def scrape(node: Node) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The node's /metrics (admin API, guest:guest), parsed: (name, labels) -> value."""
+    request = urllib.request.Request(
+        node.process.admin_url + "/metrics", headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def check_metrics(cluster: Cluster, leader: str) -> None:
+    """The leader's scrape: the stream led, every member's lag 0, a majority, the lease
+    held, three live nodes; every other node's: the stream followed, a link up to the
+    leader that carried the chunks."""
+    lag = ("tierlog_cluster_member_lag_offsets", (("stream", STREAM), ("vhost", "/")))
+
+    def caught_up() -> bool:
+        samples = scrape(cluster.node(leader))
+        return samples.get(lag) == 0 and samples.get(("tierlog_cluster_live_nodes", ())) == 3
+
+    await wait_for(caught_up, 3 * TTL, "the leader's metrics show every member caught up")
+    on_leader = scrape(cluster.node(leader))
+    assert on_leader[("tierlog_cluster_streams_led", ())] >= 1
+    assert on_leader[("tierlog_cluster_streams_without_majority", ())] == 0
+    assert on_leader[("tierlog_cluster_lease_held", ())] == 1
+    assert 0 <= on_leader[("tierlog_cluster_lease_renewal_age_seconds", ())] < TTL
+    assert on_leader[("tierlog_cluster_leaderships_acquired_total", ())] >= 1
+    for name in cluster.nodes:
+        if name == leader:
+            continue
+        samples = scrape(cluster.node(name))
+        assert samples[("tierlog_cluster_streams_followed", ())] >= 1, name
+        assert samples[("tierlog_cluster_link_up", (("peer", leader),))] == 1, name
+        received = samples[("tierlog_cluster_link_received_bytes_total", (("peer", leader),))]
+        assert received > 0, name
+        sent = on_leader[("tierlog_cluster_link_sent_bytes_total", (("peer", name),))]
+        assert sent > 0, name
 
 
 async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
@@ -163,6 +212,7 @@ async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None
     assert watch.commits_in_epoch_after(epoch, woke_at) == []
     steps = [e for e in n1.log_events("cluster_stream_step_down")]
     assert steps, "the woken leader stepped down"
+    assert scrape(n1)[("tierlog_cluster_step_downs_total", ())] >= 1
 
 
 register_crash_point(

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ssl
 from collections import deque
 from collections.abc import Callable
@@ -55,11 +56,12 @@ from tierlog.cluster.link import (
     HANDSHAKE_TIMEOUT,
     FileCache,
     Link,
+    LinkTraffic,
     handshake_acceptor,
     handshake_dialer,
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
-from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream
+from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream, ReplicaCounts
 from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
@@ -121,6 +123,8 @@ class ReplicationHub:
         self.auth_failures = 0
         self.malformed_frames = 0
         self.send_failures = 0  # links closed because a write failed
+        self.traffic: dict[str, LinkTraffic] = {}  # by peer, over all its links
+        self._unfollowed = ReplicaCounts()  # counts of the streams no longer followed
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -198,6 +202,14 @@ class ReplicationHub:
         followed = self.followed.pop(stream, None)
         if followed is not None:
             followed.close()
+            self._unfollowed.add(followed)
+
+    def replica_counts(self) -> ReplicaCounts:
+        """Every followed stream's counters summed, those no longer followed included."""
+        total = dataclasses.replace(self._unfollowed)
+        for followed in self.followed.values():
+            total.add(followed)
+        return total
 
     # -- leading ---------------------------------------------------------------------
     def lead(
@@ -483,6 +495,7 @@ class ReplicationHub:
             self._on_frame,
             self._closed,
             self.budget.wait_for_room,
+            self.traffic.setdefault(peer, LinkTraffic()),
         )
         self.links[peer] = link
         pending = self._pending.pop(peer, None)

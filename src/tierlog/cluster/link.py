@@ -16,6 +16,9 @@ closed and logged (``replication_link_failed``), never left half-dead. Receiving
 one task per link that decodes frames and hands them to the hub; a malformed frame
 (``FormatError``) closes that link only.
 
+``LinkTraffic`` counts the bytes and frames exchanged with one peer; the hub keeps one
+per peer across reconnections, so the counts only go up (they are exported as metrics).
+
 ``FileCache`` keeps the segment files being served open, at most ``max_open`` of them
 (least recently used closed first, never one being sent).
 """
@@ -29,6 +32,7 @@ import hmac
 import os
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from tierlog.cluster.errors import LinkAuthError, LinkClosedError, LinkError
@@ -49,11 +53,17 @@ def proof(secret: bytes, role: bytes, peer_nonce: bytes, dialer: str, acceptor: 
 
 async def read_frame(reader: asyncio.StreamReader) -> wire.Frame:
     """One whole frame (``FormatError`` if malformed, ``IncompleteReadError`` at EOF)."""
+    frame, _size = await read_sized_frame(reader)
+    return frame
+
+
+async def read_sized_frame(reader: asyncio.StreamReader) -> tuple[wire.Frame, int]:
+    """One whole frame and its size in bytes on the wire."""
     head = await reader.readexactly(4)
     size = wire.frame_size(head)
     assert size is not None
     rest = await reader.readexactly(size - 4)
-    return wire.decode(head + rest)
+    return wire.decode(head + rest), size
 
 
 async def _expect(reader: asyncio.StreamReader, kind: type[wire.Frame]) -> wire.Frame:
@@ -177,6 +187,16 @@ class FileCache:
         self._files.clear()
 
 
+@dataclass(slots=True)
+class LinkTraffic:
+    """What went over the links to one peer, counted once per frame (never per record)."""
+
+    bytes_sent: int = 0
+    frames_sent: int = 0
+    bytes_received: int = 0
+    frames_received: int = 0
+
+
 Span = tuple[bytes, str, int, int]  # CHUNKS header, segment path, position, length
 
 
@@ -194,8 +214,10 @@ class Link:
         on_frame: Callable[[Link, wire.Frame], None],
         on_closed: Callable[[Link], None],
         wait_for_room: Callable[[], Awaitable[None]] | None = None,
+        traffic: LinkTraffic | None = None,
     ) -> None:
         self.peer = peer
+        self.traffic = traffic if traffic is not None else LinkTraffic()
         self._wait_for_room = wait_for_room
         self.dialer = dialer
         self._reader = reader
@@ -208,8 +230,6 @@ class Link:
         self.closed = False
         self.error: BaseException | None = None
         self.failed_side: str | None = None  # "send" or "receive" once it failed
-        self.frames_received = 0
-        self.bytes_sent = 0
         self._tasks = [
             asyncio.create_task(self._send_loop(), name=f"link-send-{peer}"),
             asyncio.create_task(self._receive_loop(), name=f"link-recv-{peer}"),
@@ -234,6 +254,7 @@ class Link:
     async def _send_loop(self) -> None:
         loop = asyncio.get_running_loop()
         writer = self._writer
+        traffic = self.traffic
         try:
             while not self.closed:
                 if not self._queue:
@@ -247,7 +268,8 @@ class Link:
                         parts.append(self._queue.popleft())  # type: ignore[arg-type]
                     raw = b"".join(parts)
                     writer.write(raw)
-                    self.bytes_sent += len(raw)
+                    traffic.bytes_sent += len(raw)
+                    traffic.frames_sent += len(parts)
                     await writer.drain()
                     continue
                 header, path, position, length = item
@@ -266,7 +288,8 @@ class Link:
                     self._files.release(path)
                 if sent != length:
                     raise LinkError(f"{path}: sent {sent} of {length} bytes (file shrank)")
-                self.bytes_sent += len(header) + length
+                traffic.bytes_sent += len(header) + length
+                traffic.frames_sent += 1
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # a link that cannot send is closed, never left half-dead
@@ -299,12 +322,14 @@ class Link:
         return sent
 
     async def _receive_loop(self) -> None:
+        traffic = self.traffic
         try:
             while not self.closed:
                 if self._wait_for_room is not None:
                     await self._wait_for_room()  # received chunks wait to be written
-                frame = await read_frame(self._reader)
-                self.frames_received += 1
+                frame, size = await read_sized_frame(self._reader)
+                traffic.bytes_received += size
+                traffic.frames_received += 1
                 try:
                     self._on_frame(self, frame)
                 except Exception:

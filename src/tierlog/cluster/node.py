@@ -72,6 +72,7 @@ class NodeLease:
         self.clock = clock
         self.lease: Lease | None = None
         self.registered_at = 0.0
+        self.renewed_at: float | None = None  # sent time of the last successful renewal
 
     @property
     def held(self) -> bool:
@@ -83,6 +84,7 @@ class NodeLease:
         sent_at = self.clock()
         info, lease = self.directory.register_node(self.info, self.timing.ttl)
         self.info, self.lease, self.registered_at = info, lease, sent_at
+        self.renewed_at = sent_at
         return info, sent_at
 
     def renew(self) -> float:
@@ -95,6 +97,7 @@ class NodeLease:
         except LeaseLostError:
             self.lease = None
             raise
+        self.renewed_at = sent_at
         return sent_at
 
     def lost(self) -> None:

@@ -27,6 +27,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from tierlog.cluster.errors import CatchUpError, StaleEpochError
@@ -74,6 +75,23 @@ class ByteBudget:
 
     async def wait_for_room(self) -> None:
         await self._room.wait()
+
+
+@dataclass(slots=True)
+class ReplicaCounts:
+    """The counters of followed streams summed, for node-wide metrics: a hub adds a
+    stream's counts here when it stops following it, so the sums never go down."""
+
+    fetch_timeouts: int = 0
+    refusals: int = 0
+    rejoins: int = 0
+    refused_appends: int = 0
+
+    def add(self, followed: FollowedStream) -> None:
+        self.fetch_timeouts += followed.fetch_timeouts
+        self.refusals += followed.refusals
+        self.rejoins += followed.rejoins
+        self.refused_appends += followed.errors
 
 
 class _Refetch:

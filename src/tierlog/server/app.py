@@ -40,6 +40,7 @@ from tierlog.server.broker import (
     StreamHandle,
     no_lag,
 )
+from tierlog.server.cluster_metrics import watch_cluster
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.config import ServerConfig
 from tierlog.server.connection import Connection
@@ -245,6 +246,7 @@ class Server:
                 f"{s.admin_host}:{self.admin_port}",
             )
             self.cluster.leadership_hooks = self.delayed  # before its first directory scan
+            watch_cluster(self.metrics, self.cluster)
             if self.object_store is not None:  # read anywhere: non-member streams
                 self.non_member_reads = NonMemberReads(
                     config, catalog, self.object_store, self.cluster

@@ -8,9 +8,12 @@ directly (``metrics.published_messages.inc(n)``,
 
 Values that already live in the running objects (per-stream sizes, lags, offsets, counts
 kept by a tierer) are not copied into gauges on every change: they are ``Scraped``
-families whose ``read`` callable the owner of the values sets, and which run at scrape time
-on the event loop. Per-stream families are labelled ``vhost`` and ``stream`` by stream
-*name* (an incarnation directory changes when a stream is re-created; a dashboard must not).
+families whose ``read`` callable the owner of the values sets, and which run at scrape
+time on the event loop (``tierlog.metrics.scraped``). Per-stream families are labelled
+``vhost`` and ``stream`` by stream *name* (an incarnation directory changes when a stream
+is re-created; a dashboard must not).
+
+The cluster's families are declared in ``tierlog.metrics.cluster`` (``metrics.cluster``).
 
 To add a metric: declare it in ``Metrics.__init__`` (counters without ``_total``:
 prometheus_client adds it), record into it where the event happens, and document it in
@@ -19,8 +22,6 @@ docs/metrics.md (a test checks that the two lists agree).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Literal
 
 import prometheus_client
@@ -31,19 +32,17 @@ from prometheus_client import (
     Histogram,
     Info,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector
 
 import tierlog
+from tierlog.metrics.cluster import ClusterFamilies
+from tierlog.metrics.scraped import STREAM_LABELS, Scraped, ScrapedCollector
 
 # ``*_created`` series double every counter for no use here; the switch is process-wide.
 prometheus_client.disable_created_metrics()
-
-STREAM_LABELS = ("vhost", "stream")
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -68,55 +67,6 @@ SIZE_BUCKETS = tuple(float(1 << k) for k in range(10, 31, 2))
 """Bytes: 1 KiB (trailers, index reads) to 1 GiB (the largest fragment), by factors of 4."""
 
 FRAME_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-ScrapedSample = tuple[tuple[str, ...], float]
-"""Label values (in the family's label order) and the value."""
-
-
-def _nothing() -> Iterable[ScrapedSample]:
-    return ()
-
-
-@dataclass(eq=False)
-class Scraped:
-    """A family whose samples are read from live objects at scrape time.
-
-    ``read`` returns ``(label values, value)`` pairs; until an owner sets it the family is
-    exposed with no samples (its HELP and TYPE still tell what will be there).
-    """
-
-    name: str
-    documentation: str
-    kind: Literal["gauge", "counter"]
-    labels: tuple[str, ...] = ()
-    read: Callable[[], Iterable[ScrapedSample]] = _nothing
-
-    def family(self) -> Metric:
-        family: Metric
-        if self.kind == "counter":
-            family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
-        else:
-            family = GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
-        for values, value in self.read():
-            family.add_metric(list(values), value)
-        return family
-
-
-class _ScrapedCollector(Collector):
-    def __init__(self, families: list[Scraped]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        for scraped in self.families:
-            yield scraped.family()
-
-    def describe(self) -> Iterator[Metric]:
-        for scraped in self.families:
-            yield (
-                CounterMetricFamily(scraped.name, scraped.documentation, labels=scraped.labels)
-                if scraped.kind == "counter"
-                else GaugeMetricFamily(scraped.name, scraped.documentation, labels=scraped.labels)
-            )
 
 
 class Metrics:
@@ -467,7 +417,8 @@ class Metrics:
             ["kind"],
             registry=r,
         )
-        r.register(_ScrapedCollector(self._scraped))
+        self.cluster = ClusterFamilies(self._scrape)
+        r.register(ScrapedCollector(self._scraped))
 
     def _scrape(
         self,
