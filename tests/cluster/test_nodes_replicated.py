@@ -194,6 +194,11 @@ async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None
     await create(cluster)
     watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
     publisher = Publisher(cluster, STREAM)
+    # a consumer on n1 reads through its pause: from n1 as the leader, then (told by a
+    # MetadataUpdate at its step-down) from n1 as a member that cut its uncommitted suffix
+    reader = ResumingReader(cluster.node("n1").process.stream_port, STREAM)
+    done = asyncio.Event()
+    reading = asyncio.create_task(reader.run(done.is_set))
     await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
     _, epoch = cluster.leader_of(STREAM)
     n1 = cluster.node("n1")
@@ -209,6 +214,13 @@ async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None
     woke_at = time.time()
     os.kill(n1.pid, signal.SIGCONT)
     await check(cluster, publisher, watch)
+    await wait_for(
+        lambda: set(reader.ids) >= publisher.confirmed, 3 * TTL, "n1's consumer read all"
+    )
+    done.set()
+    await reading
+    assert oracle(publisher.confirmed, reader.ids) == []  # no uncommitted chunk, no gap
+    assert reader.ended >= 1  # n1 stopped leading: its consumer was told
     assert watch.commits_in_epoch_after(epoch, woke_at) == []
     steps = [e for e in n1.log_events("cluster_stream_step_down")]
     assert steps, "the woken leader stepped down"
