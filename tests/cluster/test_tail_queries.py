@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.cluster.hub_helpers import STREAM, Cluster
+from tests.cluster.test_cluster_metrics import scrape, value, watched
 from tests.log.acceptor_helpers import SMALL, write_leader_chunks
 from tierlog.formats import replication as wire
 from tierlog.log.committed_chunk import chunk_end, last_user_chunk
@@ -59,4 +60,6 @@ async def test_tail_queries(cluster: Cluster, tmp_path) -> None:
     assert await n2.query_tail(STREAM, "n3", timeout=0.5) is None
     assert 0.4 < time.monotonic() - started < 3
     assert n2.tails.unanswered == 1 and n1.tails.answered == 1
+    assert value(scrape(watched(n2)), "tierlog_cluster_tail_queries_unanswered_total") == 1
+    assert value(scrape(watched(n1)), "tierlog_cluster_tail_queries_answered_total") == 1
     log.close()
