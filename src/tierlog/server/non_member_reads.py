@@ -7,7 +7,8 @@ write). StoreOffset goes to the MetaStore offsets, which the next leader takes o
 
 Members (voters and learners) that do not lead serve consumers from their own follower
 log up to the cluster commit they learned (``server.member_reads``); the handle is
-chosen here for both.
+chosen here for both. An ``ack = remote`` stream's consumers read only what the remote
+tier committed, on its leader too, so its members serve them from the remote tier.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ class NonMemberReads:
         if place is None:
             return None
         handle: Any  # duck-typed, as on a read-only node
-        if self.service.name in place.record.membership.members:
+        if (
+            self.service.name in place.record.membership.members
+            and opening.record.settings.ack != "remote"  # its consumers read the remote tier
+        ):
             handle = self.members.handle(opening.record)
         else:
             handle = self.remote.handle(opening.record)
