@@ -100,3 +100,61 @@ def test_a_divergent_suffix_is_never_shown_and_readers_follow_the_new_leader(
     assert view.broken and not view.set_limit(10**6)
     for log in (member, new, old):
         log.close()
+
+
+class Told:
+    """A connection that uses a stream (``StreamListener``): records being told."""
+
+    def __init__(self) -> None:
+        self.unavailable = 0
+
+    def stream_unavailable(self, stream: object) -> None:
+        self.unavailable += 1
+
+    def resume_publishing(self, stream: object) -> None:
+        pass
+
+
+async def test_member_handles_follow_the_follower(tmp_path: Path) -> None:
+    """Not readable before the first commit; a commit opens and wakes it; a cut below
+    what was shown, or the end of following, tells its users and replaces it."""
+    from tests.read.test_read_anywhere_inprocess import shared
+    from tierlog.remote.catalog import Catalog
+    from tierlog.server.broker import OPENING
+    from tierlog.server.member_reads import MemberReads
+    from tierlog.server.remote_stream import RemoteStreams
+    from tierlog.storage.fs_object_store import FsObjectStore
+    from tierlog.storage.meta_store import open_meta_store
+
+    config = shared(tmp_path, "member", read_only=False)
+    meta = open_meta_store(config.storage.meta_store)
+    catalog = Catalog(meta)
+    record = catalog.create("v", "s")
+    remote = RemoteStreams(config, catalog, FsObjectStore(tmp_path / "objects"))
+    leader = StreamLog.create(str(tmp_path / "leader"), "v", "s", SMALL, created_ns=1)
+    write_leader_chunks(leader, 12)
+    leader.sync()
+    follower = StreamLog.create_follower(str(tmp_path / "f" / record.incarnation), SMALL)
+    replicate(leader, follower)
+    reads = MemberReads(remote)
+    assert reads.handle(record) is None  # not following yet
+    reads.opened(record, follower)
+    handle = reads.handle(record)
+    assert handle is not None and handle.unavailable == OPENING
+    told = Told()
+    handle.listeners.add(told)
+    reads.committed(record.incarnation, chunk_ids(leader)[3][0])
+    assert handle.unavailable is None and reads.handle(record) is handle
+    reads.truncated(record.incarnation, chunk_ids(leader)[5][0])  # above what was shown
+    assert told.unavailable == 0 and not handle.closed
+    reads.truncated(record.incarnation, -1)  # rejoining: the shown range is gone
+    assert told.unavailable == 1 and handle.closed
+    again = reads.handle(record)
+    assert again is not None and again is not handle and again.unavailable == OPENING
+    reads.stopped(record.incarnation)
+    assert again.closed and reads.handle(record) is None
+    reads.close()
+    remote.close()
+    follower.close()
+    leader.close()
+    meta.close()
