@@ -333,6 +333,11 @@ class ClusterService:
             key = (opening.record.vhost, opening.record.name)
             if key not in known:
                 broker.forget_elsewhere(*key)
+        if self.followers is not None and self.followers.reads is not None:
+            member_of = {
+                i for i, p in view.streams.items() if self.name in p.record.membership.members
+            }
+            self.followers.reads.member_of(member_of)  # removed: consumers told to move
 
     async def _follow(self, record: StreamRecord, leader: str, epoch: int) -> None:
         if self.followers is None:
