@@ -6,6 +6,7 @@ the view."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from tests.log.acceptor_helpers import SMALL, replicate, span_bytes, write_leader_chunks
@@ -121,7 +122,6 @@ async def test_member_handles_follow_the_follower(tmp_path: Path) -> None:
     its users and replaces it."""
     from tests.read.test_read_anywhere_inprocess import shared
     from tierlog.remote.catalog import Catalog
-    from tierlog.server.broker import OPENING
     from tierlog.server.member_reads import MemberReads
     from tierlog.server.remote_stream import RemoteStreams
     from tierlog.storage.fs_object_store import FsObjectStore
@@ -141,17 +141,37 @@ async def test_member_handles_follow_the_follower(tmp_path: Path) -> None:
     assert reads.handle(record) is None  # not following yet
     reads.opened(record, follower)
     handle = reads.handle(record)
-    assert handle is not None and handle.unavailable == OPENING
+    assert handle is not None and handle.unavailable is None
     told = Told()
     handle.listeners.add(told)
-    reads.committed(record.incarnation, chunk_ids(leader)[3][0])
-    assert handle.unavailable is None and reads.handle(record) is handle
+    # subscribed before any commit reached the member: it waits, then reads from there
+    early = handle.source.attach(OffsetSpec.next())
+    assert await early.read() is None
+    waiting = asyncio.ensure_future(early.wait())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    shown_id, shown_next = chunk_ids(leader)[3]
+    reads.committed(record.incarnation, shown_id)
+    await asyncio.wait_for(waiting, 1)
+    assert reads.handle(record) is handle
+    assert await early.read() is None
+    assert early.next_offset == shown_next  # ``next``: after the commit it learned
+    first = handle.source.attach(OffsetSpec.first())
+    got = []
+    while (chunk := await first.read()) is not None:
+        got.append(chunk.chunk_id)
+    assert got and got[-1] <= shown_id
+    reads.committed(record.incarnation, chunk_ids(leader)[5][0])
+    later = await early.read()
+    assert later is not None and later.chunk_id >= shown_next
+    first.close()
+    early.close()
     reads.truncated(record.incarnation, chunk_ids(leader)[5][0])  # above what was shown
     assert told.unavailable == 0 and not handle.closed
     reads.truncated(record.incarnation, -1)  # rejoining: the shown range is gone
     assert told.unavailable == 1 and handle.closed
     again = reads.handle(record)
-    assert again is not None and again is not handle and again.unavailable == OPENING
+    assert again is not None and again is not handle and again.view.limit == -1
     reads.member_of({record.incarnation})
     assert not again.closed
     reads.member_of(set())  # removed from the stream: its consumers are told

@@ -10,7 +10,8 @@ answers from there or from the tracking state the remote tier holds.
 A subscription on a member ends with a MetadataUpdate (clients look the stream up
 again and resume at their offset) when the member stops following (it takes the
 stream over, or leaves it) or drops a range its consumers were shown (it rejoins at
-the leader's first segment); it never skips silently. Following a new leader keeps
+the leader's first segment); it never skips silently. A subscription made before the
+member learned any commit waits for it. Following a new leader keeps
 subscriptions going: the view only grows, over chunks the new leader confirmed.
 """
 
@@ -19,15 +20,55 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import StreamRecord
-from tierlog.server.broker import OPENING
+from tierlog.server.chunk_source import ChunkCursor, DeliverableChunk
+from tierlog.server.errors import SourceClosedError
 from tierlog.server.member_view import MemberCommitView
 from tierlog.server.remote_stream import RemoteStreamHandle, RemoteStreams
 from tierlog.server.tiered_source import StreamChunkSource
 
 log = get_logger("tierlog.server.member_reads")
+
+
+class WaitingCursor:
+    """A cursor attached before the member learned any commit: it attaches for real
+    once it has one, so ``next`` / ``last`` mean the commit it learned, never the start
+    of a log nothing of which may be shown yet."""
+
+    def __init__(self, handle: MemberStreamHandle, spec: OffsetSpec, want_file: bool) -> None:
+        self._handle = handle
+        self._spec = spec
+        self._want_file = want_file
+        self._cursor: ChunkCursor | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return -1 if self._cursor is None else self._cursor.next_offset
+
+    def _attached(self) -> ChunkCursor | None:
+        if self._cursor is None and self._handle.view.limit >= 0:
+            self._cursor = self._handle.chunks.attach(self._spec, want_file=self._want_file)
+        return self._cursor
+
+    async def read(self) -> DeliverableChunk | None:
+        if self._handle.notifier.closed:
+            raise SourceClosedError("stream closed")
+        cursor = self._attached()
+        return None if cursor is None else await cursor.read()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        cursor = self._attached()
+        if cursor is None:
+            await self._handle.notifier.wait(timeout)  # woken by the first commit
+        else:
+            await cursor.wait(timeout)
+
+    def close(self) -> None:
+        if self._cursor is not None:
+            self._cursor.close()
 
 
 class MemberStreamHandle(RemoteStreamHandle):
@@ -37,11 +78,17 @@ class MemberStreamHandle(RemoteStreamHandle):
     def __init__(self, streams: RemoteStreams, record: StreamRecord, view: MemberCommitView):
         super().__init__(streams, record)
         self.view = view
-        # until the leader's first commit reached this member nothing may be read
-        self.unavailable = None if view.limit >= 0 else OPENING
-        source = StreamChunkSource(view, self.notifier, lambda: self.record.settings.read_strategy)
-        source.tier_started(self.manifest_view)
-        self.source = source
+        self.chunks = StreamChunkSource(
+            view, self.notifier, lambda: self.record.settings.read_strategy
+        )
+        self.chunks.tier_started(self.manifest_view)
+        self.source = self
+
+    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> ChunkCursor:  # type: ignore[override]
+        """Subscriptions on the member (they wait for its first commit if need be)."""
+        if self.view.limit < 0:
+            return WaitingCursor(self, spec, want_file)
+        return self.chunks.attach(spec, want_file=want_file)
 
     def first_offset(self) -> int:
         tree = self.manifest_view.loaded_tree()
@@ -51,7 +98,6 @@ class MemberStreamHandle(RemoteStreamHandle):
         return min(tree.first_offset, local)
 
     def commit_moved(self) -> None:
-        self.unavailable = None
         self.notifier.notify()
 
     def status(self) -> dict[str, Any]:
