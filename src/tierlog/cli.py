@@ -82,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_recover_pointers_command(sub)
     add_spark_commands(sub)
     from tierlog.msgstore.cli import add_msgstore_commands
+    from tierlog.server.node_cli import add_node_commands
 
     add_msgstore_commands(sub)
+    add_node_commands(sub)
     return parser
 
 

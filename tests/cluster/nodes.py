@@ -524,3 +524,56 @@ def admin_json(node: Node, path: str) -> Any:
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
+
+
+def admin_call(node: Node, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """One admin API call (guest credentials): the status and the JSON answer, also for
+    an error status."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(
+        node.process.admin_url + path, data=data, method=method, headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=40) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+async def create_replicated(
+    cluster: Cluster, stream: str, arguments: dict[str, str], on: str = "n1"
+) -> None:
+    """Create a stream through ``on`` once the nodes know each other (the directory
+    scan), so the replication factor asked for can be met."""
+    port = cluster.node(on).process.stream_port
+    deadline = time.monotonic() + 3 * TTL
+    while True:
+        try:
+            async with Producer(HOST, port=port, username="guest", password="guest") as p:
+                await p.create_stream(stream, arguments=arguments)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+
+
+def same_files_as_leader(cluster: Cluster, stream: str, member: str) -> bool:
+    """Whether ``member`` holds every segment and index file from its first one on,
+    byte-identical to the leader's (a late joiner starts at a segment of the leader)."""
+    leader, _ = cluster.leader_of(stream)
+    if leader is None:
+        return False
+    theirs = cluster.stream_files(leader, stream)
+    mine = cluster.stream_files(member, stream)
+    if not mine:
+        return False
+    first = min(mine)
+    return mine == {name: data for name, data in theirs.items() if name >= first}

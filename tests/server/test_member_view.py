@@ -118,8 +118,8 @@ class Told:
 
 async def test_member_handles_follow_the_follower(tmp_path: Path) -> None:
     """Not readable before the first commit; a commit opens and wakes it; a cut below
-    what was shown, the node's removal from the stream, or the end of following tells
-    its users and replaces it."""
+    what was shown, or the end of following (take-over, removal) tells its users and
+    replaces it."""
     from tests.read.test_read_anywhere_inprocess import shared
     from tierlog.remote.catalog import Catalog
     from tierlog.server.member_reads import MemberReads
@@ -172,12 +172,6 @@ async def test_member_handles_follow_the_follower(tmp_path: Path) -> None:
     assert told.unavailable == 1 and handle.closed
     again = reads.handle(record)
     assert again is not None and again is not handle and again.view.limit == -1
-    reads.member_of({record.incarnation})
-    assert not again.closed
-    reads.member_of(set())  # removed from the stream: its consumers are told
-    assert again.closed
-    again = reads.handle(record)
-    assert again is not None
     reads.stopped(record.incarnation)
     assert again.closed and reads.handle(record) is None
     reads.close()

@@ -25,14 +25,15 @@ leader of the current epoch, one change at a time (``members.Membership``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
 from tierlog.cluster.errors import (
     ClusterError,
     LeaderAliveError,
+    MembershipChangeError,
     NotAMemberError,
     StaleEpochError,
     StreamUnavailableError,
@@ -112,6 +113,13 @@ class StreamMembers:
     leader: str | None
     leader_lease_epoch: int
     version: int
+    replication_factor: int = 0
+    """The voters the stream should have (RabbitMQ's ``initial-cluster-size``; member
+    changes converge on it). 0: as many as it has (a record from before the field)."""
+
+    @property
+    def target_voters(self) -> int:
+        return self.replication_factor or len(self.membership.voters)
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -121,6 +129,7 @@ class StreamMembers:
                 "epoch": self.epoch,
                 "leader": self.leader,
                 "leader_lease_epoch": self.leader_lease_epoch,
+                "replication_factor": self.target_voters,
             }
         ).encode()
 
@@ -135,6 +144,7 @@ class StreamMembers:
             leader=None if leader is None else str(leader),
             leader_lease_epoch=int(data["leader_lease_epoch"]),
             version=stored.version,
+            replication_factor=int(data.get("replication_factor", 0)),
         )
 
 
@@ -282,27 +292,31 @@ class ClusterDirectory:
         pointer = self.meta.get(pointer_key(incarnation))
         pointer_epoch = 0 if pointer is None else ManifestPointer.decode(pointer.value, 0).epoch
         epoch = next_leader_epoch(max(record.epoch, stored.epoch), pointer_epoch, seen_epochs)
-        new = StreamMembers(incarnation, record.membership, epoch, node, node_lease.epoch, 0)
+        new = replace(record, epoch=epoch, leader=node, leader_lease_epoch=node_lease.epoch)
         written = self.meta.put_if(stream_key(incarnation), new.encode(), stored.version, epoch)
         return Leadership(
             incarnation, node, epoch, record.membership, written.version, node_lease.epoch
         )
 
-    def _leader_update(self, leadership: Leadership, membership: Membership) -> Leadership:
+    def _leader_update(
+        self,
+        leadership: Leadership,
+        change: Callable[[Membership], Membership],
+        replication_factor: int | None = None,
+    ) -> Leadership:
+        """One member change by the leader of the current epoch: a conditional put on
+        the record it was computed from (``VersionConflictError``: re-read and retry)."""
         stored = self.meta.get(stream_key(leadership.incarnation))
         if stored is None:
             raise KeyDeletedError(f"stream {leadership.incarnation!r} has no cluster record")
         record = StreamMembers.decode(leadership.incarnation, stored)
         if record.epoch != leadership.epoch or record.leader != leadership.node:
             raise StaleEpochError(leadership.epoch, record.epoch)
-        new = StreamMembers(
-            leadership.incarnation,
-            membership,
-            record.epoch,
-            record.leader,
-            record.leader_lease_epoch,
-            0,
-        )
+        membership = change(record.membership)
+        factor = record.target_voters if replication_factor is None else replication_factor
+        if factor < 1:
+            raise MembershipChangeError(f"replication factor must be >= 1, got {factor}")
+        new = replace(record, membership=membership, replication_factor=factor)
         try:
             written = self.meta.put_if(
                 stream_key(leadership.incarnation), new.encode(), stored.version, record.epoch
@@ -318,22 +332,28 @@ class ClusterDirectory:
             record.leader_lease_epoch,
         )
 
-    def add_learner(self, leadership: Leadership, node: str) -> Leadership:
-        """Start a member change: ``node`` joins as a learner (one change at a time)."""
-        current = self.require_stream(leadership.incarnation).membership
-        return self._leader_update(leadership, current.add_learner(node))
+    def add_learner(
+        self, leadership: Leadership, node: str, replication_factor: int | None = None
+    ) -> Leadership:
+        """Start a member change: ``node`` joins as a learner (one change at a time).
+        ``replication_factor``: the stream's new target, if it changes with this."""
+        return self._leader_update(
+            leadership, lambda current: current.add_learner(node), replication_factor
+        )
 
     def promote_learner(
         self, leadership: Leadership, node: str, learner_written: int, commit_offset: int
     ) -> Leadership:
-        current = self.require_stream(leadership.incarnation).membership
         return self._leader_update(
-            leadership, current.promote(node, learner_written, commit_offset)
+            leadership, lambda current: current.promote(node, learner_written, commit_offset)
         )
 
-    def remove_member(self, leadership: Leadership, node: str) -> Leadership:
-        current = self.require_stream(leadership.incarnation).membership
-        return self._leader_update(leadership, current.remove(node))
+    def remove_member(
+        self, leadership: Leadership, node: str, replication_factor: int | None = None
+    ) -> Leadership:
+        return self._leader_update(
+            leadership, lambda current: current.remove(node), replication_factor
+        )
 
     def resign(self, leadership: Leadership) -> None:
         """Give the stream up (step-down, retirement): clear the leader, keep the epoch,
@@ -346,7 +366,7 @@ class ClusterDirectory:
             record = StreamMembers.decode(leadership.incarnation, stored)
             if record.epoch != leadership.epoch or record.leader != leadership.node:
                 return
-            new = StreamMembers(leadership.incarnation, record.membership, record.epoch, None, 0, 0)
+            new = replace(record, leader=None, leader_lease_epoch=0)
             try:
                 self.meta.put_if(
                     stream_key(leadership.incarnation), new.encode(), stored.version, record.epoch

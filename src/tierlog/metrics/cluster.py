@@ -152,3 +152,19 @@ class ClusterFamilies:
             "still electing).",
             "gauge",
         )
+        self.member_changes = scrape(
+            "tierlog_cluster_member_changes",
+            "Members this node added to or removed from streams it leads.",
+            "counter",
+        )
+        self.member_changes_waiting = scrape(
+            "tierlog_cluster_member_changes_waiting",
+            "Led streams whose next member change waits (a learner catching up, no spare "
+            "node, staying voters catching up).",
+            "gauge",
+        )
+        self.node_retiring = scrape(
+            "tierlog_cluster_node_retiring",
+            "1 while this node is being retired, 2 once it has retired.",
+            "gauge",
+        )

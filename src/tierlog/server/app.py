@@ -40,6 +40,7 @@ from tierlog.server.broker import (
     StreamHandle,
     no_lag,
 )
+from tierlog.server.cluster_admin import add_cluster_routes
 from tierlog.server.cluster_metrics import watch_cluster
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.config import ServerConfig
@@ -222,6 +223,7 @@ class Server:
         guard = AdminGuard(config.auth, gate)
         admin_app = build_admin_app(self.broker, self.metrics, guard)
         self.delayed.add_routes(admin_app, guard)
+        add_cluster_routes(admin_app, guard, lambda: self.cluster)
         self._runner = web.AppRunner(admin_app, access_log=None)
         await self._runner.setup()
         admin_tls = (

@@ -39,10 +39,6 @@ class FollowerReads(Protocol):
 
     def stopped(self, incarnation: str) -> None: ...
 
-    def member_of(self, incarnations: set[str]) -> None:
-        """The streams this node is a member of now (the directory scan's view)."""
-        ...
-
 
 @dataclass(slots=True)
 class Follower:

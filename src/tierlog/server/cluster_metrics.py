@@ -122,6 +122,11 @@ def watch_cluster(metrics: Metrics, service: ClusterService) -> None:
     families.step_downs.read = _one(lambda: service.stepped_down)
     families.member_lag_offsets.read = lambda: _lags(service)
     families.streams_without_majority.read = _one(lambda: _without_majority(service))
+    families.member_changes.read = _one(lambda: service.changes.changes)
+    families.member_changes_waiting.read = _one(lambda: len(service.changes.waiting))
+    families.node_retiring.read = _one(
+        lambda: 2 if service.changes.retired else int(service.changes.retiring_here)
+    )
 
 
 def _lease_age(service: ClusterService) -> list[ScrapedSample]:

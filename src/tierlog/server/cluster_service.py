@@ -33,7 +33,6 @@ from tierlog.cluster.errors import (
     LeaderAliveError,
     NotAMemberError,
     NotLeaderError,
-    StaleEpochError,
 )
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.log_history import Tail
@@ -56,7 +55,6 @@ from tierlog.cluster.state import (
     LeaseLost,
     LeaseRenewed,
     LeaseTiming,
-    MembersChanged,
     Phase,
     PromoteLearner,
     RequestAdopt,
@@ -78,6 +76,7 @@ from tierlog.server.cluster_gates import (
 )
 from tierlog.server.cluster_members import Followers
 from tierlog.server.cluster_reads import ClusterCommitView
+from tierlog.server.member_changes import MemberChanges
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -139,6 +138,7 @@ class ClusterService:
         self._effect_tasks: set[asyncio.Task[Any]] = set()
         self.leadership_hooks: LeadershipHooks | None = None
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
+        self.changes = MemberChanges(self)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -245,6 +245,8 @@ class ClusterService:
             await asyncio.sleep(interval)
             if not lease.held:
                 self.registered.clear()
+                if self.changes.retired:
+                    continue  # retired: the lease was released for good
                 await self._register()
                 continue
             try:
@@ -302,6 +304,7 @@ class ClusterService:
         self.view = view
         if not self.registered.is_set() or not broker.catalog_loaded.is_set():
             return
+        await self.changes.refresh()
         by_incarnation = {r.incarnation: r for r in records}
         for record in records:
             if broker.get(record.vhost, record.name) is None:
@@ -320,8 +323,10 @@ class ClusterService:
                     # leaderless, or recorded as ours but not open here (an acquisition
                     # whose opening lost a race): take it (again, in a new epoch)
                     hooks = self.leadership_hooks
-                    if membership.is_voter(self.name) and (
-                        hooks is None or hooks.may_take_over(record)
+                    if (
+                        membership.is_voter(self.name)
+                        and not self.changes.retiring_here
+                        and (hooks is None or hooks.may_take_over(record))
                     ):
                         await self._take_over(record)
                 else:
@@ -333,11 +338,7 @@ class ClusterService:
             key = (opening.record.vhost, opening.record.name)
             if key not in known:
                 broker.forget_elsewhere(*key)
-        if self.followers is not None and self.followers.reads is not None:
-            member_of = {
-                i for i, p in view.streams.items() if self.name in p.record.membership.members
-            }
-            self.followers.reads.member_of(member_of)  # removed: consumers told to move
+        await self.changes.after_scan(view)
 
     async def _follow(self, record: StreamRecord, leader: str, epoch: int) -> None:
         if self.followers is None:
@@ -391,6 +392,9 @@ class ClusterService:
     # -- placement (called by the broker) ---------------------------------------------
     async def should_open(self, record: StreamRecord) -> bool:
         await self.registered.wait()
+        await self.changes.refresh(max_age=self.cluster.scan_interval_seconds)
+        if self.changes.retiring_here:
+            return False  # a retiring node leads nothing, not even after a restart
         existing = await self._directory(self.directory.stream, record.incarnation)
         if existing is None:
             return True  # a stream from before the cluster: the first node to open it leads
@@ -532,7 +536,7 @@ class ClusterService:
                 if handle.tier_poke is not None:
                     handle.tier_poke()
             elif isinstance(effect, PromoteLearner):
-                self._spawn(self._promote(leader, effect))
+                self._spawn(self.changes.promote(leader, effect))
 
     def _limit_reads(self, handle: StreamHandle) -> None:
         """Consumers of a led stream read up to the cluster commit, not the local fsync
@@ -547,44 +551,6 @@ class ClusterService:
         source = handle.source
         assert isinstance(source, StreamChunkSource)
         source.limit_reads(view)
-
-    async def _promote(self, leader: StreamLeader, effect: PromoteLearner) -> None:
-        """Make a caught-up learner a voter in the directory (a transaction fenced by
-        the epoch), then tell the leader's state machine the new membership. A failed
-        attempt hands the state machine its current membership back, so it tries again
-        once the learner is heard from; a newer epoch means this leader is deposed."""
-        incarnation = leader.incarnation
-        try:
-            leadership = await self._directory(
-                self.directory.promote_learner,
-                leader.leadership,
-                effect.member,
-                effect.written,
-                effect.commit,
-            )
-        except StaleEpochError as exc:
-            self._step_down(incarnation, f"deposed while promoting {effect.member}: {exc}")
-            return
-        except (TierlogError, OSError) as exc:
-            log.warning(
-                "cluster_promotion_failed",
-                incarnation=incarnation,
-                member=effect.member,
-                error=repr(exc),
-            )
-            self._feed(incarnation, MembersChanged(leader.leadership.membership))
-            return
-        if self.node.leaders.get(incarnation) is not leader:
-            return  # stepped down meanwhile: the directory holds the change already
-        leader.leadership = leadership
-        log.info(
-            "cluster_learner_promoted",
-            incarnation=incarnation,
-            member=effect.member,
-            written=effect.written,
-            commit=effect.commit,
-        )
-        self._feed(incarnation, MembersChanged(leadership.membership))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -673,7 +639,11 @@ class ClusterService:
             raise ConfigError(
                 f"initial-cluster-size {size} needs replication: set cluster.secret on every node"
             )
-        others = sorted(n for n in self.view.nodes if n != self.name)
+        if self.changes.retiring_here:
+            raise ConfigError(f"node {self.name} is retiring: create the stream on another node")
+        others = sorted(
+            n for n in self.view.nodes if n != self.name and n not in self.changes.retiring
+        )
         if size - 1 > len(others):
             raise ConfigError(
                 f"initial-cluster-size {size}: only {len(others) + 1} live nodes in the cluster"
@@ -724,4 +694,5 @@ class ClusterService:
             "acquired": self.acquired,
             "stepped_down": self.stepped_down,
             "live_nodes": sorted(self.view.nodes),
+            **self.changes.status(),
         }

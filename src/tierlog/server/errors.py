@@ -40,3 +40,12 @@ class UnreadableDataError(TierlogError):
 class ReadOnlyNodeError(ConfigError):
     """A command that writes (create, delete, settings) sent to a read-only node: send it
     to a member of the stream."""
+
+
+class AdminRequestError(TierlogError):
+    """An admin API request made by the command line failed (unreachable node, refused
+    credentials, or the server's answer, which the message carries)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status

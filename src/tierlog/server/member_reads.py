@@ -164,13 +164,6 @@ class MemberReads:
         if followed is not None:
             followed.view.closed = True
 
-    def member_of(self, incarnations: set[str]) -> None:
-        """Consumers on a stream this node was removed from are told (MetadataUpdate:
-        they look the stream up again, and read here from the remote tier if they
-        stay); the view stays with the follower log in case the node is added back."""
-        for incarnation in [i for i in self._handles if i not in incarnations]:
-            self._close_handle(incarnation, "no longer a member")
-
     # -- asked by the handlers -----------------------------------------------------------
     def handle(self, record: StreamRecord) -> MemberStreamHandle | None:
         """The consumers' handle of a stream this node follows; None while it does not
