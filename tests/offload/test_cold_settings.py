@@ -1,7 +1,8 @@
-"""Segment mode and the cold-data codings exclude each other: an offloaded segment is the
-local segment file as written, so compression, a dictionary or encryption on a
-``segments`` stream would be accepted and do nothing. They are refused with a typed error,
-at creation (stream arguments) and when a stream's settings are changed."""
+"""Segment mode and compression exclude each other: an offloaded segment holds the local
+segment file's chunks as written, so compression or a dictionary on a ``segments`` stream
+would be accepted and do nothing. They are refused with a typed error, at creation (stream
+arguments) and when a stream's settings are changed. Encryption applies to segment streams
+(their segments are offloaded sealed), at creation and turned on later."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ CODINGS = [
     {"x-tierlog-compression": "zstd"},
     {"x-tierlog-compression-level": "9"},
     {"x-tierlog-compression": "zstd", "x-tierlog-dictionary": "true"},
-    {"x-tierlog-encryption": "true"},
+    {"x-tierlog-encryption": "true", "x-tierlog-compression": "zstd"},
 ]
 
 
@@ -43,11 +44,14 @@ def test_segment_mode_refuses_every_coding_setting(coding: dict[str, str]) -> No
 def test_segment_mode_with_default_codings_is_accepted() -> None:
     s = settings_from_arguments({**SEGMENTS, "x-tierlog-compression": "none"})
     assert s.tier_mode == "segments" and not s.cold_coding
-    with pytest.raises(ConfigError, match="tier_mode 'fragments' only"):
-        StreamSettings(tier_mode="segments", encryption="aes-256-gcm")
+    encrypted = settings_from_arguments({**SEGMENTS, "x-tierlog-encryption": "true"})
+    assert encrypted.encryption == "aes-256-gcm"
+    assert StreamSettings(tier_mode="segments", encryption="aes-256-gcm").encryption != "none"
 
 
-async def test_server_refuses_a_coded_segment_stream_and_a_coding_patch(tmp_path: Path) -> None:
+async def test_server_refuses_a_compressed_segment_stream_accepts_encryption(
+    tmp_path: Path,
+) -> None:
     server = Server(make_config(tmp_path))
     await server.start()
     store = open_object_store(f"file://{tmp_path / 'data' / 'objects'}")
@@ -57,10 +61,15 @@ async def test_server_refuses_a_coded_segment_stream_and_a_coding_patch(tmp_path
         assert code == ResponseCode.PRECONDITION_FAILED
         assert await running.create("seg", SEGMENTS) == ResponseCode.OK
         code, body = await running.http(
-            "PATCH", "/seg", {"arguments": {"x-tierlog-encryption": "true"}}
+            "PATCH", "/seg", {"arguments": {"x-tierlog-compression": "zstd"}}
         )
         assert code == 400 and "tier_mode 'fragments' only" in body["error"]
-        assert (await running.status("seg"))["settings"]["encryption"] == "none"
+        assert (await running.status("seg"))["settings"]["compression"] == "none"
+        code, body = await running.http(
+            "PATCH", "/seg", {"arguments": {"x-tierlog-encryption": "true"}}
+        )
+        assert code == 200, body
+        assert (await running.status("seg"))["settings"]["encryption"] == "aes-256-gcm"
     finally:
         await server.stop()
         store.close()

@@ -74,7 +74,10 @@ class OneSegmentSource:
 def segments(tmp_path_factory: pytest.TempPathFactory) -> list[SegmentRef]:
     """Sealed segments of a real log: ~64 KiB user chunks, tracking chunks, one 6 MiB chunk
     (bigger than a block of 5 MiB - 140), segments of ~11 MiB."""
-    root = tmp_path_factory.mktemp("offload-log")
+    return build_segments(tmp_path_factory.mktemp("offload-log"))
+
+
+def build_segments(root: Path) -> list[SegmentRef]:
     config = LogConfig(max_segment_bytes=11 * 1024 * 1024, fsync="never")
     log = StreamLog.create(str(root), "v", "s", config, created_ns=1)
     record = os.urandom(4096)

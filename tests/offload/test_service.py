@@ -27,9 +27,11 @@ from tierlog.read.prefetch import PrefetchConfig, Prefetcher
 from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
+from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.keys import segments_prefix, stream_prefix
 from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.remote.sealing import is_sealed
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.object_store import ObjectStore
 from tierlog.storage.sqlite_meta_store import SqliteMetaStore
@@ -88,10 +90,21 @@ class Stream:
                 step_hook(name)
 
         offloader = ObjectStoreOffloader(
-            self.store, self.meta, "", self.dir, block_size=5 * MiB, step_hook=hook
+            self.store,
+            self.meta,
+            "",
+            self.dir,
+            block_size=5 * MiB,
+            step_hook=hook,
+            settings=lambda: self.settings,
         )
         committer = ManifestCommitter(
-            RemoteStream(self.store, "", self.dir), self.catalog, self.deletions, epoch, m=3
+            RemoteStream(self.store, "", self.dir),
+            self.catalog,
+            self.deletions,
+            epoch,
+            m=3,
+            settings=lambda: self.settings,
         )
 
         def trim(tree: ManifestTree) -> int | None:
@@ -141,8 +154,14 @@ def read_all(reader: TieredReader) -> Records:
         return [(o, bytes(r)) for o, r in reader.records()]
 
 
+ENCRYPTIONS = ["none", "aes-256-gcm"]
+"""Tests parametrized with these run on plaintext (offload format 1) and encrypted (format
+2: sealed frames, sealed index, sealed manifest) segment streams."""
+
+
 @pytest.fixture
 def make_stream(tmp_path: Path, object_store: ObjectStore) -> Iterator[Callable[..., Stream]]:
+    set_process_keyring(Keyring([("k1", bytes(range(32)))]))  # for the encrypted variants
     made: list[Stream] = []
 
     def make(segment_bytes: int = 200_000, **settings: object) -> Stream:
@@ -158,12 +177,18 @@ def make_stream(tmp_path: Path, object_store: ObjectStore) -> Iterator[Callable[
     yield make
     for s in made:
         s.close()
+    reset_process_keyring()
 
 
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_size_trigger_then_read_every_spec_after_local_deletion(
-    make_stream: Callable[..., Stream],
+    make_stream: Callable[..., Stream], encryption: str
 ) -> None:
-    s = make_stream(offload_threshold_bytes=300_000, offload_deletion_lag_seconds=60.0)
+    s = make_stream(
+        offload_threshold_bytes=300_000,
+        offload_deletion_lag_seconds=60.0,
+        encryption=encryption,
+    )
     rng = random.Random(1)
     s.append(rng, 400)
     sealed = [x for x in s.log.list_segments() if x.sealed]
@@ -180,6 +205,10 @@ def test_size_trigger_then_read_every_spec_after_local_deletion(
     assert pending + sealed[done].size > 300_000 if done < len(sealed) else True
     entries = list(tree.iter_fragments(s.store.get))
     assert all(e.entry.entry_kind == ENTRY_SEGMENT for e in entries)
+    sealed_format = encryption != "none"
+    for e in entries:  # offload format 2 for an encrypted stream, format 1 otherwise
+        assert (s.store.get(e.entry.key, 0, 4) == b"TLSD") == sealed_format
+        assert is_sealed(s.store.get(e.entry.index_key)) == sealed_format
     assert len(s.objects()) >= 2 * done  # data + index per segment (+ manifest root)
     # the lag holds local copies back; once it passed they go, oldest first
     assert s.service.apply_local_deletion() == []
@@ -202,8 +231,11 @@ def test_size_trigger_then_read_every_spec_after_local_deletion(
     assert read_all(s.reader(OffsetSpec.timestamp(0))) == everything
 
 
-def test_multi_block_segment_reads_across_blocks(make_stream: Callable[..., Stream]) -> None:
-    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0)
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
+def test_multi_block_segment_reads_across_blocks(
+    make_stream: Callable[..., Stream], encryption: str
+) -> None:
+    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0, encryption=encryption)
     rng = random.Random(2)
     s.append(rng, 1700, size=4000)  # one ~13.6 MB segment: 3 blocks of 5 MiB
     everything = local_records(s.log, OffsetSpec.first())
@@ -221,8 +253,13 @@ def test_multi_block_segment_reads_across_blocks(make_stream: Callable[..., Stre
     assert got == everything
 
 
-def test_corrupt_offloaded_chunk_is_refused(make_stream: Callable[..., Stream]) -> None:
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
+def test_corrupt_offloaded_chunk_is_refused(
+    make_stream: Callable[..., Stream], encryption: str
+) -> None:
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(3), 200)
     assert s.service.run_once() >= 1
     s.service.apply_local_deletion()
@@ -321,8 +358,9 @@ def test_offload_settings_are_checked() -> None:
 
 
 @pytest.mark.parametrize("object_store", ["fs"], indirect=True)  # the executor opens it by URI
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_spark_plans_a_task_per_segment_and_reads_block_by_block(
-    make_stream: Callable[..., Stream], tmp_path: Path
+    make_stream: Callable[..., Stream], tmp_path: Path, encryption: str
 ) -> None:
     """The Spark source's executor side on a segment-mode stream: every row, once, in order,
     a block at a time; bounds prune whole blocks."""
@@ -330,7 +368,7 @@ def test_spark_plans_a_task_per_segment_and_reads_block_by_block(
     from tierlog.spark.planning import coalesce, plan_stream
     from tierlog.spark.reading import ReadSettings, read_task
 
-    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0)
+    s = make_stream(segment_bytes=12 * MiB, offload_deletion_lag_seconds=0.0, encryption=encryption)
     rng = random.Random(7)
     s.append(rng, 1700, size=4000)
     s.append(rng, 30)  # more records in the active segment: never offloaded, never read here
@@ -359,8 +397,9 @@ def test_spark_plans_a_task_per_segment_and_reads_block_by_block(
 
 
 @pytest.mark.parametrize("object_store", ["fs"], indirect=True)  # the CLI opens it by URI
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_dump_and_scrub_read_offloaded_segments(
-    make_stream: Callable[..., Stream], tmp_path: Path
+    make_stream: Callable[..., Stream], tmp_path: Path, encryption: str
 ) -> None:
     """``tierlog dump --object-store --meta-store`` prints every record across both tiers
     after local deletion; the scrub job validates segments and reports a damaged one."""
@@ -371,7 +410,9 @@ def test_dump_and_scrub_read_offloaded_segments(
     from tierlog.cli import dump_tiered
     from tierlog.spark.jobs.scrub import check_fragment
 
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(8), 300)
     everything = local_records(s.log, OffsetSpec.first())
     assert s.service.run_once() >= 2
@@ -398,12 +439,16 @@ def test_dump_and_scrub_read_offloaded_segments(
 
 @pytest.mark.spark
 @pytest.mark.parametrize("object_store", ["fs"], indirect=True)  # Spark opens it by URI
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_spark_source_reads_a_segment_mode_stream(
-    make_stream: Callable[..., Stream], tmp_path: Path, spark: Any
+    make_stream: Callable[..., Stream], tmp_path: Path, spark: Any, encryption: str
 ) -> None:
     """``spark.read.format("tierlog")`` on real Spark: one partition per offloaded segment,
-    every offloaded row once, in order."""
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    every offloaded row once, in order (sealed segments opened on the executors with the
+    keys of their environment)."""
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(9), 300)
     everything = local_records(s.log, OffsetSpec.first())
     assert s.service.run_once() >= 2
@@ -448,15 +493,18 @@ def test_stream_retention_applies_to_segments_never_offloaded(
     assert got[0][0] >= first and got == local_records(s.log, OffsetSpec.first())
 
 
+@pytest.mark.parametrize("encryption", ENCRYPTIONS)
 def test_lost_local_log_restarts_past_the_offloaded_segments(
-    make_stream: Callable[..., Stream],
+    make_stream: Callable[..., Stream], encryption: str
 ) -> None:
     """The local directory is lost after offloading: the next start continues the log past
     the remote tier (no offset handed out twice, higher epoch, consumer offsets replayed from
     the last offloaded segment) and reads go on across the gap-free stream."""
     import shutil
 
-    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0)
+    s = make_stream(
+        offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, encryption=encryption
+    )
     s.append(random.Random(11), 300)
     before = local_records(s.log, OffsetSpec.first())
     sealed = [x for x in s.log.list_segments() if x.sealed]
@@ -489,3 +537,48 @@ def test_lost_local_log_restarts_past_the_offloaded_segments(
     got = read_all(s.reader(OffsetSpec.first()))
     assert got[: len(remote)] == remote and got[-1][1] == b"after"
     assert got[-1][0] >= tree.next_offset
+
+
+@pytest.mark.parametrize("object_store", ["fs"], indirect=True)
+def test_plaintext_segment_in_place_of_a_sealed_one_is_refused(
+    make_stream: Callable[..., Stream], tmp_path: Path
+) -> None:
+    """An encrypted stream's manifest is sealed since its creation (its pointer says so):
+    a plaintext (format 1) index and data object of the same segment and attempt, put
+    in the place of the sealed ones by someone with bucket access, are refused by the
+    cross-tier reader, scrub and the offloader, never served."""
+    from tierlog.offload.errors import OffloadedDataCorruptError
+    from tierlog.spark.jobs.scrub import check_fragment
+    from tierlog.storage.fs_object_store import FsObjectStore
+
+    s = make_stream(offload_threshold_bytes=0, encryption="aes-256-gcm")
+    s.append(random.Random(12), 200)
+    assert s.service.run_once() >= 1
+    tree = s.service.committed_tree()
+    assert tree.sealed
+    entry = next(tree.iter_fragments(s.store.get)).entry
+    ref = next(r for r in s.log.segment_refs() if r.first_offset == entry.first_offset)
+    forger = FsObjectStore(tmp_path / "forged")
+    plain = ObjectStoreOffloader(forger, s.meta, "", s.dir, block_size=5 * MiB)
+    plain.offload(ref, entry.uuid, {})
+    plain.finish(ref.first_offset, entry.uuid)
+    for key in (entry.key, entry.index_key):
+        s.store.put(key, forger.get(key))
+    with pytest.raises(RemoteDataCorruptError, match="expected a sealed index"):
+        read_all(s.reader(OffsetSpec.first(), local=False))
+    problem = check_fragment(s.store, entry, sealed=True)
+    assert problem is not None and problem["kind"] == "corrupt-fragment"
+    fresh = ObjectStoreOffloader(s.store, s.meta, "", s.dir, block_size=5 * MiB)
+    with pytest.raises(OffloadedDataCorruptError):
+        fresh.read_offloaded(entry.first_offset, entry.uuid, require_sealed=True)
+    # the Spark source's executor side
+    from tierlog.remote.errors import CorruptFragmentError
+    from tierlog.remote.manifest_walk import Bounds
+    from tierlog.spark.planning import coalesce, plan_stream
+    from tierlog.spark.reading import ReadSettings, read_task
+
+    task = coalesce(plan_stream("s", tree, s.store.get, Bounds()), Bounds(), 0)[0]
+    assert task.sealed and task.fragments[0] == entry
+    where = ReadSettings(f"file://{tmp_path / 'objects'}", (), False, False, True, None)
+    with pytest.raises(CorruptFragmentError, match="expected a sealed index"):
+        list(read_task(task, where))

@@ -39,6 +39,12 @@ from tierlog.tiering.tierer import StreamTierer
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+EXECUTOR_KEKS = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+"""The key-encryption keys Spark's executors hold (``TIERLOG_KEKS``: id ``k1``, the bytes
+0..31, the key the encrypted streams of the tests use): sealed objects are read on the
+executors with the keys of their environment, as in production."""
+
+
 SPARK_TIERING = TieringConfig(
     fragment_bytes=8 * 1024,
     max_fragment_age=0.2,
@@ -81,6 +87,7 @@ def build_spark(app_name: str = "tierlog-tests", master: str = "local[2,4]") -> 
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.executorEnv.TIERLOG_KEKS", EXECUTOR_KEKS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -242,3 +242,102 @@ def test_plaintext_dictionary_under_an_encrypted_fragment_is_refused(
 def make_reader_fresh(s: object) -> list[bytes]:
     """Chunks through a new manifest source (no dictionary cached from earlier reads)."""
     return s.remote_chunks()  # type: ignore[attr-defined, no-any-return]
+
+
+# ----- downgrade: plaintext manifest objects in place of sealed ones -----------------------
+
+
+def test_plaintext_manifest_objects_in_place_of_sealed_ones_are_refused(
+    tmp_path: Path, ring: Keyring
+) -> None:
+    """A stream created encrypted has a pointer saying so (in the MetaStore, out of reach
+    of someone with bucket access only): a plaintext root, branch or fragment put in the
+    place of a sealed one is refused by every reader, never read."""
+    from tests.tiering.test_cold import make
+    from tierlog.read.errors import RemoteDataCorruptError
+    from tierlog.remote.committed import load_committed_tree
+    from tierlog.remote.dictionaries import DictionaryCache, as_v1_fragment
+    from tierlog.remote.errors import CorruptFragmentError
+    from tierlog.remote.manifest_walk import Bounds
+    from tierlog.spark.jobs.common import walk_manifest
+    from tierlog.spark.jobs.scrub import check_fragment
+    from tierlog.spark.planning import coalesce, plan_stream
+    from tierlog.spark.reading import ReadSettings, read_task
+
+    s = make(tmp_path, encryption="aes-256-gcm", manifest_fanout=2)
+    s.tierer.committer.m = 2
+    try:
+        s.publish(12, 300)
+        original = s.chunks()
+        s.tier_and_free()
+        inc, prefix = s.tierer.remote.stream_dir, s.tierer.remote.prefix
+        pointer = s.catalog.read_pointer(inc)
+        assert pointer is not None and pointer.sealed and pointer.root_uid is not None
+        walk = walk_manifest(s.store, s.catalog, prefix, inc)
+        assert walk.problems == [] and walk.branch_keys
+        victim = walk.branch_keys[0]
+        sealed_branch = s.store.get(victim)
+        s.store.put(victim, bytes(open_object(victim, sealed_branch)))  # a valid plaintext
+        _, tree = load_committed_tree(s.catalog, s.store, prefix, inc, 2)
+        assert tree.sealed
+        with pytest.raises(AuthenticationError, match="expected a sealed object"):
+            list(tree.iter_fragments(s.store.get))
+        problems = walk_manifest(s.store, s.catalog, prefix, inc).problems
+        assert [p["kind"] for p in problems] == ["corrupt-branch"]
+        s.store.put(victim, sealed_branch)
+        root_key = s.tierer.remote.root_key(bytes.fromhex(pointer.root_uid))
+        sealed_root = s.store.get(root_key)
+        s.store.put(root_key, bytes(open_object(root_key, sealed_root)))
+        with pytest.raises(AuthenticationError, match="expected a sealed object"):
+            read_committed_root(s.catalog, s.store, prefix, inc)
+        s.store.put(root_key, sealed_root)
+        assert s.remote_chunks() == original
+        # a v1 (plaintext) fragment of the very same chunks in the place of a sealed one
+        fragment = s.fragment_keys()[0]
+        sealed_fragment = s.store.get(fragment)
+        plaintext = as_v1_fragment(s.store, fragment, sealed_fragment, DictionaryCache(s.store))
+        s.store.put(fragment, bytes(plaintext))
+        s.tierer.committer.tree.clear_cache()
+        with pytest.raises(RemoteDataCorruptError, match="plaintext fragment"):
+            s.remote_chunks()
+        entry = next(e for e in walk_manifest(s.store, s.catalog, prefix, inc).fragments)
+        problem = check_fragment(s.store, entry, sealed=True)
+        assert problem is not None and "plaintext fragment" in problem["detail"]
+        _, tree = load_committed_tree(s.catalog, s.store, prefix, inc, 2)
+        task = coalesce(plan_stream("s", tree, s.store.get, Bounds()), Bounds(), 1 << 40)[0]
+        assert task.sealed and task.fragments[0].key == fragment
+        where = ReadSettings(f"file://{tmp_path / 'objects'}", (), False, False, True, None)
+        with pytest.raises(CorruptFragmentError, match="plaintext fragment"):
+            list(read_task(task, where))  # the Spark source's executor side
+        s.store.put(fragment, sealed_fragment)
+        assert s.remote_chunks() == original
+    finally:
+        s.close()
+
+
+def test_streams_not_created_encrypted_keep_reading_plaintext(
+    tmp_path: Path, ring: Keyring
+) -> None:
+    """Compatibility: a stream without encryption keeps a pointer without the flag, and one
+    that turned encryption on later (its older branches are plaintext) is not flagged."""
+    from tests.tiering.test_cold import make
+
+    s = make(tmp_path, manifest_fanout=2)
+    s.tierer.committer.m = 2
+    try:
+        s.publish(13, 150)
+        before = s.chunks()
+        s.tier_and_free()
+        inc = s.tierer.remote.stream_dir
+        value = s.meta.get(f"pointer/{inc}")
+        assert value is not None and b"sealed" not in value.value
+        s.settings = ENCRYPTED  # turned on: new objects sealed, old ones stay readable
+        s.publish(14, 150)
+        original = before + [c for c in s.chunks() if c not in set(before)]
+        s.tier_and_free()
+        pointer = s.catalog.read_pointer(inc)
+        assert pointer is not None and not pointer.sealed and pointer.root_uid is not None
+        assert is_sealed(s.store.get(s.tierer.remote.root_key(bytes.fromhex(pointer.root_uid))))
+        assert s.remote_chunks() == original
+    finally:
+        s.close()

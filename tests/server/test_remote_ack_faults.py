@@ -65,6 +65,8 @@ async def test_confirms_follow_the_object_store(
             kinds={"500": 1, "503": 1, "reset": 1, "lost_reply": 1, "delay": 1},
             delay_s=(0.1, 0.4),
         )
+        for kind in ("500", "lost_reply"):  # some faults whatever the draw
+            s3_fault_proxy.inject_next(kind)
         await publish_for(server.stream_port, STREAM, 2.0, producer=PRODUCER, state=published)
         assert len(published.confirmed) > 50
         assert s3_fault_proxy.total_injected() > 0

@@ -132,6 +132,8 @@ async def test_publish_tier_and_read_under_ten_percent_faults_with_a_crash(
     server.start()
     await create_stream(server, "faulty")
     s3_fault_proxy.configure(rate=0.10, delay_s=(0.01, 0.3))
+    for kind in ("503", "reset"):  # some faults whatever the draw
+        s3_fault_proxy.inject_next(kind)
     sent = 0
     for _ in range(4):
         batch = [b"msg-%06d" % (sent + i) + b"x" * 2000 for i in range(200)]

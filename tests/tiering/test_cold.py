@@ -60,7 +60,7 @@ class ColdStream:
     def __init__(self, root: Path, settings: StreamSettings) -> None:
         self.meta = SqliteMetaStore(str(root / "meta.db"))
         self.catalog = Catalog(self.meta)
-        record = self.catalog.create("/", "s")
+        record = self.catalog.create("/", "s", settings)
         self.log = StreamLog.create(
             str(root / "data"),
             "/",

@@ -99,11 +99,23 @@ class AesGcmFrameCipher:
     def _aad(self, frame_no: int, last: bool, extra: bytes) -> bytes:
         return _FRAME_AAD + self._object_key + struct.pack(">QB", frame_no, last) + extra
 
-    def seal(self, frame_no: int, last: bool, plaintext: bytes, extra_aad: bytes = b"") -> bytes:
+    def seal(
+        self,
+        frame_no: int,
+        last: bool,
+        plaintext: bytes | bytearray | memoryview,
+        extra_aad: bytes = b"",
+    ) -> bytes:
         nonce = struct.pack(">IQ", 0, frame_no)
         return bytes(self._aead.encrypt(nonce, plaintext, self._aad(frame_no, last, extra_aad)))
 
-    def open(self, frame_no: int, last: bool, sealed: bytes, extra_aad: bytes = b"") -> bytes:
+    def open(
+        self,
+        frame_no: int,
+        last: bool,
+        sealed: bytes | bytearray | memoryview,
+        extra_aad: bytes = b"",
+    ) -> bytes:
         from cryptography.exceptions import InvalidTag
 
         if len(sealed) < TAG_SIZE:

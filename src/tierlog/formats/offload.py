@@ -555,6 +555,8 @@ class ChunkLocations:
     sizes: np.ndarray  # int64: payload (chunk) length
     crcs: np.ndarray  # uint32: CRC-32 of the whole chunk
     blocks: np.ndarray  # int64: the block (part number - 1) holding the chunk
+    stored_starts: np.ndarray  # int64: where the chunk's stored entry (or frame) starts
+    stored_sizes: np.ndarray  # int64: bytes of the stored entry (or frame)
 
 
 def chunk_locations(index: OffloadIndex) -> ChunkLocations:
@@ -580,4 +582,6 @@ def chunk_locations(index: OffloadIndex) -> ChunkLocations:
         sizes,
         np.asarray(meta.chunk_crcs, dtype=np.uint32),
         blocks,
+        offsets - ENTRY_HEADER_SIZE,
+        sizes + ENTRY_HEADER_SIZE,
     )

@@ -4,8 +4,11 @@
 multipart upload, one part per block from part 1, streamed from the segment file with
 ``os.preadv``: the next block is read while the current one uploads, so two blocks at most are
 in memory, never the segment) plus an index object
-(``tierlog.formats.offload``). ``read_offloaded`` returns a handle whose readers behave like
-local segment readers; ``delete_offloaded`` removes both objects.
+(``tierlog.formats.offload``). An encrypted stream's segments go in format 2
+(``tierlog.formats.offload_sealed``): each chunk sealed as its own frame under the data
+object's key (``offload.sealed_blocks``), the index sealed whole. ``read_offloaded`` returns a
+handle whose readers behave like local segment readers (either format);
+``delete_offloaded`` removes both objects.
 
 Every attempt has a UUID, recorded in the MetaStore before anything is uploaded, with the
 multipart upload id recorded right after initiation; the object keys carry the UUID. The
@@ -30,30 +33,24 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tierlog.errors import ConfigError
-from tierlog.formats.chunk import HEADER_SIZE, check_crc, decode_header
-from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError
 from tierlog.formats.offload import (
     DEFAULT_BLOCK_SIZE,
     FORMAT_VERSION,
     FORMAT_VERSION_KEY,
-    BlockPlan,
     OffloadIndex,
-    SegmentMetadata,
     build_index,
     check_block_size,
-    decode_index,
     encode_index,
-    frame_block,
     required_block_size,
 )
-from tierlog.formats.segment import (
-    FILE_HEADER_SIZE,
-    INDEX_RECORD_DTYPE,
-    INDEX_RECORD_SIZE,
-    check_index_header,
+from tierlog.formats.offload_sealed import (
+    SEALED_FORMAT_VERSION,
+    SealedOffloadIndex,
+    build_sealed_index,
+    encode_sealed_index,
 )
-from tierlog.log.segment_files import SegmentRef, pread_exact, read_file
+from tierlog.log.segment_files import SegmentRef
 from tierlog.logs import get_logger
 from tierlog.offload.attempts import Attempt, AttemptLog
 from tierlog.offload.errors import (
@@ -64,13 +61,18 @@ from tierlog.offload.errors import (
 )
 from tierlog.offload.keys import data_key, index_key, parse_offload_key, segments_prefix
 from tierlog.offload.reader import OffloadedSegment
+from tierlog.offload.sealed_blocks import seal_block
+from tierlog.offload.source import SegmentSource, fill_block, load_source, read_entries
+from tierlog.remote.encryption import Keyring
+from tierlog.remote.sealing import new_object_cipher, seal_object
+from tierlog.remote.segments import decode_offload_index
+from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import InvalidKeyError, NotFoundError
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import MultipartUpload, ObjectStore
 
 log = get_logger(__name__)
 
-_IOV_MAX = 1024  # iovecs per preadv (Linux's limit)
 DEFAULT_INDEX_CACHE = 64
 
 
@@ -126,50 +128,6 @@ class SegmentOffloader(ABC):
         """Delete the offloaded segment's objects (missing ones are not an error)."""
 
 
-@dataclass(frozen=True)
-class _Source:
-    """A sealed segment file as the offloader sees it."""
-
-    metadata: SegmentMetadata
-    fd: int
-
-
-def _load_source(segment: SegmentRef) -> _Source:
-    """Open the segment and check it is sealed and matches its index: the index's records
-    end at a chunk whose end is the end of the file."""
-    buf = read_file(segment.index_path)
-    try:
-        check_index_header(buf)
-    except FormatError as exc:
-        raise OffloadSourceError(f"{segment.index_path}: {exc}") from exc
-    count = (len(buf) - FILE_HEADER_SIZE) // INDEX_RECORD_SIZE
-    records = np.frombuffer(buf, INDEX_RECORD_DTYPE, count=count, offset=FILE_HEADER_SIZE)
-    zero = np.flatnonzero(records["position"] == 0)  # all-zero records end the index
-    if len(zero):
-        records = records[: int(zero[0])]
-    if len(records) == 0:
-        raise OffloadSourceError(f"{segment.index_path}: no chunk to offload")
-    fd = os.open(segment.segment_path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        last_pos = int(records["position"][-1])
-        try:
-            last = decode_header(pread_exact(fd, HEADER_SIZE, last_pos))
-        except FormatError as exc:
-            raise OffloadSourceError(f"{segment.segment_path} at {last_pos}: {exc}") from exc
-        end = last_pos + last.total_size
-        if last.chunk_id != int(records["chunk_id"][-1]) or end != size:
-            raise OffloadSourceError(
-                f"{segment.segment_path}: not sealed or not matching its index (last indexed "
-                f"chunk {int(records['chunk_id'][-1])} ends at {end}, file has {size} bytes)"
-            )
-        metadata = SegmentMetadata(segment.first_offset, last.next_offset, size, records.copy())
-        return _Source(metadata, fd)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class ObjectStoreOffloader(SegmentOffloader):
     """The offloader of one stream over an ``ObjectStore`` (filesystem or S3).
 
@@ -177,7 +135,11 @@ class ObjectStoreOffloader(SegmentOffloader):
     chunk larger than ``block_size - 140`` is cut into blocks of that chunk + 140 bytes
     instead (each block must hold a whole chunk; readers learn the size from the index).
     ``verify_crc``: check each chunk's header and data CRC while uploading, so a segment
-    damaged on disk is refused rather than offloaded.
+    damaged on disk is refused rather than offloaded. ``settings``: the stream's current
+    settings; when they ask for encryption a segment is offloaded in format 2 (every entry
+    a frame sealed under the data object's own key, the index sealed: see
+    ``formats.offload_sealed``), with ``keyring`` (default: the process's) for new keys and
+    for reading.
     """
 
     def __init__(
@@ -192,6 +154,8 @@ class ObjectStoreOffloader(SegmentOffloader):
         index_cache: int = DEFAULT_INDEX_CACHE,
         read_bytes: int = 4 * 1024 * 1024,
         step_hook: Callable[[str], None] | None = None,
+        settings: Callable[[], StreamSettings] | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         try:
             self.block_size = check_block_size(block_size)
@@ -204,6 +168,8 @@ class ObjectStoreOffloader(SegmentOffloader):
         self.verify_crc = verify_crc
         self.read_bytes = read_bytes
         self._step_hook = step_hook
+        self._settings = settings
+        self._keyring = keyring
         self._lock = threading.Lock()
         self._running: set[uuid_module.UUID] = set()
         self._indexes: OrderedDict[tuple[int, uuid_module.UUID], OffloadedSegment] = OrderedDict()
@@ -230,7 +196,7 @@ class ObjectStoreOffloader(SegmentOffloader):
         attempt_uuid: uuid_module.UUID,
         extra_metadata: Mapping[str, str],
     ) -> OffloadResult:
-        source = _load_source(segment)
+        source = load_source(segment)
         try:
             return self._offload(segment, source, attempt_uuid, extra_metadata)
         finally:
@@ -239,25 +205,36 @@ class ObjectStoreOffloader(SegmentOffloader):
     def _offload(
         self,
         segment: SegmentRef,
-        source: _Source,
+        source: SegmentSource,
         uuid: uuid_module.UUID,
         extra: Mapping[str, str],
     ) -> OffloadResult:
         meta = source.metadata
         first = meta.first_offset
         sizes = meta.chunk_sizes()
-        block_size = max(self.block_size, required_block_size(int(sizes.max())))
+        dkey, ikey = self.data_key(first, uuid), self.index_key(first, uuid)
+        settings = self._settings() if self._settings is not None else None
+        cipher = (
+            new_object_cipher(settings, dkey, keyring=self._keyring)
+            if settings is not None
+            else None
+        )
+        index: OffloadIndex
         try:
-            index, plans = build_index(meta, block_size)
+            if cipher is None:
+                block_size = max(self.block_size, required_block_size(int(sizes.max())))
+                index, plans = build_index(meta, block_size)
+            else:  # blocks of whole frames, each at least the block size: any chunk fits
+                index, plans = build_sealed_index(meta, self.block_size, cipher.key_block)
         except FormatError as exc:
             raise OffloadSourceError(f"{segment.segment_path}: {exc}") from exc
+        version = FORMAT_VERSION if cipher is None else SEALED_FORMAT_VERSION
         metadata = {
             **extra,
-            FORMAT_VERSION_KEY: str(FORMAT_VERSION),
+            FORMAT_VERSION_KEY: str(version),
             "tierlog-segment": str(first),
             "tierlog-attempt": uuid.hex,
         }
-        dkey, ikey = self.data_key(first, uuid), self.index_key(first, uuid)
         # marked running before it is recorded, so a concurrent ``recover`` never takes it
         # for a crashed attempt; a uuid already recorded belongs to another attempt, whose
         # objects the cleanup below must not touch
@@ -279,11 +256,23 @@ class ObjectStoreOffloader(SegmentOffloader):
             attempt = self.attempts.set_upload_id(attempt, upload.upload_id)
             self._step("upload-id-recorded")
             crcs = np.zeros(meta.chunk_count, dtype=np.uint32)
-            buffers = [bytearray(plans[0].length) for _ in plans[:2]]
+            buffers = [bytearray(plans[0].length) for _ in plans[:2]] if cipher is None else []
 
             def fill(k: int) -> memoryview:
+                if cipher is not None:
+                    assert isinstance(index, SealedOffloadIndex)
+                    return memoryview(
+                        seal_block(
+                            plans[k],
+                            index,
+                            cipher,
+                            lambda view, slots, lo: read_entries(
+                                view, slots, lo, source, crcs, verify=self.verify_crc
+                            ),
+                        )
+                    )
                 view = memoryview(buffers[k % 2])[: plans[k].length]
-                self._fill_block(view, plans[k], meta, sizes, crcs, source.fd, segment)
+                fill_block(view, plans[k], source, sizes, crcs, verify=self.verify_crc)
                 return view
 
             # block k + 1 is read and checked while block k uploads: two blocks in memory
@@ -299,7 +288,12 @@ class ObjectStoreOffloader(SegmentOffloader):
             upload.complete()
             self._step("completed")
             index = replace(index, metadata=replace(meta, chunk_crcs=crcs))
-            encoded = encode_index(index)
+            if isinstance(index, SealedOffloadIndex):
+                assert settings is not None
+                plain = encode_sealed_index(index)
+                encoded = seal_object(settings, ikey, plain, keyring=self._keyring)
+            else:
+                encoded = encode_index(index)
             self.store.put(ikey, encoded, metadata=metadata)
             self._step("index-written")
         except Exception:
@@ -326,51 +320,6 @@ class ObjectStoreOffloader(SegmentOffloader):
             max_epoch=int(records["epoch"].max()),
             puts=len(plans) + 3,
         )
-
-    def _fill_block(
-        self,
-        view: memoryview,
-        plan: BlockPlan,
-        meta: SegmentMetadata,
-        sizes: np.ndarray,
-        crcs: np.ndarray,
-        fd: int,
-        segment: SegmentRef,
-    ) -> None:
-        """Frame the block and read its chunks straight into place: the block's chunks are
-        contiguous in the segment file, so one ``preadv`` (per 1024 chunks) scatters them
-        between the entry headers."""
-        ids = meta.records["chunk_id"]
-        slots = frame_block(view, plan, ids, sizes)
-        position = int(meta.records["position"][plan.first_entry])
-        for at in range(0, len(slots), _IOV_MAX):
-            batch = slots[at : at + _IOV_MAX]
-            buffers = [view[start:end] for start, end in batch]
-            want = sum(end - start for start, end in batch)
-            got = os.preadv(fd, buffers, position)
-            if got != want:
-                raise OffloadSourceError(
-                    f"{segment.segment_path}: short read of {got} of {want} bytes at {position}"
-                )
-            position += want
-        for i, (start, end) in enumerate(slots):
-            crcs[plan.first_entry + i] = crc32(view[start:end])
-        if self.verify_crc:
-            for i, (start, end) in enumerate(slots):
-                chunk = view[start:end]
-                expected = int(ids[plan.first_entry + i])
-                try:
-                    header = decode_header(chunk)
-                    if header.chunk_id != expected or header.total_size != end - start:
-                        raise FormatError(
-                            f"chunk {header.chunk_id} of {header.total_size} bytes where the "
-                            f"index has chunk {expected} of {end - start} bytes"
-                        )
-                    check_crc(
-                        header, chunk[header.data_start : header.data_start + header.data_length]
-                    )
-                except FormatError as exc:
-                    raise OffloadSourceError(f"{segment.segment_path}: {exc}") from exc
 
     def _cleanup_after_failure(
         self,
@@ -443,12 +392,16 @@ class ObjectStoreOffloader(SegmentOffloader):
 
     # -- read and delete --------------------------------------------------------------------
 
-    def read_offloaded(self, segment: int, attempt_uuid: uuid_module.UUID) -> OffloadedSegment:
-        """The offloaded segment, its index object fetched once and cached."""
+    def read_offloaded(
+        self, segment: int, attempt_uuid: uuid_module.UUID, *, require_sealed: bool = False
+    ) -> OffloadedSegment:
+        """The offloaded segment, its index object fetched once and cached.
+        ``require_sealed``: the manifest naming it is sealed, so a plaintext index is
+        refused (``OffloadedDataCorruptError``)."""
         cache_key = (segment, attempt_uuid)
         with self._lock:
             cached = self._indexes.get(cache_key)
-            if cached is not None:
+            if cached is not None and (cached.entries.sealed or not require_sealed):
                 self._indexes.move_to_end(cache_key)
                 return cached
         ikey = self.index_key(segment, attempt_uuid)
@@ -459,7 +412,9 @@ class ObjectStoreOffloader(SegmentOffloader):
                 f"offloaded segment {segment} (attempt {attempt_uuid}) not found: {ikey!r}"
             ) from None
         try:
-            index: OffloadIndex = decode_index(raw)
+            index = decode_offload_index(
+                ikey, raw, keyring=self._keyring, require_sealed=require_sealed
+            )
         except FormatError as exc:
             raise OffloadedDataCorruptError(f"{ikey}: {exc}") from exc
         if index.metadata.first_offset != segment:
@@ -467,7 +422,11 @@ class ObjectStoreOffloader(SegmentOffloader):
                 f"{ikey}: index is of segment {index.metadata.first_offset}, not {segment}"
             )
         handle = OffloadedSegment(
-            self.store, self.data_key(segment, attempt_uuid), index, read_bytes=self.read_bytes
+            self.store,
+            self.data_key(segment, attempt_uuid),
+            index,
+            read_bytes=self.read_bytes,
+            keyring=self._keyring,
         )
         with self._lock:
             self._indexes[cache_key] = handle

@@ -7,7 +7,9 @@ that segment and hand out the same ``ChunkRead`` objects (``segment_path`` is th
 object's key, ``position`` the chunk's byte position in it). Data comes with ranged GETs of
 whole chunks, at most ``read_bytes`` per request (one chunk at least) and never across a
 block; each chunk's entry header, chunk header and whole-chunk CRC (from the index) are checked
-before it is served.
+before it is served. An encrypted stream's segment (offload format 2) is read the same way:
+its entries are frames, each opened on its own (``remote.segments.SegmentEntries``), so a
+ranged GET decrypts only the chunks it fetched.
 """
 
 from __future__ import annotations
@@ -19,16 +21,13 @@ from collections.abc import Iterator
 from tierlog.formats.chunk import ChunkType, decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import CrcMismatchError, FormatError
-from tierlog.formats.offload import (
-    ENTRY_HEADER_SIZE,
-    OffloadIndex,
-    chunk_locations,
-    decode_entry_header,
-)
+from tierlog.formats.offload import OffloadIndex
 from tierlog.log.errors import LogClosedError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import ChunkRead
 from tierlog.offload.errors import OffloadedDataCorruptError, OffloadNotFoundError
+from tierlog.remote.encryption import Keyring
+from tierlog.remote.segments import SegmentEntries, locate_chunks
 from tierlog.storage.errors import NotFoundError
 from tierlog.storage.object_store import ObjectStore
 
@@ -37,13 +36,23 @@ class OffloadedSegment:
     """One offloaded segment (the seed's ``ReadHandle``): open readers with ``reader``."""
 
     def __init__(
-        self, store: ObjectStore, data_key: str, index: OffloadIndex, *, read_bytes: int
+        self,
+        store: ObjectStore,
+        data_key: str,
+        index: OffloadIndex,
+        *,
+        read_bytes: int,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = store
         self.data_key = data_key
         self.index = index
         self.read_bytes = read_bytes
-        locs = chunk_locations(index)
+        try:
+            self.entries = SegmentEntries(data_key, index, keyring=keyring)
+        except FormatError as exc:  # a key the process does not hold (named), a bad key block
+            raise OffloadedDataCorruptError(f"{data_key}: {exc}") from exc
+        locs = locate_chunks(index)
         self.chunk_ids: list[int] = locs.chunk_ids.tolist()
         self.timestamps: list[int] = locs.timestamps.tolist()
         self.chunk_types: list[int] = locs.chunk_types.tolist()
@@ -51,6 +60,8 @@ class OffloadedSegment:
         self.sizes: list[int] = locs.sizes.tolist()
         self.blocks: list[int] = locs.blocks.tolist()
         self.crcs: list[int] = locs.crcs.tolist()
+        self.stored_starts: list[int] = locs.stored_starts.tolist()
+        self.stored_sizes: list[int] = locs.stored_sizes.tolist()
 
     @property
     def first_offset(self) -> int:
@@ -98,21 +109,21 @@ class OffloadedSegment:
         """The chunks ``[i, end)`` one request fetches: same block, whole chunks, at most
         ``read_bytes`` unless chunk ``i`` alone is larger."""
         block = self.blocks[i]
-        start = self.offsets[i] - ENTRY_HEADER_SIZE
+        start = self.stored_starts[i]
         end = i + 1
         n = len(self.chunk_ids)
         while (
             end < n
             and self.blocks[end] == block
-            and self.offsets[end] + self.sizes[end] - start <= self.read_bytes
+            and self.stored_starts[end] + self.stored_sizes[end] - start <= self.read_bytes
         ):
             end += 1
         return end
 
     def fetch(self, lo: int, hi: int) -> memoryview:
-        """Bytes of chunks ``[lo, hi)`` with the entry header before each (one ranged GET)."""
-        start = self.offsets[lo] - ENTRY_HEADER_SIZE
-        end = self.offsets[hi - 1] + self.sizes[hi - 1]
+        """Stored entries of chunks ``[lo, hi)`` (one ranged GET)."""
+        start = self.stored_starts[lo]
+        end = self.stored_starts[hi - 1] + self.stored_sizes[hi - 1]
         try:
             data = self.store.get_view(self.data_key, start, end)
         except NotFoundError:
@@ -187,19 +198,19 @@ class OffloadedSegmentReader:
                 hi = segment.window_end(i)
                 self._window = segment.fetch(i, hi)
                 self._window_lo, self._window_hi = i, hi
-                self._window_start = segment.offsets[i] - ENTRY_HEADER_SIZE
+                self._window_start = segment.stored_starts[i]
             chunk_id = segment.chunk_ids[i]
             size = segment.sizes[i]
-            at = segment.offsets[i] - self._window_start
+            at = segment.stored_starts[i] - self._window_start
             window = self._window
             try:
-                length, entry_id = decode_entry_header(window, at - ENTRY_HEADER_SIZE)
-                raw = window[at : at + size]
+                stored = window[at : at + segment.stored_sizes[i]]
+                raw = segment.entries.chunk(i, stored, size, chunk_id)
                 header = decode_header(raw)
-                if (length, entry_id) != (size, chunk_id) or header.chunk_id != chunk_id:
+                if header.chunk_id != chunk_id:
                     raise FormatError(
-                        f"entry ({length} bytes, id {entry_id}) holding chunk {header.chunk_id} "
-                        f"where the index has chunk {chunk_id} of {size} bytes"
+                        f"entry holding chunk {header.chunk_id} where the index has chunk "
+                        f"{chunk_id} of {size} bytes"
                     )
                 if header.total_size != size:
                     raise FormatError(f"chunk {chunk_id} is {header.total_size} bytes, not {size}")

@@ -199,7 +199,9 @@ class SegmentOffloadService:
         tracking = TrackingState()
         entry = tree.locate_offset(tree.next_offset - 1, self.offloader.store.get).entry
         if entry.is_segment:
-            handle = self.offloader.read_offloaded(entry.first_offset, entry.uuid)
+            handle = self.offloader.read_offloaded(
+                entry.first_offset, entry.uuid, require_sealed=tree.sealed
+            )
             with handle.reader(OffsetSpec.first(), user_only=False) as reader:
                 for chunk in reader.chunks():
                     raw = chunk.raw

@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.formats.fragment_frames import FrameDecoder
+from tierlog.formats.fragment_v2 import FragmentIndexV2
 from tierlog.read.errors import FragmentExpiredError, RemoteDataCorruptError
 from tierlog.remote.committed import CommittedManifest
 from tierlog.remote.dictionaries import DictionaryCache, frame_decoder
@@ -25,6 +26,13 @@ from tierlog.remote.segments import read_segment_index
 from tierlog.storage.errors import NotFoundError
 
 DEFAULT_INDEX_CACHE = 64
+
+
+def is_encrypted_index(index: FragmentIndex) -> bool:
+    """Whether a fragment's index says its frames are sealed (v2, encrypted)."""
+    return isinstance(index, FragmentIndexV2) and index.encrypted
+
+
 DEFAULT_BRANCH_CACHE = 256
 
 
@@ -98,11 +106,17 @@ class ManifestSource:
                 self._indexes.move_to_end(key)
                 return cached
         index: FragmentIndex
+        sealed = self.tree().sealed  # a sealed manifest names sealed fragments and segments
         try:
             if loc.entry.is_segment:
-                index = read_segment_index(self.store, loc.entry)
+                index = read_segment_index(self.store, loc.entry, require_sealed=sealed)
             else:
                 index = read_known_fragment(self.store, loc.entry).index
+                if sealed and not is_encrypted_index(index):
+                    raise RemoteDataCorruptError(
+                        f"{key}: a plaintext fragment where the stream's manifest names "
+                        "encrypted ones only"
+                    )
         except NotFoundError:
             raise FragmentExpiredError(key) from None
         except CorruptFragmentError as exc:

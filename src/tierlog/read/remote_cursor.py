@@ -22,7 +22,6 @@ from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
 from tierlog.formats.fragment_v2 import stored_sizes
-from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
 from tierlog.read.errors import RemoteDataCorruptError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher, RangeStream, Span
@@ -78,14 +77,15 @@ def _index_spans(key: str, index: FragmentIndex, i: int, step: int) -> Iterator[
     """The spans reading chunks ``i`` on of one fragment or offloaded segment: a fragment's
     stored frames (v1: the chunks) end where its index starts; a segment's chunks come in
     runs of entries, one run per block."""
-    positions: list[int] = index.records["position"][i:].astype(np.int64).tolist()
     if not isinstance(index, SegmentChunkIndex):
+        positions: list[int] = index.records["position"][i:].astype(np.int64).tolist()
         yield from aligned_spans(key, positions, index.trailer.index_start, step)
         return
-    # one run of whole entries (entry header + chunk) per block; no block header or padding
+    # one run of whole stored entries (entry header + chunk, or the sealed frame of both)
+    # per block; no block header or padding
+    stored_starts: list[int] = index.stored_starts.tolist()
     for lo, hi, end in entry_runs(index, i):
-        starts = [p - ENTRY_HEADER_SIZE for p in positions[lo - i : hi - i]]
-        yield from aligned_spans(key, starts, end, step)
+        yield from aligned_spans(key, stored_starts[lo:hi], end, step)
 
 
 class RemoteCursor:
@@ -126,10 +126,14 @@ class RemoteCursor:
         self._stored: list[int] = stored_sizes(index).astype(np.int64).tolist()
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
         self._types: list[int] = records["chunk_type"].tolist()
-        # an offloaded segment: a 12-byte entry header precedes each chunk in the stream,
-        # and chunks are checked against the CRC-32 of their whole bytes from its index
-        self._segment = isinstance(index, SegmentChunkIndex)
+        # an offloaded segment: each chunk is stored as an entry (a 12-byte entry header and
+        # the chunk, sealed as one frame in an encrypted stream), and chunks are checked
+        # against the CRC-32 of their whole bytes from its index
+        self._entries = index.entries if isinstance(index, SegmentChunkIndex) else None
+        self._segment = self._entries is not None
         self._crcs: list[int] = records["crc"].tolist() if self._segment else []
+        if isinstance(index, SegmentChunkIndex):
+            self._stored = index.stored_sizes.tolist()
         self._i = 0
 
     def _spans(self, first: FragmentLocation, i: int) -> Iterator[Span]:
@@ -174,20 +178,10 @@ class RemoteCursor:
         if chunk_id >= self._until:
             return None
         size = self._sizes[i]
-        if self._segment:
-            entry = self._stream.read(ENTRY_HEADER_SIZE + size)
-            raw = entry[ENTRY_HEADER_SIZE:]
-        else:
-            raw = self._stream.read(self._stored[i])
+        raw = self._stream.read(self._stored[i])
         try:
-            if self._segment:
-                length, entry_id = decode_entry_header(entry)
-                if (length, entry_id) != (size, chunk_id):
-                    raise RemoteDataCorruptError(
-                        f"{self.key}: entry ({length} bytes, id {entry_id}) at "
-                        f"{self._positions[i] - ENTRY_HEADER_SIZE}, the index says chunk "
-                        f"{chunk_id} of {size} bytes"
-                    )
+            if self._entries is not None:
+                raw = self._entries.chunk(i, raw, size, chunk_id)
             elif self._decoder is not None:
                 raw = memoryview(self._decoder.decode(i, raw))
             header = decode_header(raw)

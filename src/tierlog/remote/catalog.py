@@ -45,14 +45,25 @@ class StreamRecord:
 
 @dataclass(frozen=True, slots=True)
 class ManifestPointer:
-    """Which root object is the committed manifest, written under which epoch."""
+    """Which root object is the committed manifest, written under which epoch.
+
+    ``sealed``: the stream was created encrypted and has stayed so, so the root, every
+    branch and every offloaded segment index its manifest names must be sealed; readers
+    refuse a plaintext one put in their place (a downgrade by someone with bucket access
+    only: the pointer lives in the MetaStore). Set when the stream is created, kept by each
+    commit while the stream is encrypted, dropped for good once it is not. Absent from the
+    pointers of other streams, which are unchanged."""
 
     root_uid: str | None
     epoch: int
     version: int
+    sealed: bool = False
 
     def encode(self) -> bytes:
-        return json.dumps({"root": self.root_uid, "epoch": self.epoch}).encode()
+        body: dict[str, object] = {"root": self.root_uid, "epoch": self.epoch}
+        if self.sealed:
+            body["sealed"] = True
+        return json.dumps(body).encode()
 
     @staticmethod
     def decode(value: bytes, version: int) -> ManifestPointer:
@@ -61,8 +72,11 @@ class ManifestPointer:
             root = data["root"]
             if root is not None:
                 bytes.fromhex(root)
-            return ManifestPointer(root_uid=root, epoch=int(data["epoch"]), version=version)
-        except (ValueError, KeyError, TypeError) as exc:
+            sealed = data.get("sealed", False)
+            if not isinstance(sealed, bool):
+                raise TypeError(f"sealed is {sealed!r}")
+            return ManifestPointer(root, int(data["epoch"]), version, sealed)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptPointerError(
                 f"manifest pointer (version {version}) does not decode: {exc}"
             ) from exc
@@ -94,7 +108,9 @@ class Catalog:
             raise StreamExistsError(f"stream {name!r} already exists in vhost {vhost!r}")
         # Pointer first: an orphaned pointer (crash in between) is harmless, a catalog
         # entry without its pointer is not.
-        empty = ManifestPointer(root_uid=None, epoch=0, version=0)
+        # created encrypted: every manifest object it will ever name is sealed (the flag
+        # stays while the stream stays encrypted, see ``ManifestPointer.sealed``)
+        empty = ManifestPointer(None, 0, 0, sealed=settings.encryption != "none")
         with contextlib.suppress(AlreadyExistsError):
             self.meta.create(pointer_key(incarnation), empty.encode(), epoch=0)
         body = {
@@ -186,12 +202,18 @@ class Catalog:
         return None if stored is None else ManifestPointer.decode(stored.value, stored.version)
 
     def put_pointer(
-        self, incarnation: str, root_uid: str, epoch: int, expected_version: int
+        self,
+        incarnation: str,
+        root_uid: str,
+        epoch: int,
+        expected_version: int,
+        *,
+        sealed: bool = False,
     ) -> int:
         """Conditional put (version unchanged, stored epoch <= epoch); the new version.
 
         Raises VersionConflictError, EpochFencedError, KeyDeletedError (stream deleted)."""
-        value = ManifestPointer(root_uid=root_uid, epoch=epoch, version=0).encode()
+        value = ManifestPointer(root_uid, epoch, 0, sealed).encode()
         return self.meta.put_if(pointer_key(incarnation), value, expected_version, epoch).version
 
     def delete_pointer(self, incarnation: str) -> None:

@@ -36,14 +36,16 @@ def read_committed_root(
 ) -> tuple[ManifestPointer | None, bytes | None]:
     """``(pointer, root bytes)``; ``(None, None)`` when the incarnation was deleted and
     ``(pointer, None)`` before its first commit. TransientError when the root keeps
-    disappearing."""
+    disappearing; ``AuthenticationError`` when the pointer says the manifest is sealed and
+    the root object is not (a plaintext root put in the place of a sealed one)."""
     for _ in range(attempts):
         pointer = catalog.read_pointer(incarnation)
         if pointer is None or pointer.root_uid is None:
             return pointer, None
         try:
             key = root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
-            return pointer, bytes(open_object(key, store.get(key)))
+            stored = store.get(key)
+            return pointer, bytes(open_object(key, stored, require_sealed=pointer.sealed))
         except NotFoundError:
             continue  # superseded and deleted under us: the pointer moved on
     raise TransientError(f"manifest root of {incarnation} keeps disappearing")
@@ -60,7 +62,7 @@ def load_committed_tree(
         raise StreamDeletedError(f"stream {incarnation} was deleted")
     if data is None:
         return pointer, ManifestTree(prefix, incarnation, m=m)
-    return pointer, ManifestTree.from_root(data, prefix, m=m)
+    return pointer, ManifestTree.from_root(data, prefix, m=m, sealed=pointer.sealed)
 
 
 class CommittedManifest(Protocol):

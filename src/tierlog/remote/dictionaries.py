@@ -132,17 +132,27 @@ def as_v1_fragment(
     key: str,
     data: bytes | bytearray | memoryview,
     dictionaries: DictionaryCache | None = None,
+    *,
+    require_encrypted: bool = False,
 ) -> bytes | bytearray | memoryview:
     """A whole fragment object with its chunks in the clear: v1 objects as they are, v2 ones
     decoded (frames opened, decompressed and checked) and laid out as the v1 fragment of the
-    same chunks, for consumers of whole fragments (Spark). CorruptFragmentError when bad."""
+    same chunks, for consumers of whole fragments (Spark). CorruptFragmentError when bad,
+    or when ``require_encrypted`` (the stream's manifest is sealed) and it is plaintext."""
     view = memoryview(data).cast("B")
+    plaintext = CorruptFragmentError(
+        f"{key}: a plaintext fragment where the stream's manifest names encrypted ones only"
+    )
     try:
         if fragment_version(view) == 1:
+            if require_encrypted:
+                raise plaintext
             return data
         index = decode_fragment(view, opener_for(key))
     except FormatError as exc:
         raise CorruptFragmentError(f"{key}: {exc}") from exc
+    if require_encrypted and not (isinstance(index, FragmentIndexV2) and index.encrypted):
+        raise plaintext
     decoder = frame_decoder(key, index, dictionaries or DictionaryCache(store))
     assert decoder is not None
     positions = index.records["position"].astype(int).tolist()

@@ -125,7 +125,7 @@ def committed_fragments(
     pointer, data = read_committed_root(catalog, store, prefix, incarnation)
     if pointer is None or data is None:
         return (pointer.epoch if pointer else 1), 0, []
-    tree = ManifestTree.from_root(data, prefix)
+    tree = ManifestTree.from_root(data, prefix, sealed=pointer.sealed)
     fragments = [loc.entry for loc in tree.iter_fragments(store.get)]
     return pointer.epoch, tree.first_offset, fragments
 

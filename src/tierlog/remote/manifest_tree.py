@@ -136,6 +136,8 @@ class ManifestTree:
         self._cache: OrderedDict[str, ManifestNode] = OrderedDict()
         self._cache_nodes = cache_nodes
         self._uid_factory = uid_factory
+        self.sealed = False
+        """Read from a pointer saying the manifest is sealed (see ``from_root``)."""
 
     # ----- construction and encoding -------------------------------------------------------
 
@@ -148,8 +150,11 @@ class ManifestTree:
         m: int = DEFAULT_M,
         cache_nodes: int = DEFAULT_CACHE_NODES,
         uid_factory: Callable[[], bytes] = new_uid,
+        sealed: bool = False,
     ) -> ManifestTree:
-        """Rebuild the cached root from an encoded root object (checked while decoding)."""
+        """Rebuild the cached root from an encoded root object (checked while decoding).
+        ``sealed``: its pointer says the manifest is sealed, so branches and offloaded
+        segment indexes read through the tree must be sealed too."""
         node = decode_node(data)
         h = node.header
         if h.kind != KIND_ROOT:
@@ -164,6 +169,7 @@ class ManifestTree:
             uid_factory=uid_factory,
         )
         tree._set_root(node.entries)
+        tree.sealed = sealed
         return tree
 
     def header(self, epoch: int | None = None) -> NodeHeader:
@@ -368,6 +374,7 @@ class ManifestTree:
             load,
             bounds,
             branch=lambda entry, nxt: self._branch(entry, nxt, load)[0],
+            require_sealed=self.sealed,
         )
 
     def _fragment(self, entry: ManifestEntry, next_offset: int) -> FragmentEntry:
@@ -404,7 +411,9 @@ class ManifestTree:
         if node is not None:
             self._cache.move_to_end(key)
             return node, 0
-        node = read_branch(load, key, entry, self.stream_dir, next_offset)
+        node = read_branch(
+            load, key, entry, self.stream_dir, next_offset, require_sealed=self.sealed
+        )
         if self._cache_nodes > 0:
             self._cache[key] = node
             while len(self._cache) > self._cache_nodes:

@@ -103,13 +103,20 @@ def branch_mismatch(h: NodeHeader, e: ManifestEntry, stream_dir: str, next_offse
 
 
 def read_branch(
-    load: Loader, key: str, entry: ManifestEntry, stream_dir: str, next_offset: int
+    load: Loader,
+    key: str,
+    entry: ManifestEntry,
+    stream_dir: str,
+    next_offset: int,
+    *,
+    require_sealed: bool = False,
 ) -> ManifestNode:
     """Load and decode the branch ``key`` and check it against ``entry``.
 
-    Raises the loader's errors (NotFoundError), FormatError for bad bytes and
-    ManifestCorruptError when the node contradicts its entry."""
-    node = decode_node(open_object(key, load(key)))
+    Raises the loader's errors (NotFoundError), FormatError for bad bytes (and for a
+    plaintext branch where ``require_sealed``: a manifest sealed since its first commit)
+    and ManifestCorruptError when the node contradicts its entry."""
+    node = decode_node(open_object(key, load(key), require_sealed=require_sealed))
     mismatch = branch_mismatch(node.header, entry, stream_dir, next_offset)
     if mismatch:
         raise ManifestCorruptError(f"branch {key} does not match its entry: {mismatch}", mismatch)
@@ -144,6 +151,7 @@ class ManifestWalker:
     bounds: Bounds = Bounds()
     branch: BranchReader | None = None
     tolerant: bool = False
+    require_sealed: bool = False
     loads: int = 0
     branch_keys: list[str] = field(default_factory=list)
     problems: list[WalkProblem] = field(default_factory=list)
@@ -202,7 +210,14 @@ class ManifestWalker:
         try:
             if self.branch is not None:
                 return self.branch(entry, next_offset)
-            return read_branch(self.load, key, entry, self.stream_dir, next_offset)
+            return read_branch(
+                self.load,
+                key,
+                entry,
+                self.stream_dir,
+                next_offset,
+                require_sealed=self.require_sealed,
+            )
         except NotFoundError:
             if not self.tolerant:
                 raise

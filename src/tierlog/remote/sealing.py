@@ -78,6 +78,30 @@ def seal_object(
     return seal_frames(plaintext, _ring(keyring, key).new_cipher(key))
 
 
+def new_object_cipher(
+    settings: StreamSettings, key: str, *, keyring: Keyring | None = None
+) -> AesGcmFrameCipher | None:
+    """The frame cipher of a new object under ``key`` that seals its own frames (offloaded
+    segment data objects): a fresh data key wrapped under the current KEK, or None for a
+    stream without encryption."""
+    if not is_encrypted(settings):
+        return None
+    return _ring(keyring, key).new_cipher(key)
+
+
+def open_object_cipher(
+    key: str, key_block: bytes, *, keyring: Keyring | None = None
+) -> AesGcmFrameCipher:
+    """The frame cipher of an existing object under ``key`` from its key block:
+    ``UnknownKeyError`` naming the KEK when the process does not hold it."""
+    ring = keyring if keyring is not None else process_keyring()
+    if ring is None:
+        raise SealingKeyMissingError(
+            f"{key}: sealed under key {key_block_kek_id(key_block)!r}; no key is configured"
+        )
+    return open_cipher(key, key_block, ring.keys)
+
+
 def is_sealed(stored: bytes | bytearray | memoryview) -> bool:
     return bytes(stored[:4]) == SEALED_MAGIC
 

@@ -59,8 +59,10 @@ class StreamSettings:
     ``compression`` / ``compression_level`` / ``dictionary`` / ``encryption`` choose how
     fragments are stored from now on: any of them set makes the tierer write fragment
     format v2 (one zstd frame per chunk, a trained stream dictionary, AES-256-GCM sealing);
-    fragments already written keep their format and stay readable. They apply to
-    ``fragments`` mode only: a ``segments`` stream setting one is refused.
+    fragments already written keep their format and stay readable. Compression and
+    dictionaries apply to ``fragments`` mode only (a ``segments`` stream setting one is
+    refused); ``encryption`` applies to both: a ``segments`` stream offloads its segments
+    sealed (offload format 2) from then on.
 
     ``index_key`` is the record key the key index is built on: ``message-id`` (default),
     ``correlation-id``, ``subject`` or ``property:<name>``; each index window records the
@@ -166,14 +168,13 @@ class StreamSettings:
                 f"{self.delayed_horizon_seconds!r}"
             )
         if self.tier_mode == "segments" and (
-            self.cold_coding or self.dictionary or self.compression_level != 3
+            self.compression != "none" or self.dictionary or self.compression_level != 3
         ):
-            # offloaded segments are the local segment files byte for byte (the protocol
-            # reader and the cross-tier reader serve their chunks as stored): a coding
-            # setting would be accepted and do nothing
+            # offloaded segments hold the local segment files' chunks as written (sealed
+            # when the stream is encrypted): a compression setting would do nothing
             raise ConfigError(
-                "compression, compression_level, dictionary and encryption apply to "
-                "tier_mode 'fragments' only (offloaded segments are stored as written)"
+                "compression, compression_level and dictionary apply to tier_mode "
+                "'fragments' only (offloaded segments store chunks as written)"
             )
 
     def _check_offload(self) -> None:

@@ -193,6 +193,7 @@ class TieringService:
             self.tier.prefix,
             stream_dir,
             block_size=settings.offload_block_size,
+            settings=lambda: handle.record.settings,
         )
         committer = ManifestCommitter(
             RemoteStream(self.store, self.tier.prefix, stream_dir),

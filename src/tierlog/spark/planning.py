@@ -46,6 +46,7 @@ class ReadTask:
     incarnation: str
     fragments: tuple[FragmentEntry, ...]
     bounds: Bounds
+    sealed: bool = False  # the manifest is sealed: so must every fragment and segment be
 
     @property
     def data_size(self) -> int:
@@ -63,6 +64,7 @@ class StreamPlan:
     total_fragments: int
     fragments: list[FragmentEntry] = field(default_factory=list)
     branch_loads: int = 0
+    sealed: bool = False  # read from a pointer saying the manifest is sealed
 
 
 def load_tree(catalog: Catalog, store: ObjectStore, prefix: str, incarnation: str) -> ManifestTree:
@@ -76,7 +78,7 @@ def load_tree(catalog: Catalog, store: ObjectStore, prefix: str, incarnation: st
         raise StreamUnavailableError(f"stream incarnation {incarnation} was deleted")
     if data is None:
         return ManifestTree(prefix, incarnation)
-    return ManifestTree.from_root(data, prefix)
+    return ManifestTree.from_root(data, prefix, sealed=pointer.sealed)
 
 
 def resolve_stream(catalog: Catalog, vhost: str, name: str) -> StreamRecord:
@@ -97,10 +99,11 @@ def plan_stream(
         first_offset=tree.first_offset,
         next_offset=tree.next_offset,
         total_fragments=header.total_fragments,
+        sealed=tree.sealed,
     )
     if tree.is_empty or bounds.is_empty:
         return plan
-    walker = ManifestWalker(tree.prefix, tree.stream_dir, load, bounds)
+    walker = ManifestWalker(tree.prefix, tree.stream_dir, load, bounds, require_sealed=tree.sealed)
     plan.fragments = list(walker.walk(tree.root_entries(), tree.next_offset))
     plan.branch_loads = walker.loads
     return plan
@@ -114,23 +117,27 @@ def coalesce(
     A task closes once it reaches the target, so a task is at most one fragment over it.
     An offloaded segment (hundreds of MB, read block by block) is always a task of its own.
     """
+
+    def task(fragments: tuple[FragmentEntry, ...]) -> ReadTask:
+        return ReadTask(plan.stream, plan.incarnation, fragments, bounds, plan.sealed)
+
     tasks: list[ReadTask] = []
     run: list[FragmentEntry] = []
     size = 0
     for fragment in plan.fragments:
         if fragment.is_segment:
             if run:
-                tasks.append(ReadTask(plan.stream, plan.incarnation, tuple(run), bounds))
+                tasks.append(task(tuple(run)))
                 run, size = [], 0
-            tasks.append(ReadTask(plan.stream, plan.incarnation, (fragment,), bounds))
+            tasks.append(task((fragment,)))
             continue
         run.append(fragment)
         size += fragment.data_size
         if size >= target_bytes or len(run) >= max_fragments:
-            tasks.append(ReadTask(plan.stream, plan.incarnation, tuple(run), bounds))
+            tasks.append(task(tuple(run)))
             run, size = [], 0
     if run:
-        tasks.append(ReadTask(plan.stream, plan.incarnation, tuple(run), bounds))
+        tasks.append(task(tuple(run)))
     return tasks
 
 

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +22,7 @@ import pyarrow as pa
 from tierlog.read.errors import FragmentExpiredError
 from tierlog.remote.dictionaries import DictionaryCache, as_v1_fragment
 from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.segments import entry_runs, read_segment_index
+from tierlog.remote.segments import entry_runs, read_segment_index, run_chunks
 from tierlog.spark.arrow_batch import chunks_to_record_batch, fragment_to_record_batch
 from tierlog.spark.connections import object_store
 from tierlog.spark.planning import ReadTask
@@ -56,11 +57,12 @@ def read_task(
         return
     dictionaries = DictionaryCache(store)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierlog-fetch") as pool:
-        pending: Future[memoryview | None] = pool.submit(_fetch, store, fragments[0], dictionaries)
+        fetch = partial(_fetch, store, dictionaries=dictionaries, sealed=task.sealed)
+        pending: Future[memoryview | None] = pool.submit(fetch, fragments[0])
         for i, fragment in enumerate(fragments):
             data = pending.result()
             if i + 1 < len(fragments):
-                pending = pool.submit(_fetch, store, fragments[i + 1], dictionaries)
+                pending = pool.submit(fetch, fragments[i + 1])
             if data is None:
                 if settings.skip_expired:
                     continue
@@ -88,7 +90,7 @@ def _read_segment(
     """An offloaded segment, one ranged GET and one batch per block (so a task holds one
     block, not the segment); blocks outside the bounds are not fetched."""
     try:
-        index = read_segment_index(store, segment)
+        index = read_segment_index(store, segment, require_sealed=task.sealed)
     except NotFoundError:
         if settings.skip_expired:
             return
@@ -111,17 +113,23 @@ def _read_segment(
             b.max_ts is not None and int(stamps[lo]) > b.max_ts
         ):
             continue
-        start = int(positions[lo])
+        start = int(index.stored_starts[lo])
         try:
             data = store.get_view(segment.key, start, end)
         except NotFoundError:
             if settings.skip_expired:
                 return
             raise _expired(task, segment) from None
+        if index.entries.sealed:  # frames opened (and their entry headers checked) here
+            data = memoryview(b"".join(run_chunks(index, lo, hi, data)))
+            start = 0
+            at = np.concatenate(([0], np.cumsum(sizes[lo:hi])[:-1])).astype(np.int64)
+        else:
+            at = positions[lo:hi] - start
         yield chunks_to_record_batch(
             data,
             task.stream,
-            positions=positions[lo:hi] - start,
+            positions=at,
             sizes=sizes[lo:hi],
             include_amqp=settings.include_amqp,
             min_offset=b.min_offset,
@@ -133,15 +141,21 @@ def _read_segment(
 
 
 def _fetch(
-    store: ObjectStore, fragment: FragmentEntry, dictionaries: DictionaryCache
+    store: ObjectStore,
+    fragment: FragmentEntry,
+    *,
+    dictionaries: DictionaryCache,
+    sealed: bool,
 ) -> memoryview | None:
     """The whole fragment with its chunks in the clear (a compressed or encrypted v2
-    fragment is decoded here, on the fetch thread); None when it expired."""
+    fragment is decoded here, on the fetch thread); None when it expired. ``sealed``: the
+    stream's manifest is sealed, so a plaintext fragment is refused."""
     try:
         data = store.get_view(fragment.key)
     except NotFoundError:
         return None
-    return memoryview(as_v1_fragment(store, fragment.key, data, dictionaries)).cast("B")
+    plain = as_v1_fragment(store, fragment.key, data, dictionaries, require_encrypted=sealed)
+    return memoryview(plain).cast("B")
 
 
 def _decode(

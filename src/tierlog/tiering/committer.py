@@ -92,7 +92,9 @@ class ManifestCommitter:
         if data is None:
             self.tree = self._empty_tree()
         else:
-            self.tree = ManifestTree.from_root(data, self.remote.prefix, m=self.m)
+            self.tree = ManifestTree.from_root(
+                data, self.remote.prefix, m=self.m, sealed=pointer.sealed
+            )
         return self.tree
 
     def commit(self, entries: Sequence[FragmentEntry], trim_to: int | None = None) -> ManifestTree:
@@ -118,7 +120,9 @@ class ManifestCommitter:
                 next_offset=self.tree.next_offset,
             )
         else:
-            attempt = ManifestTree.from_root(self.tree.encode_root(), self.remote.prefix, m=self.m)
+            attempt = ManifestTree.from_root(
+                self.tree.encode_root(), self.remote.prefix, m=self.m, sealed=self.tree.sealed
+            )
         written: list[str] = []
         store = self.remote.store
         retired: list[str] = []
@@ -133,6 +137,7 @@ class ManifestCommitter:
                 written.append(branch.key)
                 self.puts += 1
             uid = new_uid()
+            sealed = self._seals_everything()
             root_key = self.remote.root_key(uid)
             store.put_if_absent(root_key, self._sealed(root_key, attempt.encode_root(self.epoch)))
             written.append(root_key)
@@ -150,7 +155,7 @@ class ManifestCommitter:
             raise
         try:
             version = self.catalog.put_pointer(
-                self.incarnation, uid.hex(), self.epoch, self.pointer.version
+                self.incarnation, uid.hex(), self.epoch, self.pointer.version, sealed=sealed
             )
         except KeyDeletedError as exc:
             self._discard(written)
@@ -161,10 +166,11 @@ class ManifestCommitter:
         except Exception as exc:
             # Version conflict or an ambiguous outcome (any error, typed or not, may hide a
             # put that took effect): the pointer decides.
-            version = self._resolve_ambiguous(uid, written, exc)
+            version = self._resolve_ambiguous(uid, written, exc, sealed)
         old = self.pointer.root_uid
-        self.pointer = ManifestPointer(root_uid=uid.hex(), epoch=self.epoch, version=version)
+        self.pointer = ManifestPointer(uid.hex(), self.epoch, version, sealed)
         attempt.epoch = self.epoch
+        attempt.sealed = sealed
         self.tree = attempt
         self.commits += 1
         if old is not None:
@@ -177,7 +183,17 @@ class ManifestCommitter:
             return data
         return seal_object(self._settings(), key, data)
 
-    def _resolve_ambiguous(self, uid: bytes, written: list[str], exc: Exception) -> int:
+    def _seals_everything(self) -> bool:
+        """Whether the pointer of this commit says the manifest is sealed: the stream was
+        created encrypted (its first pointer says so) and still is (a stream that turned
+        encryption on later still names plaintext branches and segments of before)."""
+        if self._settings is None or self._settings().encryption == "none":
+            return False
+        return self.pointer.sealed
+
+    def _resolve_ambiguous(
+        self, uid: bytes, written: list[str], exc: Exception, sealed: bool
+    ) -> int:
         pointer = None
         for _ in range(5):
             try:
@@ -192,7 +208,7 @@ class ManifestCommitter:
         if pointer is not None and pointer.version == self.pointer.version:
             # Unchanged: the ambiguous put may still apply later (etcd), so its root must
             # not go. Retry the identical put: it applies now, or the pointer moves on.
-            version = self._retry_identical_put(uid)
+            version = self._retry_identical_put(uid, sealed)
             if version is not None:
                 return version
             pointer = self.catalog.read_pointer(self.incarnation)
@@ -220,11 +236,11 @@ class ManifestCommitter:
             ) from exc
         raise CommitRetryError(f"commit lost a race, reloaded the manifest: {exc}") from exc
 
-    def _retry_identical_put(self, uid: bytes, attempts: int = 3) -> int | None:
+    def _retry_identical_put(self, uid: bytes, sealed: bool, attempts: int = 3) -> int | None:
         for _ in range(attempts):
             try:
                 return self.catalog.put_pointer(
-                    self.incarnation, uid.hex(), self.epoch, self.pointer.version
+                    self.incarnation, uid.hex(), self.epoch, self.pointer.version, sealed=sealed
                 )
             except TransientError:
                 continue

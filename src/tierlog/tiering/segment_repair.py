@@ -41,10 +41,10 @@ def repair_from_remote(
     """
     stream_dir = os.path.dirname(error.segment_path)
     incarnation = os.path.basename(stream_dir)
-    _pointer, root = read_committed_root(catalog, store, prefix, incarnation)
-    if root is None:
+    pointer, root = read_committed_root(catalog, store, prefix, incarnation)
+    if pointer is None or root is None:
         return 0
-    tree = ManifestTree.from_root(root, prefix)
+    tree = ManifestTree.from_root(root, prefix, sealed=pointer.sealed)
     remote = RemoteStream(store, prefix, incarnation)
     end = error.end_offset if error.end_offset is not None else tree.next_offset
     at = max(error.first_offset, error.segment_first_offset)

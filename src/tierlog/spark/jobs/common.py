@@ -316,7 +316,9 @@ def walk_manifest(
         walk.problems.append(_problem("bad-root", walk.root_key, detail))
         return walk
     walk.first_offset, walk.next_offset = h.first_offset, h.next_offset
-    walker = ManifestWalker(prefix, incarnation, store.get, tolerant=True)
+    walker = ManifestWalker(
+        prefix, incarnation, store.get, tolerant=True, require_sealed=pointer.sealed
+    )
     walk.fragments = list(walker.walk(root.entries, h.next_offset))
     walk.branch_keys = walker.branch_keys
     walk.problems += [p.to_dict() for p in walker.problems]

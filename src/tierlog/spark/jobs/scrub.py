@@ -21,13 +21,14 @@ from typing import Any
 
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.crc import crc32
-from tierlog.formats.errors import FormatError
-from tierlog.formats.offload import ENTRY_HEADER_SIZE, decode_entry_header
+from tierlog.formats.errors import FormatError, UnknownKeyError
+from tierlog.formats.fragment_v2 import FragmentIndexV2
+from tierlog.formats.offload_sealed import decode_data_header
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.dictionaries import validate_stored_fragment
 from tierlog.remote.errors import CorruptFragmentError, MissingDictionaryError
 from tierlog.remote.fragments import FragmentEntry, trailer_mismatch
-from tierlog.remote.segments import read_segment_index
+from tierlog.remote.segments import read_segment_index, run_chunks
 from tierlog.spark.jobs.common import (
     Progress,
     RemoteTier,
@@ -47,6 +48,7 @@ class FragmentRange:
 
     stream: str
     fragments: tuple[FragmentEntry, ...]
+    sealed: bool = False  # the stream's pointer says its manifest is sealed
 
 
 @dataclass
@@ -106,7 +108,7 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
     with tier.open_store() as store:
         for ref in work.fragments:
             result.fragments += 1
-            problem = check_fragment(store, ref)
+            problem = check_fragment(store, ref, sealed=work.sealed)
             if problem is None:
                 result.bytes += ref.data_size
             else:
@@ -114,10 +116,13 @@ def check_range(tier: RemoteTier, work: FragmentRange) -> RangeResult:
     return result
 
 
-def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
-    """None if the fragment is intact and matches its manifest entry, else the problem."""
+def check_fragment(
+    store: Any, ref: FragmentEntry, *, sealed: bool = False
+) -> dict[str, str] | None:
+    """None if the fragment is intact and matches its manifest entry, else the problem.
+    ``sealed``: the manifest naming it is sealed, so an offloaded segment must be too."""
     if ref.is_segment:
-        return check_segment(store, ref)
+        return check_segment(store, ref, sealed=sealed)
     try:
         data = store.get(ref.key)
     except NotFoundError:
@@ -132,49 +137,53 @@ def check_fragment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
         return {"kind": "missing-dictionary", "key": ref.key, "detail": str(exc)}
     except CorruptFragmentError as exc:  # its dictionary or key is unusable
         return {"kind": "undecodable-fragment", "key": ref.key, "detail": str(exc)}
+    if sealed and not (isinstance(index, FragmentIndexV2) and index.encrypted):
+        detail = "plaintext fragment where the stream's manifest names encrypted ones only"
+        return {"kind": "corrupt-fragment", "key": ref.key, "detail": detail}
     mismatch = trailer_mismatch(ref, index.trailer)
     if mismatch:
         return {"kind": "fragment-mismatch", "key": ref.key, "detail": mismatch}
     return None
 
 
-def check_segment(store: Any, ref: FragmentEntry) -> dict[str, str] | None:
+def check_segment(store: Any, ref: FragmentEntry, *, sealed: bool = False) -> dict[str, str] | None:
     """None if an offloaded segment's index object matches its manifest entry and every
     chunk of its data object is intact (entry header, chunk header, whole-chunk CRC)."""
     try:
-        index = read_segment_index(store, ref)
+        index = read_segment_index(store, ref, require_sealed=sealed)
         data = store.get_view(ref.key)
     except NotFoundError as exc:
         return {"kind": "missing-fragment", "key": ref.key, "detail": f"referenced: {exc}"}
     except StorageError as exc:
         return {"kind": "unreadable-fragment", "key": ref.key, "detail": str(exc)}
     except CorruptFragmentError as exc:
-        return {"kind": "corrupt-fragment", "key": ref.index_key, "detail": str(exc)}
+        kind = "undecodable-fragment" if isinstance(exc.__cause__, UnknownKeyError) else None
+        return {"kind": kind or "corrupt-fragment", "key": ref.index_key, "detail": str(exc)}
     if len(data) != index.trailer.index_start:
         detail = f"data object of {len(data)} bytes, the index says {index.trailer.index_start}"
         return {"kind": "corrupt-fragment", "key": ref.key, "detail": detail}
     records = index.records
-    for chunk_id, position, size, crc in zip(
-        records["chunk_id"].tolist(),
-        records["position"].tolist(),
-        records["size"].tolist(),
-        records["crc"].tolist(),
-        strict=True,
-    ):
-        try:
-            if decode_entry_header(data, position - ENTRY_HEADER_SIZE) != (size, chunk_id):
-                raise FormatError(f"entry header of chunk {chunk_id} does not match the index")
-            if decode_header(data[position : position + size]).chunk_id != chunk_id:
-                raise FormatError(f"chunk at {position} is not chunk {chunk_id}")
-            if crc32(data[position : position + size]) != crc:
+    try:
+        if index.entries.sealed:  # the header's key block must be the one the index holds
+            key_block = decode_data_header(data)
+            if key_block != index.entries.key_block:
+                raise FormatError("data object header's key block differs from the index's")
+        chunks = run_chunks(index, 0, len(records), data, base=0)
+        for i, (chunk_id, crc) in enumerate(
+            zip(records["chunk_id"].tolist(), records["crc"].tolist(), strict=True)
+        ):
+            chunk = chunks[i]
+            if decode_header(chunk).chunk_id != chunk_id:
+                raise FormatError(f"chunk {i} is not chunk {chunk_id}")
+            if crc32(chunk) != crc:
                 raise FormatError(f"chunk {chunk_id}: CRC of its bytes does not match")
-        except FormatError as exc:
-            return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
+    except FormatError as exc:
+        return {"kind": "corrupt-fragment", "key": ref.key, "detail": str(exc)}
     return None
 
 
 def plan_ranges(
-    stream: str, fragments: list[FragmentEntry], target_bytes: int
+    stream: str, fragments: list[FragmentEntry], target_bytes: int, *, sealed: bool = False
 ) -> list[FragmentRange]:
     """Cut a stream's fragments into runs of about ``target_bytes`` each."""
     ranges: list[FragmentRange] = []
@@ -182,12 +191,12 @@ def plan_ranges(
     size = 0
     for ref in fragments:
         if run and (size + ref.data_size > target_bytes or len(run) >= MAX_FRAGMENTS_PER_TASK):
-            ranges.append(FragmentRange(stream, tuple(run)))
+            ranges.append(FragmentRange(stream, tuple(run), sealed))
             run, size = [], 0
         run.append(ref)
         size += ref.data_size
     if run:
-        ranges.append(FragmentRange(stream, tuple(run)))
+        ranges.append(FragmentRange(stream, tuple(run), sealed))
     return ranges
 
 
@@ -220,7 +229,8 @@ def run_scrub(
                 problems=list(walk.problems),
             )
             results[record.incarnation] = scrub
-            ranges += plan_ranges(record.incarnation, walk.fragments, target_bytes)
+            sealed = walk.pointer is not None and walk.pointer.sealed
+            ranges += plan_ranges(record.incarnation, walk.fragments, target_bytes, sealed=sealed)
     fragments = sum(len(r.fragments) for r in ranges)
     say(f"checking {fragments} fragment(s) in {len(ranges)} task(s)")
     for done in run_distributed(
