@@ -30,6 +30,13 @@ pytestmark = [pytest.mark.etcd, pytest.mark.s3]
 
 register_crash_point(
     CrashPoint(
+        "cluster-leader-only-cut",
+        "a three-member stream's leader alone is cut from its members (they still reach"
+        " each other) while it keeps its etcd lease: the majority side takes the stream",
+    )
+)
+register_crash_point(
+    CrashPoint(
         "cluster-replication-cut",
         "the replication links of a three-member stream's leader are cut by proxies while"
         " it keeps its etcd lease: it confirms nothing more until healed",
