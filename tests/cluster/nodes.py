@@ -656,3 +656,19 @@ def same_files_as_leader(cluster: Cluster, stream: str, member: str) -> bool:
         return False
     first = min(mine)
     return mine == {name: data for name, data in theirs.items() if name >= first}
+
+
+from collections.abc import Iterator  # noqa: E402 - appended with the helper below
+
+
+@contextlib.contextmanager
+def running_cluster(
+    tmp_path: Path, etcd_server: str, seaweed_server: seaweed.SeaweedServer, **options: Any
+) -> Iterator[Cluster]:
+    """A started ``Cluster`` (options as ``Cluster`` takes them), closed on exit: the body
+    of the tests' ``cluster`` fixtures."""
+    cluster = Cluster(tmp_path, etcd_server, seaweed_server, **options)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.close()

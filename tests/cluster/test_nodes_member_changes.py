@@ -46,6 +46,7 @@ from tests.cluster.nodes import (
     id_of,
     oracle,
     read_stream,
+    running_cluster,
     same_files_as_leader,
     wait_for,
 )
@@ -75,11 +76,8 @@ register_crash_point(
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
+    with running_cluster(tmp_path, etcd_server, seaweed, replicated=True) as cluster:
+        yield cluster
 
 
 def record(cluster: Cluster) -> Any:

@@ -32,8 +32,10 @@ from tests.cluster.nodes import (
     Cluster,
     PinnedConsumer,
     Publisher,
+    create_replicated,
     id_of,
     oracle,
+    running_cluster,
     wait_for,
 )
 from tests.faults.registry import CrashPoint, register_crash_point
@@ -55,25 +57,12 @@ register_crash_point(
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
+    with running_cluster(tmp_path, etcd_server, seaweed, replicated=True) as cluster:
+        yield cluster
 
 
 async def create(cluster: Cluster) -> None:
-    port = cluster.node("n1").process.stream_port
-    deadline = time.monotonic() + 3 * TTL
-    while True:  # the nodes learn of each other through the directory scan
-        try:
-            async with Producer(HOST, port=port, username="guest", password="guest") as p:
-                await p.create_stream(STREAM, arguments=ARGS)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
+    await create_replicated(cluster, STREAM, ARGS)
 
 
 async def subscribe(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.nodes import TTL, Cluster, PointerWatch, Publisher, log_time
+from tests.cluster.nodes import TTL, Cluster, PointerWatch, Publisher, log_time, running_cluster
 from tests.cluster.test_nodes_replicated import STREAM, check, create
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.seaweed import SeaweedServer
@@ -50,11 +50,8 @@ IN_FLIGHT_SECONDS = 1.0
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, etcd_server, seaweed, proxied_replication=True)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
+    with running_cluster(tmp_path, etcd_server, seaweed, proxied_replication=True) as cluster:
+        yield cluster
 
 
 async def test_leader_cut_from_its_members_stops_confirming(cluster: Cluster) -> None:

@@ -26,7 +26,16 @@ from pathlib import Path
 import pytest
 from rstream import AMQPMessage, Producer
 
-from tests.cluster.nodes import HOST, TTL, Cluster, Node, admin_json, wait_for
+from tests.cluster.nodes import (
+    HOST,
+    TTL,
+    Cluster,
+    Node,
+    admin_json,
+    create_replicated,
+    running_cluster,
+    wait_for,
+)
 from tests.delayed.test_process import body_of, consume_all
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.seaweed import SeaweedServer
@@ -58,11 +67,8 @@ register_crash_point(
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
+    with running_cluster(tmp_path, etcd_server, seaweed, replicated=True) as cluster:
+        yield cluster
 
 
 def scheduler_running(node: Node) -> bool:
@@ -73,17 +79,7 @@ def scheduler_running(node: Node) -> bool:
 
 
 async def create(cluster: Cluster) -> None:
-    port = cluster.node("n1").process.stream_port
-    deadline = time.monotonic() + 3 * TTL
-    while True:  # the nodes learn of each other through the directory scan
-        try:
-            async with Producer(HOST, port=port, username="guest", password="guest") as p:
-                await p.create_stream(STREAM, arguments=ARGS)
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
+    await create_replicated(cluster, STREAM, ARGS)
 
 
 async def publish(node: Node, messages: dict[int, tuple[bytes, int]]) -> set[int]:

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.nodes import TTL, Cluster, wait_for
+from tests.cluster.nodes import (
+    TTL,
+    Cluster,
+    running_cluster,
+    wait_for,
+)
 from tests.delayed.test_cluster_failover import (
     STREAM,
     SYSTEM,
@@ -35,11 +40,8 @@ MESSAGES = 60
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, etcd_server, seaweed, replicated=True)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.close()
+    with running_cluster(tmp_path, etcd_server, seaweed, replicated=True) as cluster:
+        yield cluster
 
 
 async def test_whole_cluster_restart_keeps_stream_and_system_stream_together(
