@@ -5,7 +5,9 @@ loopback ports (port 0; the bound ports come back through the server's ready fil
 given data directory and optional extra TOML config; ``stop()`` sends SIGTERM (clean
 shutdown) and ``restart()`` starts it again on the same data directory.
 
-Fixtures: ``tierlog_server`` (function scope, fresh temp data dir, stopped afterwards).
+Fixtures: ``tierlog_server`` (function scope, fresh temp data dir, stopped afterwards) and
+``session_tierlog_server`` (one default server for the whole session, for tests that only
+need streams of their own on a server: each names its streams apart from the others').
 """
 
 from __future__ import annotations
@@ -143,6 +145,34 @@ def tierlog_server(tmp_path: Path) -> Iterator[TierlogServerProcess]:
             server.stop()
         finally:
             server.kill()
+
+
+@pytest.fixture(scope="session")
+def session_tierlog_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[TierlogServerProcess]:
+    """One default tierlog server for the session (starting one per module costs a
+    process start and a clean shutdown each)."""
+    server = TierlogServerProcess(tmp_path_factory.mktemp("session-server") / "data").start()
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            server.kill()
+
+
+def stored_bodies(server: TierlogServerProcess, stream: str) -> list[bytes]:
+    """The bodies of every message ``stream`` holds on disk, in offset order (a dump of
+    its segment files, not a read through the server)."""
+    import base64
+    import glob
+
+    from tierlog.log.dump import iter_dump
+
+    (stream_dir,) = glob.glob(str(server.data_dir / "streams" / f"*_{stream}_*"))
+    return [base64.b64decode(item["body"]) for item in iter_dump(stream_dir)]
 
 
 class RawClient:

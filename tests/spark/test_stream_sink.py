@@ -5,16 +5,13 @@ replays it with another number of partitions is refused."""
 
 from __future__ import annotations
 
-import glob
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.plugins.tierlog_server import TierlogServerProcess
-from tierlog.log.dump import iter_dump
+from tests.plugins.tierlog_server import TierlogServerProcess, stored_bodies
 from tierlog.spark.client import StreamClient
 from tierlog.spark.stream_writer import base_publishing_id
 from tierlog.spark.writer import WriterError
@@ -24,23 +21,10 @@ pytestmark = pytest.mark.spark
 ROWS_PER_FILE = 300
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerProcess]:
-    proc = TierlogServerProcess(tmp_path_factory.mktemp("sink") / "data").start()
-    try:
-        yield proc
-    finally:
-        try:
-            proc.stop()
-        finally:
-            proc.kill()
-
-
-def stream_bodies(server: TierlogServerProcess, name: str) -> list[bytes]:
-    import base64
-
-    (stream_dir,) = glob.glob(str(server.data_dir / "streams" / f"*_{name}_*"))
-    return [base64.b64decode(item["body"]) for item in iter_dump(stream_dir)]
+@pytest.fixture
+def server(session_tierlog_server: TierlogServerProcess) -> TierlogServerProcess:
+    """The session's server: this module's streams are named apart from other modules'."""
+    return session_tierlog_server
 
 
 def write_input(directory: Path, index: int) -> list[bytes]:
@@ -133,7 +117,7 @@ def run_failing_then_restart(
     query = start_query(spark, server, source, checkpoint, marker)
     with pytest.raises(Exception, match="injected failure"):
         query.awaitTermination(240)
-    partial = stream_bodies(server, "sunk")
+    partial = stored_bodies(server, "sunk")
     second = [b for b in partial if b.startswith(b"f1-")]
     # Batch 0 is complete and batch 1 was cut short after some of its rows were stored.
     assert sorted(b for b in partial if b.startswith(b"f0-")) == sorted(expected[:300])
@@ -143,7 +127,7 @@ def run_failing_then_restart(
     query = start_query(spark, server, source, checkpoint, marker)
     assert query.awaitTermination(240)
     assert query.exception() is None
-    bodies = stream_bodies(server, "sunk")
+    bodies = stored_bodies(server, "sunk")
     dups = [b for b, n in Counter(bodies).items() if n > 1]
     assert not dups, f"{len(dups)} duplicated rows, e.g. {dups[:3]}"
     assert sorted(bodies) == sorted(expected)
@@ -185,20 +169,20 @@ def test_replay_with_more_partitions_is_refused(
 
     try:
         assert "injected failure" in str(run(4000))  # one partition
-        first = stream_bodies(server, "resplit")
+        first = stored_bodies(server, "resplit")
         assert len(first) < ROWS_PER_FILE and first == expected[: len(first)]
         marker.unlink()
         refused = run(1600)  # two partitions
         assert refused is not None
         assert "micro-batch 0 was first written with 1 partition" in str(refused), refused
         assert "replayed with at least 2 (partition 1)" in str(refused), refused
-        after = stream_bodies(server, "resplit")
+        after = stored_bodies(server, "resplit")
         assert after == expected[: len(after)]  # a prefix: no duplicate, no gap
         final = run(4000)  # the first attempt's partitioning finishes the batch
         assert final is None, str(final)[:3000]
     finally:
         spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
-    assert stream_bodies(server, "resplit") == expected
+    assert stored_bodies(server, "resplit") == expected
 
 
 def test_commit_refuses_a_replay_with_another_partition_count(

@@ -37,8 +37,9 @@ UNTIERED_ARGS = {"x-tierlog-fragment-bytes": str(64 << 20), "x-tierlog-max-fragm
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerProcess]:
-    proc = TierlogServerProcess(tmp_path_factory.mktemp("tail") / "data").start()
+def server(session_tierlog_server: TierlogServerProcess) -> Iterator[TierlogServerProcess]:
+    """The session's server with this module's streams (named apart from other modules')."""
+    proc = session_tierlog_server
     try:
         with StreamClient.connect(proc.host, proc.stream_port) as client:
             client.create_stream(STREAM, STREAM_ARGS)
@@ -46,11 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerPr
             client.create_stream(UNTIERED, UNTIERED_ARGS)
         yield proc
     finally:
-        try:
-            proc.stop()
-        finally:
-            proc.kill()
-            connections.close_all()
+        connections.close_all()
 
 
 def publish(server: TierlogServerProcess, bodies: list[bytes], stream: str = STREAM) -> None:

@@ -21,9 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.plugins.tierlog_server import TierlogServerProcess
+from tests.plugins.tierlog_server import TierlogServerProcess, stored_bodies
 from tierlog.formats.amqp import decode_message
-from tierlog.log.dump import iter_dump
 from tierlog.spark.client import StreamClient
 
 pytestmark = pytest.mark.spark
@@ -33,28 +32,15 @@ PAD = "." * 1000
 WIDE_PARTITIONS, WIDE_ROWS = (60, 100) if os.environ.get("CI") == "true" else (300, 40)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierlogServerProcess]:
-    proc = TierlogServerProcess(tmp_path_factory.mktemp("writer") / "data").start()
-    try:
-        yield proc
-    finally:
-        try:
-            proc.stop()
-        finally:
-            proc.kill()
+@pytest.fixture
+def server(session_tierlog_server: TierlogServerProcess) -> TierlogServerProcess:
+    """The session's server: this module's streams are named apart from other modules'."""
+    return session_tierlog_server
 
 
 def create_stream(server: TierlogServerProcess, name: str, **arguments: str) -> None:
     with StreamClient.connect(server.host, server.stream_port) as client:
         client.create_stream(name, arguments)
-
-
-def stream_bodies(server: TierlogServerProcess, name: str) -> list[bytes]:
-    import base64
-
-    (stream_dir,) = glob.glob(str(server.data_dir / "streams" / f"*_{name}_*"))
-    return [base64.b64decode(item["body"]) for item in iter_dump(stream_dir)]
 
 
 def segment_count(server: TierlogServerProcess, name: str) -> int:
@@ -101,13 +87,13 @@ def test_writes_every_row_once_and_a_rerun_adds_nothing(
     create_stream(server, "basic")
     df = body_frame(spark, 4, 500)
     write(df, server, "basic", writeId="basic-run")
-    assert_exactly_once(stream_bodies(server, "basic"), expected_bodies(4, 500))
+    assert_exactly_once(stored_bodies(server, "basic"), expected_bodies(4, 500))
     write(df, server, "basic", writeId="basic-run")  # the whole job again: all skipped
-    assert_exactly_once(stream_bodies(server, "basic"), expected_bodies(4, 500))
+    assert_exactly_once(stored_bodies(server, "basic"), expected_bodies(4, 500))
     with StreamClient.connect(server.host, server.stream_port) as client:
         assert client.query_publisher_sequence("basic", "basic-run-3") == 500
     write(df, server, "basic")  # a fresh writeId is a new write: appends again
-    assert len(stream_bodies(server, "basic")) == 4000
+    assert len(stored_bodies(server, "basic")) == 4000
 
 
 def test_injected_task_failure_is_retried_without_duplicates(
@@ -153,7 +139,7 @@ def test_injected_task_failure_is_retried_without_duplicates(
     assert attempt == 0
     assert 0 < sequence < 1000  # the failed attempt had published part of its rows
     expected = [b + PAD.encode() for b in expected_bodies(2, 1000)]
-    assert_exactly_once(stream_bodies(server, "retried"), expected)
+    assert_exactly_once(stored_bodies(server, "retried"), expected)
 
 
 def test_concurrent_duplicate_attempts_store_each_row_once(
@@ -181,7 +167,7 @@ def test_concurrent_duplicate_attempts_store_each_row_once(
         t.join()
     assert not errors, [str(e)[:3000] for e in errors]
     write(df, server, "speculative", writeId="spec")
-    assert_exactly_once(stream_bodies(server, "speculative"), expected_bodies(4, 3000))
+    assert_exactly_once(stored_bodies(server, "speculative"), expected_bodies(4, 3000))
 
 
 def test_many_partitions_across_segment_rolls(spark: Any, server: TierlogServerProcess) -> None:
@@ -190,7 +176,7 @@ def test_many_partitions_across_segment_rolls(spark: Any, server: TierlogServerP
     write(df, server, "wide", writeId="wide-run")
     assert segment_count(server, "wide") > 3  # the stream rolled during the write
     write(df, server, "wide", writeId="wide-run")  # dedup state survives the rolls
-    assert_exactly_once(stream_bodies(server, "wide"), expected_bodies(WIDE_PARTITIONS, WIDE_ROWS))
+    assert_exactly_once(stored_bodies(server, "wide"), expected_bodies(WIDE_PARTITIONS, WIDE_ROWS))
 
 
 def test_properties_and_application_properties_become_amqp(
@@ -206,7 +192,7 @@ def test_properties_and_application_properties_become_amqp(
         "application_properties map<string, string>"
     )
     write(spark.createDataFrame(rows, schema).coalesce(1), server, "amqp")
-    messages = [decode_message(b) for b in stream_bodies(server, "amqp")]
+    messages = [decode_message(b) for b in stored_bodies(server, "amqp")]
     assert [m.body for m in messages] == [b"hello", b"world"]
     assert dict(messages[0].properties) == {"message_id": "id-1", "subject": "greeting"}
     assert dict(messages[0].application_properties) == {"region": "eu", "tier": "gold"}
@@ -219,7 +205,7 @@ def test_raw_and_amqp_message_formats(spark: Any, server: TierlogServerProcess) 
     df = spark.createDataFrame([("plain",)], "body string")
     write(df, server, "formats")
     write(df, server, "formats", messageFormat="amqp")
-    raw, wrapped = stream_bodies(server, "formats")
+    raw, wrapped = stored_bodies(server, "formats")
     assert raw == b"plain"
     assert decode_message(wrapped).body == b"plain"
 
@@ -251,7 +237,7 @@ def test_bad_input_fails_the_write_clearly(
         w = w.option(key, value)
     with pytest.raises(Exception, match=message):
         w.save()
-    assert stream_bodies(server, "errors") == []
+    assert stored_bodies(server, "errors") == []
 
 
 def test_overwrite_is_refused(spark: Any, server: TierlogServerProcess) -> None:
