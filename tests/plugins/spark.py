@@ -45,6 +45,12 @@ EXECUTOR_KEKS = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 executors with the keys of their environment, as in production."""
 
 
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss1m"
+"""JVM options for the tests' Spark JVMs: C1 only and the serial GC. They run small jobs
+for a minute or two on a small shared machine, where C2's compiler threads and the
+parallel GC's workers cost more CPU than they give back (benches keep the defaults)."""
+
+
 SPARK_TIERING = TieringConfig(
     fragment_bytes=8 * 1024,
     max_fragment_age=0.2,
@@ -64,8 +70,11 @@ def s3_test_environment() -> None:
     os.environ.setdefault("AWS_REGION", seaweed.REGION)
 
 
-def build_spark(app_name: str = "tierlog-tests", master: str = "local[2,4]") -> SparkSession:
-    """A small local SparkSession with the tierlog source registered (tests and benches)."""
+def build_spark(
+    app_name: str = "tierlog-tests", master: str = "local[2,4]", java_options: str = ""
+) -> SparkSession:
+    """A small local SparkSession with the tierlog source registered (tests and benches);
+    ``java_options`` for its JVM (the driver, which runs the local executor too)."""
     s3_test_environment()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -74,7 +83,7 @@ def build_spark(app_name: str = "tierlog-tests", master: str = "local[2,4]") -> 
 
     from tierlog.spark.session import register
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", "2")
@@ -88,8 +97,10 @@ def build_spark(app_name: str = "tierlog-tests", master: str = "local[2,4]") -> 
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.executorEnv.TIERLOG_KEKS", EXECUTOR_KEKS)
-        .getOrCreate()
     )
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -98,7 +109,7 @@ def build_spark(app_name: str = "tierlog-tests", master: str = "local[2,4]") -> 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """The session's one SparkSession (local[2])."""
-    session = build_spark()
+    session = build_spark(java_options=QUICK_JVM)
     try:
         yield session
     finally:

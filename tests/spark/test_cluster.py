@@ -31,6 +31,7 @@ import tierlog
 from tests.plugins import seaweed as seaweed_plugin
 from tests.plugins.etcd import free_port
 from tests.plugins.spark import (
+    QUICK_JVM,
     SPARK_TIERING,
     TieredBucket,
     TieredStream,
@@ -47,7 +48,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.s3, pytest.mark.etcd]
 SRC = str(Path(tierlog.__file__).resolve().parents[1])  # this checkout's tierlog wins
 SPARK_HOME = str(Path(pyspark.__file__).resolve().parent)
 JOB_TIMEOUT_S = 120
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss1m"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.spark import TieredBucket
+from tests.plugins.spark import QUICK_JVM, TieredBucket
 from tierlog.cli import EXIT_CONFIG, EXIT_STORE, main
 from tierlog.errors import ConfigError
 from tierlog.spark import connections
@@ -161,6 +161,7 @@ def test_spark_submit_master_and_conf_win(tmp_path: Path, bucket: TieredBucket) 
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "SPARK_SUBMIT_OPTS": QUICK_JVM,  # the driver JVM lives seconds
     }
     cmd = [
         str(submit), "--master", "local[2]", "--conf", "spark.tierlog.probe=from-submit",
