@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,10 +135,11 @@ class TierlogServerProcess:
             return ""
 
 
-@pytest.fixture
-def tierlog_server(tmp_path: Path) -> Iterator[TierlogServerProcess]:
-    """A fresh tierlog server (own data dir, free ports), stopped after the test."""
-    server = TierlogServerProcess(tmp_path / "tierlog-data").start()
+@contextlib.contextmanager
+def running_server(data_dir: Path, **options: Any) -> Iterator[TierlogServerProcess]:
+    """A started ``TierlogServerProcess`` (options as it takes them): a clean stop on
+    exit, and a kill if the clean stop failed."""
+    server = TierlogServerProcess(data_dir, **options).start()
     try:
         yield server
     finally:
@@ -145,6 +147,13 @@ def tierlog_server(tmp_path: Path) -> Iterator[TierlogServerProcess]:
             server.stop()
         finally:
             server.kill()
+
+
+@pytest.fixture
+def tierlog_server(tmp_path: Path) -> Iterator[TierlogServerProcess]:
+    """A fresh tierlog server (own data dir, free ports), stopped after the test."""
+    with running_server(tmp_path / "tierlog-data") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -153,14 +162,8 @@ def session_tierlog_server(
 ) -> Iterator[TierlogServerProcess]:
     """One default tierlog server for the session (starting one per module costs a
     process start and a clean shutdown each)."""
-    server = TierlogServerProcess(tmp_path_factory.mktemp("session-server") / "data").start()
-    try:
+    with running_server(tmp_path_factory.mktemp("session-server") / "data") as server:
         yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            server.kill()
 
 
 def stored_bodies(server: TierlogServerProcess, stream: str) -> list[bytes]:
