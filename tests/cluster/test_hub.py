@@ -396,35 +396,35 @@ async def test_late_joiner_of_a_stream_without_tracking(hubs, tmp_path):
 async def test_failover_converges_every_member_to_the_new_leaders_log(hubs, tmp_path):
     """n1 leads epoch 1 and writes a suffix nobody copies; n2 takes over in epoch 2 with
     n3's adoption; n1 then follows n2, cutting its suffix: three identical logs."""
-    hubs = {n: await hubs.add(n) for n in ("n1", "n2", "n3")}
+    nodes = {n: await hubs.add(n) for n in ("n1", "n2", "n3")}
     logs = {"n1": leader_log(tmp_path, "n1")}
     logs.update({n: member_log(tmp_path, n) for n in ("n2", "n3")})
     write_leader_chunks(logs["n1"], 20)
-    hubs["n1"].lead(STREAM, logs["n1"], 1, ("n2", "n3"), Recorder())
-    hubs["n1"].serve(STREAM)
+    nodes["n1"].lead(STREAM, logs["n1"], 1, ("n2", "n3"), Recorder())
+    nodes["n1"].serve(STREAM)
     for n in ("n2", "n3"):
-        hubs[n].follow(STREAM, logs[n], "n1", 1)
+        nodes[n].follow(STREAM, logs[n], "n1", 1)
     for n in ("n2", "n3"):
         await until(caught_up(logs[n], logs["n1"]), what=f"{n} in epoch 1")
     # n1 is cut off: what it writes now is never replicated
     for n in ("n2", "n3"):
-        hubs[n].unfollow(STREAM)
-    hubs["n1"].unlead(STREAM)
+        nodes[n].unfollow(STREAM)
+    nodes["n1"].unlead(STREAM)
     write_leader_chunks(logs["n1"], 6, start=20)
-    hubs["n1"].follow(STREAM, logs["n1"])  # a member again, answering adoptions
+    nodes["n1"].follow(STREAM, logs["n1"])  # a member again, answering adoptions
     # n2 acquires epoch 2; n3 adopts (a majority with n2)
-    hubs["n3"].follow(STREAM, logs["n3"])
+    nodes["n3"].follow(STREAM, logs["n3"])
     recorder = Recorder()
     logs["n2"].persist_member_epoch(2)
-    hubs["n2"].lead(STREAM, logs["n2"], 2, ("n1", "n3"), recorder)
-    hubs["n2"].request_adopt(STREAM, 2, ("n3",))
+    nodes["n2"].lead(STREAM, logs["n2"], 2, ("n1", "n3"), recorder)
+    nodes["n2"].request_adopt(STREAM, 2, ("n3",))
     await until(lambda: "n3" in recorder.adopted, what="n3 adopts epoch 2")
     logs["n2"].start_epoch(2)
     write_leader_chunks(logs["n2"], 5, start=40)
-    hubs["n2"].serve(STREAM)
+    nodes["n2"].serve(STREAM)
     await until(caught_up(logs["n3"], logs["n2"]), what="n3 follows n2")
     # n1 learns the new leader (the directory): its epoch-1 suffix is cut
-    hubs["n1"].follow(STREAM, logs["n1"], "n2", 2)
+    nodes["n1"].follow(STREAM, logs["n1"], "n2", 2)
     await until(caught_up(logs["n1"], logs["n2"]), what="n1 truncates and follows")
     logs["n2"].sync()
     expected = stream_files(logs["n2"].stream_dir)
@@ -434,7 +434,7 @@ async def test_failover_converges_every_member_to_the_new_leaders_log(hubs, tmp_
         assert logs[n].epoch_history() == logs["n2"].epoch_history()
     assert [r[0] for r in logs["n1"].epoch_history()] == [1, 2]
     for n in ("n1", "n3"):
-        hubs[n].unfollow(STREAM)
+        nodes[n].unfollow(STREAM)
     for log in logs.values():
         log.close()
 
