@@ -140,9 +140,7 @@ frames = st.one_of(
         chunk_ids,
         chunk_ids,
     ),
-    st.builds(
-        rp.OffsetStore, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50), u64
-    ),
+    st.builds(rp.OffsetStore, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50), u64),
     st.builds(rp.OffsetQuery, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50)),
     st.builds(rp.Offset, streams, u64, st.integers(0, 0xFFFFFFFF), st.booleans(), chunk_ids),
 )
@@ -269,7 +267,8 @@ def test_tail_frames_golden_and_checked() -> None:
 def test_offset_frames_golden_and_checked() -> None:
     header = "0001000000000000000073"  # stream id length 1, epoch 0, "s"
     store = rp.OffsetStore("s", 0, 7, "r", 42)
-    assert rp.encode(store).hex() == "0000001c0e00" + header + "00000007" + "2a".zfill(16) + "000172"
+    offset = "2a".zfill(16)
+    assert rp.encode(store).hex() == "0000001c0e00" + header + "00000007" + offset + "000172"
     query = rp.OffsetQuery("s", 0, 7, "r")
     assert rp.encode(query).hex() == "000000140f00" + header + "00000007000172"
     answer = rp.Offset("s", 3, 7, True, 42)

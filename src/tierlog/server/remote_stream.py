@@ -84,6 +84,18 @@ async def no_leader(record: StreamRecord, reference: str) -> CommittedTail | Non
     return None
 
 
+class LeaderOffset(NamedTuple):
+    """The leader's answer to a forwarded StoreOffset or QueryOffset: the consumer's
+    offset (None: none stored)."""
+
+    offset: int | None
+
+
+ForwardOffset = Callable[[StreamRecord, str, int | None], Awaitable[LeaderOffset | None]]
+"""``(record, consumer reference, offset to store or None to query)`` → the leader's
+answer, or None when no reachable leader answered (bounded by a timeout)."""
+
+
 def resolve_spec(spec: OffsetSpec, tail: CommittedTail | None) -> OffsetSpec:
     """``next`` and ``last`` against the leader's committed tail when it answered: the
     cursor waits at the remote tier's tail and skips what comes below that offset.
@@ -262,6 +274,7 @@ class RemoteStreamHandle:
         self.log = RemoteTail(self)
         self.source: ChunkSource = self
         self._stores: set[Future[bool]] = set()
+        self._forwards: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -315,11 +328,36 @@ class RemoteStreamHandle:
         pass
 
     def submit_store_offset(self, reference: str, offset: int) -> None:
-        """StoreOffset with no live member here: into the MetaStore, under the writer
-        epoch of the committed manifest this node follows."""
+        """StoreOffset: to the stream's leader when it answers (``forward_offset``), else
+        into the MetaStore, under the writer epoch of the committed manifest this node
+        follows (which the leader takes over)."""
+        if self.streams.forward_offset is None:
+            self._store_in_meta(reference, offset)
+            return
+        task = asyncio.get_running_loop().create_task(self._forward_store(reference, offset))
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
+
+    async def _forward_store(self, reference: str, offset: int) -> None:
+        forward = self.streams.forward_offset
+        assert forward is not None
+        try:
+            answer = await forward(self.record, reference, offset)
+        except Exception as exc:  # forwarding failing must not lose the offset
+            log.warning("store_offset_forward_failed", stream=self.name, error=repr(exc))
+            answer = None
+        if answer is not None:
+            return
+        log.info("store_offset_in_meta_store", stream=self.name, reference=reference)
+        future = self._store_in_meta(reference, offset)
+        with contextlib.suppress(Exception):  # logged by ``_stored``
+            await asyncio.wrap_future(future)
+
+    def _store_in_meta(self, reference: str, offset: int) -> Future[bool]:
         future = self.streams.io.submit(self._store_offset, reference, offset)
         self._stores.add(future)
         future.add_done_callback(self._stored)
+        return future
 
     def _store_offset(self, reference: str, offset: int) -> bool:
         self.refresh_if_idle()  # the epoch of the manifest as it is now
@@ -334,12 +372,24 @@ class RemoteStreamHandle:
 
     async def flush(self) -> None:
         """Wait for the StoreOffsets sent so far (QueryOffset then sees them)."""
+        if self._forwards:
+            await asyncio.gather(*list(self._forwards), return_exceptions=True)
         pending = [asyncio.wrap_future(f) for f in list(self._stores)]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def query_offset_async(self, reference: str) -> int | None:
-        """``query_offset`` off the event loop (MetaStore and object-store reads)."""
+        """The leader's answer when it gives one (``forward_offset``), else
+        ``query_offset`` off the event loop (MetaStore and object-store reads)."""
+        forward = self.streams.forward_offset
+        if forward is not None:
+            try:
+                answer = await forward(self.record, reference, None)
+            except Exception as exc:  # asking the leader failing must not fail the query
+                log.warning("query_offset_forward_failed", stream=self.name, error=repr(exc))
+                answer = None
+            if answer is not None:
+                return answer.offset
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
 
@@ -403,6 +453,7 @@ class RemoteStreams:
         store: ObjectStore,
         *,
         leader_tail: LeaderTail = no_leader,
+        forward_offset: ForwardOffset | None = None,
     ) -> None:
         reader = config.reader
         self.catalog = catalog
@@ -415,6 +466,7 @@ class RemoteStreams:
             max_reads_per_second=reader.max_pointer_reads_per_second,
         )
         self.leader_tail = leader_tail
+        self.forward_offset = forward_offset  # None: no links, the MetaStore holds them
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-only-meta")
         self._handles: dict[tuple[str, str], RemoteStreamHandle] = {}
         self.loop: asyncio.AbstractEventLoop | None = None  # set by ``start``
