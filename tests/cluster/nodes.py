@@ -37,6 +37,8 @@ from rstream.utils import RawMessage
 from tests.plugins import seaweed
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tierlog.cluster.membership import ClusterDirectory
+from tierlog.errors import TierlogError
+from tierlog.formats import replication as wire
 from tierlog.remote.catalog import Catalog, ManifestPointer, pointer_key
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 
@@ -123,6 +125,83 @@ class TcpProxy:
         self._listener.close()
 
 
+class ReplicationProxy(TcpProxy):
+    """A node's replication listener behind a proxy that knows who dialed: the first
+    frame of a replication link is the dialer's ``HELLO`` (its node name, in clear when
+    links are not TLS). ``cut_from(node)`` cuts that node's links through here and
+    refuses its new ones, so a test can cut one node from all the others (its own proxy
+    cut, plus ``cut_from`` it on every other proxy) while the others still reach each
+    other whoever dials."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._blocked: set[str] = set()
+        self._dialers: dict[socket.socket, str] = {}
+        super().__init__(target_host, target_port)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client: socket.socket) -> None:
+        try:
+            client.settimeout(5)
+            head = _recv_exactly(client, 4)
+            size = wire.frame_size(head)
+            assert size is not None
+            first = head + _recv_exactly(client, size - 4)
+            hello = wire.decode(first)
+            client.settimeout(None)
+        except (OSError, AssertionError, ValueError, TierlogError):
+            client.close()
+            return
+        dialer = hello.node if isinstance(hello, wire.Hello) else ""
+        if self._cut or dialer in self._blocked:
+            client.close()
+            return
+        try:
+            upstream = socket.create_connection(self.target, timeout=5)
+            upstream.sendall(first)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._sockets.update((client, upstream))
+            self._dialers[client] = self._dialers[upstream] = dialer
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        super()._pipe(source, sink)
+        with self._lock:
+            self._dialers.pop(source, None)
+            self._dialers.pop(sink, None)
+
+    def cut_from(self, node: str) -> None:
+        self._blocked.add(node)
+        with self._lock:
+            sockets = [s for s, d in self._dialers.items() if d == node]
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def heal_from(self, node: str) -> None:
+        self._blocked.discard(node)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        part = sock.recv(size - len(data))
+        if not part:
+            raise OSError("closed before the first frame")
+        data += part
+    return data
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -134,7 +213,7 @@ class Node:
     name: str
     process: TierlogServerProcess
     etcd_proxy: TcpProxy | None = None
-    replication_proxy: TcpProxy | None = None
+    replication_proxy: ReplicationProxy | None = None
 
     @property
     def pid(self) -> int:
@@ -207,7 +286,7 @@ scan_interval_seconds = 0.3
                 # peers dial the advertised address (the proxy), which forwards to the
                 # node's own replication listener
                 listen_port = free_port()
-                replication_proxy = TcpProxy(HOST, listen_port)
+                replication_proxy = ReplicationProxy(HOST, listen_port)
                 config += f"replication_port = {listen_port}\n"
                 config += f'replication_address = "{HOST}:{replication_proxy.port}"\n'
 
