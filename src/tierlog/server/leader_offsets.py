@@ -82,9 +82,10 @@ async def answer_as_writer(handle: StreamHandle, reference: str, store: int | No
     if store is not None:
         handle.submit_store_offset(reference, store)
         await handle.flush()
-        if handle.log.query_offset(reference) != store:
-            return NOT_LEADING
-        return store
+        if handle.closed or handle.unavailable is not None:
+            return NOT_LEADING  # the write failed, or the stream went away meanwhile
+        # written (later stores of the consumer, queued with it, may have replaced it)
+        return handle.log.query_offset(reference)
     await handle.flush()
     return await leader_query_offset(handle, reference)
 

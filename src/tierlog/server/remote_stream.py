@@ -4,10 +4,12 @@ streams with the one manifest follower thread.
 
 ``RemoteStreamHandle`` is a ``StreamHandle`` look-alike: subscriptions read the committed
 manifest through the cross-tier reader without a local log; publishes are refused
-(``STREAM_NOT_AVAILABLE``: send them to a member); StoreOffset goes to the MetaStore
-(``remote.consumer_offsets``) and QueryOffset answers from there or from the tracking state
-the remote tier holds. One ``ManifestFollower`` thread polls the manifest pointers of every
-stream served (bounded rate) and wakes their consumers when a commit lands.
+(``STREAM_NOT_AVAILABLE``: send them to a member); StoreOffset and QueryOffset go to the
+stream's leader when a cluster node has one that answers (``forward_offset``), else
+StoreOffset goes to the MetaStore (``remote.consumer_offsets``) and QueryOffset answers from
+there or from the tracking state the remote tier holds. One ``ManifestFollower`` thread
+polls the manifest pointers of every stream served (bounded rate) and wakes their consumers
+when a commit lands.
 
 Freshness (see ``read.manifest_follower``): fragment age + upload + commit debounce +
 ``reader.poll_interval_seconds``. ``next`` and ``last`` resolve against the leader's
@@ -19,7 +21,8 @@ the remote tier's tail, which lags the leader by that freshness (logged as
 Hooks for a cluster: ``RemoteStreams.handle(record)`` gives the read-only handle of any
 catalog stream (a member node can serve its non-member streams through it), and
 ``RemoteStreams.leader_tail`` asks a stream's leader for its committed tail and a
-producer's sequence (None: no reachable leader answered).
+producer's sequence (None: no reachable leader answered); ``RemoteStreams.forward_offset``
+sends it consumer offsets (None: no links, the MetaStore keeps them).
 """
 
 from __future__ import annotations
