@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.cluster.hub_helpers import Cluster, until
+from tests.cluster.test_cluster_metrics import scrape, value, watched
 from tests.read.test_read_anywhere_inprocess import FAST, _query, publish, shared
 from tests.server.test_inprocess import AsyncRawClient
 from tierlog.cluster.hub import ReplicationHub
@@ -100,6 +101,8 @@ async def test_offsets_forwarded_to_the_leader_and_kept_while_it_is_away(
         assert offsets.query(incarnation, "c") is None
         assert await _query(w, "c") == (ResponseCode.OK, 5)
         assert n1.offsets.answered == 3  # a query opening the link, the store, the query
+        answered = "tierlog_cluster_offset_requests_answered_total"
+        assert value(scrape(watched(n1)), answered) == 3
         # a node that does not lead the stream says so at once
         started = time.monotonic()
         assert await n1.forward_offset(incarnation, "n2", "c", None, timeout=5) is None
@@ -117,7 +120,9 @@ async def test_offsets_forwarded_to_the_leader_and_kept_while_it_is_away(
         started = time.monotonic()
         assert await _query(r, "c") == (ResponseCode.OK, 9)
         assert TIMEOUT <= time.monotonic() - started < 5 * TIMEOUT
-        assert n2.offsets.unanswered >= 3
+        assert n2.offsets.unanswered == 3  # two opening queries, the query
+        unanswered = "tierlog_cluster_offset_requests_unanswered_total"
+        assert value(scrape(watched(n2)), unanswered) == 3
         stored = offsets.query(incarnation, "c")
         assert stored is not None and (stored.offset, stored.taken_at) == (9, None)
         assert handle.log.query_offset("c") == 5  # the leader's log is behind

@@ -17,6 +17,7 @@ over when it next answers a QueryOffset or opens the stream.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from tierlog.cluster.offset_requests import NOT_LEADING
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 log = get_logger("tierlog.server.leader_offsets")
 
 DEFAULT_TIMEOUT = 1.0
+ANSWER_TIMEOUT = 10.0  # the asker gave up long before
 
 
 class LeaderOffsets:
@@ -81,13 +83,25 @@ async def answer_as_writer(handle: StreamHandle, reference: str, store: int | No
         return NOT_LEADING
     if store is not None:
         handle.submit_store_offset(reference, store)
-        await handle.flush()
+        if not await _flushed(handle):
+            return NOT_LEADING
         if handle.closed or handle.unavailable is not None:
             return NOT_LEADING  # the write failed, or the stream went away meanwhile
         # written (later stores of the consumer, queued with it, may have replaced it)
         return handle.log.query_offset(reference)
-    await handle.flush()
+    if not await _flushed(handle):
+        return NOT_LEADING
     return await leader_query_offset(handle, reference)
+
+
+async def _flushed(handle: StreamHandle) -> bool:
+    """Whether what the stream queued so far was written within ``ANSWER_TIMEOUT`` (a
+    leader that cannot commit does not keep answers waiting for ever)."""
+    try:
+        await asyncio.wait_for(handle.flush(), ANSWER_TIMEOUT)
+    except TimeoutError:
+        return False
+    return True
 
 
 async def forward_to(
