@@ -18,19 +18,23 @@ import pytest
 
 from tests.cluster.hub_helpers import Cluster, until
 from tests.cluster.test_cluster_metrics import scrape, value, watched
+from tests.log.acceptor_helpers import SMALL
 from tests.read.test_read_anywhere_inprocess import FAST, _query, publish, shared
 from tests.server.test_inprocess import AsyncRawClient
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.offset_requests import NOT_LEADING
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.log.writer import StreamLog
 from tierlog.remote.catalog import StreamRecord
 from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.server.app import Server
 from tierlog.server.broker import StreamHandle
 from tierlog.server.leader_offsets import answer_as_writer, forward_to
+from tierlog.server.meta_offsets import take_over
 from tierlog.server.read_only import ReadOnlyBroker
 from tierlog.server.remote_stream import LeaderOffset
+from tierlog.storage.meta_store import open_meta_store
 
 TIMEOUT = 0.5
 
@@ -152,3 +156,27 @@ async def test_offsets_forwarded_to_the_leader_and_kept_while_it_is_away(
     finally:
         await reader.stop()
         await writer.stop()
+
+
+def test_a_writer_opening_the_stream_keeps_its_newer_log_values(tmp_path) -> None:
+    """The take-over at open: a pending MetaStore value above the log's is written into
+    the log, one at or below it is only marked taken; both are then taken."""
+    meta = open_meta_store(f"sqlite://{tmp_path / 'meta.db'}")
+    log = StreamLog.create(str(tmp_path / "log"), "v", "s", SMALL, created_ns=1)
+    try:
+        log.append([b"m"] * 30)
+        log.store_offset("kept", 20)
+        log.store_offset("raised", 5)
+        log.sync()
+        offsets = ConsumerOffsets(meta)
+        assert offsets.store("inc", "kept", 12, 1)  # older than the log's 20
+        assert offsets.store("inc", "raised", 9, 1)  # newer than the log's 5
+        assert offsets.store("inc", "new", 3, 1)  # the log has none
+        assert take_over(log, offsets, "inc") == 3
+        assert (log.query_offset("kept"), log.query_offset("raised")) == (20, 9)
+        assert log.query_offset("new") == 3
+        assert all(v.taken_at == log.next_offset for v in offsets.list("inc").values())
+        assert take_over(log, offsets, "inc") == 0  # nothing pending any more
+    finally:
+        log.close()
+        meta.close()
