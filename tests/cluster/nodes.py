@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -656,9 +656,6 @@ def same_files_as_leader(cluster: Cluster, stream: str, member: str) -> bool:
         return False
     first = min(mine)
     return mine == {name: data for name, data in theirs.items() if name >= first}
-
-
-from collections.abc import Iterator  # noqa: E402 - appended with the helper below
 
 
 @contextlib.contextmanager
