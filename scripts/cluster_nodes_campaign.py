@@ -7,7 +7,8 @@ nodes, and runs one random fault per cycle while a named producer publishes with
 confirms. ``--members 1`` (``tests/cluster/nodes_campaign.py``): a one-member stream;
 leader SIGKILL, leader SIGSTOP past its lease, leader cut from etcd, another node
 SIGKILLed. ``--members 3`` (``tests/cluster/nodes_campaign_replicated.py``): a stream of
-three members; the same leader faults plus every replication link cut, a follower
+three members; the same leader faults plus every replication link cut, the leader
+isolated from its members, a follower
 SIGKILLed, a member removed and added back, a node retired and brought back. Exit status
 1 when the oracle finds a problem (the work directory with every node's log is kept).
 """
@@ -39,11 +40,15 @@ def main() -> int:
     (workdir / "etcd").mkdir()
     etcd, etcd_port = start_etcd(find_or_install_etcd(), workdir / "etcd")
     s3 = start_seaweed(workdir / "seaweed")
-    campaign = run_replicated_campaign if args.members == 3 else run_nodes_campaign
+    nodes, etcd_endpoint = workdir / "nodes", f"127.0.0.1:{etcd_port}"
     try:
-        result = asyncio.run(
-            campaign(workdir / "nodes", f"127.0.0.1:{etcd_port}", s3, args.cycles, args.seed)
-        )
+        if args.members == 3:
+            campaign = run_replicated_campaign(
+                nodes, etcd_endpoint, s3, args.cycles, args.seed, progress=_progress
+            )
+        else:
+            campaign = run_nodes_campaign(nodes, etcd_endpoint, s3, args.cycles, args.seed)
+        result = asyncio.run(campaign)
     finally:
         s3.stop()
         stop_process(etcd)
@@ -59,6 +64,10 @@ def main() -> int:
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if result.problems else 0
+
+
+def _progress(line: str) -> None:
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ and one fault per cycle:
 * ``cut-replication``: every replication proxy is cut (each node alone; the leader keeps
   its etcd lease): no side holds a majority, so nothing is confirmed after the cut
   (beyond confirms already in flight) until healed.
+* ``isolate-leader``: the leader's replication links are cut both ways (it keeps etcd,
+  its peers still reach each other): the leader, alone, must confirm nothing after the
+  cut (beyond confirms in flight) until the majority side elected a new leader.
 * ``kill-follower``: a member that does not lead is SIGKILLed and restarted; it catches up.
 * ``remove-and-add``: a voter that does not lead is removed through the admin API (the
   replication factor shrinks), then added back (a learner, promoted once caught up).
@@ -37,6 +40,7 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +60,7 @@ from tests.cluster.nodes import (
     wait_for,
 )
 from tests.cluster.nodes_campaign import NodesCampaignResult
+from tests.cluster.partition_proxy import isolate, use_partition_proxies
 from tests.plugins.seaweed import SeaweedServer
 from tierlog.cluster.membership import ClusterDirectory
 
@@ -66,6 +71,7 @@ FAULTS = (
     "pause-leader",
     "cut-leader-from-etcd",
     "cut-replication",
+    "isolate-leader",
     "kill-follower",
     "remove-and-add",
     "retire-node",
@@ -77,14 +83,14 @@ IN_FLIGHT_SECONDS = 1.0
 
 @dataclass
 class Deposed:
-    """A window in which the old leader of ``epoch`` must not have confirmed (when
-    ``confirms``) nor committed a manifest in ``epoch`` after ``start``."""
+    """No confirm (from anyone) between ``start`` and ``end``, and no manifest commit in
+    ``epoch`` after ``commits_after`` (wall-clock times of the test process)."""
 
     fault: str
     epoch: int
     start: float
     end: float
-    confirms: bool
+    commits_after: float
 
 
 @dataclass
@@ -105,6 +111,7 @@ async def run_replicated_campaign(
     seed: int,
     faults: tuple[str, ...] = FAULTS,
     in_order: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> NodesCampaignResult:
     """``cycles`` faults drawn from ``faults`` by ``seed`` (or taken in turn, when
     ``in_order``); the counts and the problems found (the campaign stops at the first
@@ -119,7 +126,9 @@ async def run_replicated_campaign(
         proxied_etcd=True,
         replicated=True,
         proxied_replication=True,
-    ).start()
+    )
+    use_partition_proxies(cluster)
+    cluster.start()
     watch: PointerWatch | None = None
     try:
         await create_replicated(cluster, STREAM, ARGS)
@@ -137,6 +146,11 @@ async def run_replicated_campaign(
                 result.problems.append(f"{where}: {exc!r}")
                 break
             problems = await check_cycle(run, where)
+            if progress is not None:
+                progress(
+                    f"{where}: confirmed {len(run.publisher.confirmed)}, epoch"
+                    f" {cluster.leader_of(STREAM)[1]}, problems {problems or 'none'}"
+                )
             result.problems += problems
             if problems:
                 break  # keep the cluster as it failed: the logs say why
@@ -238,17 +252,14 @@ def file_differences(cluster: Cluster, leader: str, member: str) -> list[str]:
 def deposed_problems(run: _Run) -> list[str]:
     out = []
     for window in run.deposed:
-        if window.confirms:
-            late = [
-                i for i, t in run.publisher.confirm_times.items() if window.start < t < window.end
-            ]
-            if late:
-                out.append(
-                    f"{window.fault}: {len(late)} confirms while the epoch-{window.epoch}"
-                    f" leader could be deposed ({window.start:.3f}..{window.end:.3f}),"
-                    f" first id {min(late)}"
-                )
-        commits = run.watch.commits_in_epoch_after(window.epoch, window.start)
+        late = [i for i, t in run.publisher.confirm_times.items() if window.start < t < window.end]
+        if late:
+            out.append(
+                f"{window.fault}: {len(late)} confirms while the epoch-{window.epoch}"
+                f" leader could be deposed ({window.start:.3f}..{window.end:.3f}),"
+                f" first id {min(late)}"
+            )
+        commits = run.watch.commits_in_epoch_after(window.epoch, window.commits_after)
         if commits:
             out.append(
                 f"{window.fault}: manifest commits in epoch {window.epoch} after"
@@ -305,7 +316,7 @@ async def pause_leader(run: _Run) -> None:
         os.kill(node.pid, signal.SIGCONT)
     # the woken leader's pending confirms go to connections the producer dropped; what
     # it must not do is commit a manifest in its old epoch
-    run.deposed.append(Deposed("pause-leader", epoch, woke, float("inf"), confirms=False))
+    run.deposed.append(Deposed("pause-leader", epoch, woke, woke, commits_after=woke))
 
 
 async def cut_leader_from_etcd(run: _Run) -> None:
@@ -321,7 +332,7 @@ async def cut_leader_from_etcd(run: _Run) -> None:
     # its lease was renewed at the cut at the latest; confirms after the take-over come
     # from the new leader
     deadline = cut + TTL - DRIFT + 0.5
-    run.deposed.append(Deposed("cut-leader-from-etcd", epoch, deadline, taken_at, confirms=True))
+    run.deposed.append(Deposed("cut-leader-from-etcd", epoch, deadline, taken_at, deadline))
 
 
 async def cut_replication(run: _Run) -> None:
@@ -338,9 +349,28 @@ async def cut_replication(run: _Run) -> None:
         for proxy in proxies:
             assert proxy is not None
             proxy.heal()
-    # no side holds a majority: nobody may confirm, in any epoch
+    # no side holds a majority: nobody may confirm, in any epoch (the leader may still
+    # commit manifests of chunks committed before the cut: no manifest check)
     run.deposed.append(
-        Deposed("cut-replication", epoch, cut + IN_FLIGHT_SECONDS, healed, confirms=True)
+        Deposed("cut-replication", epoch, cut + IN_FLIGHT_SECONDS, healed, float("inf"))
+    )
+
+
+async def isolate_leader(run: _Run) -> None:
+    node, epoch = _leader(run)
+    cut = time.time()
+    isolate(run.cluster, node.name)
+    try:
+        _, taken_at = await _taken_over(run, node.name, epoch)
+    finally:
+        for peer in run.cluster.nodes.values():
+            assert peer.replication_proxy is not None
+            peer.replication_proxy.heal()
+    # the leader alone hears no acks: nothing confirmed from the cut (beyond confirms in
+    # flight) until the majority side elected its leader; once it did, the old epoch is
+    # fenced on the manifest pointer
+    run.deposed.append(
+        Deposed("isolate-leader", epoch, cut + IN_FLIGHT_SECONDS, taken_at, taken_at)
     )
 
 
@@ -439,6 +469,7 @@ _FAULT_STEPS = {
     "pause-leader": pause_leader,
     "cut-leader-from-etcd": cut_leader_from_etcd,
     "cut-replication": cut_replication,
+    "isolate-leader": isolate_leader,
     "kill-follower": kill_follower,
     "remove-and-add": remove_and_add,
     "retire-node": retire_node,
