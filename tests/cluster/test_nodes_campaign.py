@@ -4,10 +4,9 @@
 etcd, one SeaweedFS, lease TTL 5 s), a stream of three members and an ``rstream`` named
 producer with confirms: the leader isolated from its members (it keeps etcd; the
 majority side elects a new leader), then a voter removed and added back (a learner,
-then promoted). After each cycle: every
-confirmed message read back exactly once, in order, through the leader; every member's
-segment and index files byte-identical to the leader's; at the end no pointer regression
-and no confirm from the isolated leader."""
+then promoted). After each cycle: every confirmed message read back exactly once, in
+order, through the leader; every member's segment and index files byte-identical to the
+leader's; at the end no pointer regression and no confirm from the isolated leader."""
 
 from __future__ import annotations
 
