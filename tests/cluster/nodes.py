@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.client import Client
 from rstream.consumer import Consumer, MessageContext
 from rstream.exceptions import StreamNotAvailable
 from rstream.producer import ConfirmationStatus
@@ -36,6 +37,8 @@ from rstream.utils import RawMessage
 from tests.plugins import seaweed
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tierlog.cluster.membership import ClusterDirectory
+from tierlog.errors import TierlogError
+from tierlog.formats import replication as wire
 from tierlog.remote.catalog import Catalog, ManifestPointer, pointer_key
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 
@@ -122,6 +125,83 @@ class TcpProxy:
         self._listener.close()
 
 
+class ReplicationProxy(TcpProxy):
+    """A node's replication listener behind a proxy that knows who dialed: the first
+    frame of a replication link is the dialer's ``HELLO`` (its node name, in clear when
+    links are not TLS). ``cut_from(node)`` cuts that node's links through here and
+    refuses its new ones, so a test can cut one node from all the others (its own proxy
+    cut, plus ``cut_from`` it on every other proxy) while the others still reach each
+    other whoever dials."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._blocked: set[str] = set()
+        self._dialers: dict[socket.socket, str] = {}
+        super().__init__(target_host, target_port)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._open, args=(client,), daemon=True).start()
+
+    def _open(self, client: socket.socket) -> None:
+        try:
+            client.settimeout(5)
+            head = _recv_exactly(client, 4)
+            size = wire.frame_size(head)
+            assert size is not None
+            first = head + _recv_exactly(client, size - 4)
+            hello = wire.decode(first)
+            client.settimeout(None)
+        except (OSError, AssertionError, ValueError, TierlogError):
+            client.close()
+            return
+        dialer = hello.node if isinstance(hello, wire.Hello) else ""
+        if self._cut or dialer in self._blocked:
+            client.close()
+            return
+        try:
+            upstream = socket.create_connection(self.target, timeout=5)
+            upstream.sendall(first)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._sockets.update((client, upstream))
+            self._dialers[client] = self._dialers[upstream] = dialer
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        super()._pipe(source, sink)
+        with self._lock:
+            self._dialers.pop(source, None)
+            self._dialers.pop(sink, None)
+
+    def cut_from(self, node: str) -> None:
+        self._blocked.add(node)
+        with self._lock:
+            sockets = [s for s, d in self._dialers.items() if d == node]
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def heal_from(self, node: str) -> None:
+        self._blocked.discard(node)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        part = sock.recv(size - len(data))
+        if not part:
+            raise OSError("closed before the first frame")
+        data += part
+    return data
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -133,7 +213,7 @@ class Node:
     name: str
     process: TierlogServerProcess
     etcd_proxy: TcpProxy | None = None
-    replication_proxy: TcpProxy | None = None
+    replication_proxy: ReplicationProxy | None = None
 
     @property
     def pid(self) -> int:
@@ -206,7 +286,7 @@ scan_interval_seconds = 0.3
                 # peers dial the advertised address (the proxy), which forwards to the
                 # node's own replication listener
                 listen_port = free_port()
-                replication_proxy = TcpProxy(HOST, listen_port)
+                replication_proxy = ReplicationProxy(HOST, listen_port)
                 config += f"replication_port = {listen_port}\n"
                 config += f'replication_address = "{HOST}:{replication_proxy.port}"\n'
 
@@ -390,9 +470,78 @@ class Publisher:
                 await asyncio.wait_for(producer.close(), 3)
 
 
-async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30.0) -> list[int]:
+class PinnedConsumer(Consumer):
+    """An rstream consumer that reads from the node it connected to instead of the
+    leader or a replica named by Metadata (rstream always follows Metadata)."""
+
+    async def _get_or_create_client(self, stream: str) -> Client:
+        if stream not in self._clients:
+            self._clients[stream] = await self._pool.get(
+                connection_name=self._connection_name,
+                connection_closed_handler=self._on_connection_closed,
+                stream=stream,
+                max_clients_by_connections=self._max_subscribers_by_connection,
+            )
+        return self._clients[stream]
+
+
+@dataclass
+class ResumingReader:
+    """Reads a stream through one node from its first offset and, whenever the node ends
+    the subscription (MetadataUpdate: it took the stream over, or stopped serving it) or
+    the connection drops, subscribes again on that node after the last offset it got,
+    as a client resuming at its stored offset does. ``ids`` in delivery order."""
+
+    port: int
+    stream: str
+    ids: list[int] = field(default_factory=list)
+    ended: int = 0  # subscriptions the node ended (MetadataUpdate or connection lost)
+    next_offset: int | None = None
+
+    async def run(self, stop: Callable[[], bool]) -> None:
+        async def on_message(msg: Any, ctx: MessageContext) -> None:
+            if self.next_offset is not None and ctx.offset < self.next_offset:
+                return  # the rest of a chunk a resumed subscription started inside
+            self.ids.append(id_of(bytes(msg)))
+            self.next_offset = ctx.offset + 1
+
+        while not stop():
+            gone = asyncio.Event()
+            consumer = PinnedConsumer(
+                HOST,
+                port=self.port,
+                username="guest",
+                password="guest",
+                heartbeat=0,
+                on_close_handler=lambda info, gone=gone: gone.set(),  # type: ignore[misc]
+            )
+            try:
+                await asyncio.wait_for(consumer.start(), 5)
+                spec = (
+                    ConsumerOffsetSpecification(OffsetType.FIRST)
+                    if self.next_offset is None
+                    else ConsumerOffsetSpecification(OffsetType.OFFSET, self.next_offset)
+                )
+                await asyncio.wait_for(
+                    consumer.subscribe(self.stream, on_message, offset_specification=spec), 5
+                )
+                while not stop() and not gone.is_set():
+                    await asyncio.sleep(0.1)
+                if gone.is_set():
+                    self.ended += 1
+            except Exception:
+                await asyncio.sleep(0.3)  # not available yet (or the node is down): again
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.close(), 3)
+
+
+async def read_stream(
+    port: int, stream: str, at_least: int, timeout: float = 30.0, pinned: bool = False
+) -> list[int]:
     """Message ids of the whole stream read through one node, in order: reads until
-    ``at_least`` ids arrived and the stream has been quiet for a second."""
+    ``at_least`` ids arrived and the stream has been quiet for a second. ``pinned``:
+    from that node itself, not from the leader or a replica Metadata names."""
     got: list[int] = []
     last = [time.monotonic()]
 
@@ -402,7 +551,8 @@ async def read_stream(port: int, stream: str, at_least: int, timeout: float = 30
 
     deadline = time.monotonic() + timeout
     while True:  # the stream may still be opening (resolution after a take-over)
-        consumer = Consumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
+        kind = PinnedConsumer if pinned else Consumer
+        consumer = kind(HOST, port=port, username="guest", password="guest", heartbeat=0)
         await consumer.start()
         try:
             await consumer.subscribe(

@@ -19,8 +19,10 @@ from tests.cluster.test_node_servers import (
     until,
 )
 from tierlog.cluster.membership import ClusterDirectory
+from tierlog.formats.chunk import decode_header
 from tierlog.formats.protocol import commands as c
-from tierlog.formats.protocol.constants import ResponseCode
+from tierlog.formats.protocol.constants import OffsetType, ResponseCode
+from tierlog.formats.protocol.deliver import Deliver
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.remote.catalog import Catalog
@@ -56,6 +58,28 @@ def visible_records(server: Server, incarnation: str) -> list[bytes]:
         return [bytes(r) for _, r in reader.records()]
 
 
+async def member_reads(port: int, count: int) -> list[int]:
+    """Offsets of the first ``count`` messages a consumer on that node gets from the first
+    offset (retrying while the member has not learned a commit yet)."""
+    client = await AsyncRawClient.connect(port)
+    try:
+        spec = c.WireOffsetSpec(OffsetType.FIRST)
+        for _ in range(100):
+            subscribe = c.SubscribeRequest(client.next_corr(), 1, "orders", spec, 100)
+            answer = await client.request(subscribe)
+            if answer.response_code == ResponseCode.OK:
+                break
+            assert answer.response_code == ResponseCode.STREAM_NOT_AVAILABLE
+            await asyncio.sleep(0.05)
+        offsets: list[int] = []
+        while len(offsets) < count:
+            header = decode_header(bytes((await client.expect(Deliver)).chunk))
+            offsets.extend(range(header.chunk_id, header.next_offset))
+        return offsets
+    finally:
+        client.close()
+
+
 async def test_three_members_replicate_and_a_follower_takes_over(tmp_path: Path) -> None:
     servers = {n: await start(node_config(tmp_path, n, secret=SECRET)) for n in ("a", "b", "c")}
     try:
@@ -79,8 +103,16 @@ async def test_three_members_replicate_and_a_follower_takes_over(tmp_path: Path)
         assert record.membership.voters == ("a", "b", "c") and record.leader == "a"
         assert visible_records(a, incarnation) == [f"m{i}".encode() for i in range(1, 61)]
         answer = await ca.request(c.MetadataRequest(ca.next_corr(), ["orders"]), c.MetadataResponse)
-        # members do not serve consumers yet: Metadata sends every client to the leader
-        assert answer.streams[0].replica_references == ()
+        # members serve consumers: Metadata lists them as replicas
+        ports = {b.reference: b.port for b in answer.brokers}
+        replicas = {ports[r] for r in answer.streams[0].replica_references}
+        assert replicas == {servers["b"].stream_port, servers["c"].stream_port}
+        # a consumer on a member reads every confirmed message once the commit reached it
+        view = a.cluster.read_views[incarnation]
+        with LogReader(view, OffsetSpec.first()) as reader:
+            offsets = [offset for offset, _ in reader.records()]
+        assert len(offsets) == 60
+        assert await member_reads(servers["b"].stream_port, 60) == offsets
 
         handle = a.broker.get("/", "orders")  # type: ignore[union-attr]
         assert handle is not None

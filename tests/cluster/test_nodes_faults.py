@@ -106,14 +106,24 @@ async def metadata_code(port: int) -> tuple[int, int | None]:
 async def finish_and_check(
     cluster: Cluster, publisher: Publisher, watch: PointerWatch, more: int = 100
 ) -> list[int]:
-    """Publish ``more`` confirmed messages after the fault, then check the oracle."""
+    """Publish ``more`` confirmed messages after the fault, then check the oracle: the
+    whole stream read through every member of it (each pinned to that node)."""
     total = len(publisher.confirmed) + more
     await asyncio.wait_for(publisher.run(lambda: False, limit=total), 90)
     leader, _ = cluster.leader_of(STREAM)
     assert leader is not None
-    read = await read_stream(cluster.node(leader).process.stream_port, STREAM, total)
+    members = cluster.members_of(STREAM)
+    assert leader in members
+    reads = await asyncio.gather(
+        *(
+            read_stream(cluster.node(m).process.stream_port, STREAM, total, pinned=True)
+            for m in members
+        )
+    )
     watch.stop()
-    assert oracle(publisher.confirmed, read) == []
+    for member, read in zip(members, reads, strict=True):
+        assert oracle(publisher.confirmed, read) == [], member
+    read = reads[members.index(leader)]
     assert watch.regressions() == []
     # every other node points clients at the leader, none holds the stream
     expected = (ResponseCode.OK, cluster.node(leader).process.stream_port)

@@ -5,9 +5,11 @@ leader is SIGKILLed (the other member takes over once the old leader comes back 
 member: two voters need both for a majority). A consumer subscribing on the non-member
 while the leader is down reads what was tiered.
 Oracle: every confirmed message is read through the non-member exactly once, in order;
-Metadata on the non-member names the leader; DeclarePublisher and
-QueryPublisherSequence there get STREAM_NOT_AVAILABLE; consumer offsets stored on the non-member
-are read back."""
+``next`` and ``last`` on the non-member resolve against the leader's committed tail (not
+the lagging remote tier) while the leader is up, and against the remote tier (logged with
+its lag) while it is down; Metadata on the non-member names the leader; DeclarePublisher
+there gets STREAM_NOT_AVAILABLE and QueryPublisherSequence the leader's answer; consumer
+offsets stored on the non-member are read back."""
 
 from __future__ import annotations
 
@@ -19,15 +21,16 @@ from typing import Any
 
 import pytest
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer, schema
-from rstream.client import Client
 from rstream.consumer import Consumer, MessageContext
 from rstream.exceptions import StreamNotAvailable
 
 from tests.cluster.nodes import (
     HOST,
+    PRODUCER,
     STREAM_ARGS,
     TTL,
     Cluster,
+    PinnedConsumer,
     Publisher,
     id_of,
     oracle,
@@ -48,21 +51,6 @@ register_crash_point(
         "a non-member node serves a consumer read-only while the stream's leader is SIGKILLed",
     )
 )
-
-
-class PinnedConsumer(Consumer):
-    """An rstream consumer that reads from the node it connected to instead of the
-    leader or a replica named by Metadata (rstream always follows Metadata)."""
-
-    async def _get_or_create_client(self, stream: str) -> Client:
-        if stream not in self._clients:
-            self._clients[stream] = await self._pool.get(
-                connection_name=self._connection_name,
-                connection_closed_handler=self._on_connection_closed,
-                stream=stream,
-                max_clients_by_connections=self._max_subscribers_by_connection,
-            )
-        return self._clients[stream]
 
 
 @pytest.fixture
@@ -88,7 +76,9 @@ async def create(cluster: Cluster) -> None:
             await asyncio.sleep(0.3)
 
 
-async def subscribe(port: int, got: list[int]) -> PinnedConsumer:
+async def subscribe(
+    port: int, got: list[int], offset_type: OffsetType = OffsetType.FIRST
+) -> PinnedConsumer:
     async def on_message(msg: Any, ctx: MessageContext) -> None:
         got.append(id_of(bytes(msg)))
 
@@ -100,7 +90,7 @@ async def subscribe(port: int, got: list[int]) -> PinnedConsumer:
             await consumer.subscribe(
                 STREAM,
                 on_message,
-                offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+                offset_specification=ConsumerOffsetSpecification(offset_type),
             )
             return consumer
         except StreamNotAvailable:
@@ -115,12 +105,20 @@ async def test_non_member_reads_through_a_leader_kill(cluster: Cluster) -> None:
     members = cluster.members_of(STREAM)
     assert len(members) == 2
     (outsider,) = [n for n in cluster.nodes if n not in members]
-    port = cluster.node(outsider).process.stream_port
+    outsider_node = cluster.node(outsider)
+    port = outsider_node.process.stream_port
     got: list[int] = []
     consumer = await subscribe(port, got)
     try:
         publisher = Publisher(cluster, STREAM)
         await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
+        # at once, while the remote tier still lags the leader: next / last on the
+        # non-member are the leader's committed tail
+        before = max(publisher.confirmed)
+        next_ids: list[int] = []
+        last_ids: list[int] = []
+        next_consumer = await subscribe(port, next_ids, OffsetType.NEXT)
+        last_consumer = await subscribe(port, last_ids, OffsetType.LAST)
         await wait_for(lambda: len(got) > 0, 3 * TTL, "the non-member serves tiered messages")
         old_leader, epoch = cluster.leader_of(STREAM)
         assert old_leader in members
@@ -137,17 +135,34 @@ async def test_non_member_reads_through_a_leader_kill(cluster: Cluster) -> None:
         # readable on the non-member: a consumer subscribing now reads it
         during: list[int] = []
         second = await subscribe(port, during)
+        fallbacks = len(outsider_node.log_events("read_anywhere_tail_from_remote"))
+        third = await subscribe(port, [], OffsetType.NEXT)  # no leader tail: the remote's
         try:
             await wait_for(lambda: len(during) >= at_kill, 2 * TTL, "tiered ids read during")
+            await wait_for(
+                lambda: len(outsider_node.log_events("read_anywhere_tail_from_remote")) > fallbacks,
+                2 * TTL,
+                "next falls back to the remote tier's tail, its lag stated",
+            )
         finally:
             await second.close()
+            await third.close()
         assert during[:at_kill] == got[:at_kill]
         cluster.node(old_leader).process.start()  # comes back as a member
         total = len(publisher.confirmed) + 100
         await asyncio.wait_for(publisher.run(lambda: False, limit=total), 90)
         await wait_for(lambda: set(got) >= publisher.confirmed, 6 * TTL, "every confirmed id read")
+        later = {i for i in publisher.confirmed if i > before}
+        await wait_for(lambda: set(next_ids) >= later, 3 * TTL, "next read every later id")
+        await wait_for(lambda: set(last_ids) >= later, 3 * TTL, "last read every later id")
         await asyncio.sleep(1.0)  # nothing more may arrive twice
         assert oracle(publisher.confirmed, got) == []
+        # next: exactly what came after the leader's committed tail at Subscribe
+        assert next_ids[0] > before and oracle(later, next_ids) == []
+        # last: from the last committed chunk, which holds the last confirmed id
+        assert last_ids[0] <= before and before in last_ids
+        assert last_ids == sorted(set(last_ids)) and set(last_ids) >= later
+        assert fallbacks == 0  # before the kill: the leader answered next and last
 
         # Metadata on the non-member names the leader from the directory
         async with Producer(HOST, port=port, username="guest", password="guest") as p:
@@ -156,14 +171,21 @@ async def test_non_member_reads_through_a_leader_kill(cluster: Cluster) -> None:
             # commands that need the leader are refused there (clients reconnect)
             with pytest.raises(StreamNotAvailable):
                 await client.declare_publisher(STREAM, "writer-on-outsider", 7)
-            sequence = await client.sync_request(  # rstream's own call hides the code
-                schema.QueryPublisherSequence(
-                    client._corr_id_seq.next(), publisher_ref="writer-on-outsider", stream=STREAM
-                ),
-                resp_schema=schema.QueryPublisherSequenceResponse,
-                raise_exception=False,
-            )
-            assert sequence.response_code == ResponseCode.STREAM_NOT_AVAILABLE
+            # QueryPublisherSequence is the leader's answer (rstream's own call hides the
+            # code, and a producer would resume from a wrong 0)
+            for reference, expected in (("writer-on-outsider", 0), (PRODUCER, None)):
+                sequence = await client.sync_request(
+                    schema.QueryPublisherSequence(
+                        client._corr_id_seq.next(), publisher_ref=reference, stream=STREAM
+                    ),
+                    resp_schema=schema.QueryPublisherSequenceResponse,
+                    raise_exception=False,
+                )
+                assert sequence.response_code == ResponseCode.OK
+                if expected is None:
+                    assert sequence.sequence >= max(publisher.confirmed)
+                else:
+                    assert sequence.sequence == expected
         leader_name, _ = cluster.leader_of(STREAM)
         assert leader_name is not None
         assert leader.port == cluster.node(leader_name).process.stream_port
@@ -173,6 +195,8 @@ async def test_non_member_reads_through_a_leader_kill(cluster: Cluster) -> None:
         await wait_for_offset(consumer, 42)
     finally:
         await consumer.close()
+        await next_consumer.close()
+        await last_consumer.close()
 
 
 async def wait_for_offset(consumer: Consumer, expected: int) -> None:

@@ -3,7 +3,10 @@
 producer publishes with confirms and the leader is SIGKILLed, or SIGSTOPped past its
 lease and woken. Another member takes over in a higher epoch; the old leader comes back
 as a member, cutting any uncommitted suffix. Oracle: every confirmed message read back
-exactly once, in order, from the leader; every member's segment and index files
+exactly once, in order, from every member (each read through that node itself, up to
+the commit it learned); a consumer on a member reading through the kill (it resumes
+after its last offset when the member ends its subscription with a MetadataUpdate)
+gets every confirmed message exactly once, in order; every member's segment and index files
 byte-identical once they caught up; the manifest pointer never goes back; the woken
 leader neither confirmed nor committed a manifest in its old epoch after waking. Once
 caught up, the leader's /metrics shows the stream led with its members' lag 0 and a
@@ -32,6 +35,7 @@ from tests.cluster.nodes import (
     Node,
     PointerWatch,
     Publisher,
+    ResumingReader,
     log_time,
     oracle,
     read_stream,
@@ -90,9 +94,17 @@ async def check(cluster: Cluster, publisher: Publisher, watch: PointerWatch) -> 
     await asyncio.wait_for(publisher.run(lambda: False, limit=total), 90)
     leader, _ = cluster.leader_of(STREAM)
     assert leader is not None
-    read = await read_stream(cluster.node(leader).process.stream_port, STREAM, total)
+    # every member serves its consumers: read the whole stream through each of them
+    names = sorted(cluster.nodes)
+    reads = await asyncio.gather(
+        *(
+            read_stream(cluster.node(n).process.stream_port, STREAM, total, pinned=True)
+            for n in names
+        )
+    )
     watch.stop()
-    assert oracle(publisher.confirmed, read) == []
+    for name, read in zip(names, reads, strict=True):
+        assert oracle(publisher.confirmed, read) == [], name
     assert watch.regressions() == []
 
     def identical() -> bool:
@@ -151,7 +163,12 @@ async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
     await create(cluster)
     watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
     publisher = Publisher(cluster, STREAM)
+    # a consumer on a member (not the leader) reads through the kill
+    reader = ResumingReader(cluster.node("n2").process.stream_port, STREAM)
+    done = asyncio.Event()
+    reading = asyncio.create_task(reader.run(done.is_set))
     await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
+    await wait_for(lambda: len(reader.ids) > 0, 3 * TTL, "the member serves its consumer")
     _, epoch = cluster.leader_of(STREAM)
     cluster.node("n1").process.kill()
 
@@ -163,12 +180,25 @@ async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
     await wait_for(taken_over, 6 * TTL, "a member takes over")
     cluster.node("n1").process.start()  # comes back as a member
     await check(cluster, publisher, watch)
+    await wait_for(
+        lambda: set(reader.ids) >= publisher.confirmed, 3 * TTL, "the member's consumer read all"
+    )
+    done.set()
+    await reading
+    assert oracle(publisher.confirmed, reader.ids) == []
+    if cluster.leader_of(STREAM)[0] == "n2":  # it took the stream over: told, resumed
+        assert reader.ended >= 1
 
 
 async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None:
     await create(cluster)
     watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
     publisher = Publisher(cluster, STREAM)
+    # a consumer on n1 reads through its pause: from n1 as the leader, then (told by a
+    # MetadataUpdate at its step-down) from n1 as a member that cut its uncommitted suffix
+    reader = ResumingReader(cluster.node("n1").process.stream_port, STREAM)
+    done = asyncio.Event()
+    reading = asyncio.create_task(reader.run(done.is_set))
     await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
     _, epoch = cluster.leader_of(STREAM)
     n1 = cluster.node("n1")
@@ -184,6 +214,13 @@ async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None
     woke_at = time.time()
     os.kill(n1.pid, signal.SIGCONT)
     await check(cluster, publisher, watch)
+    await wait_for(
+        lambda: set(reader.ids) >= publisher.confirmed, 3 * TTL, "n1's consumer read all"
+    )
+    done.set()
+    await reading
+    assert oracle(publisher.confirmed, reader.ids) == []  # no uncommitted chunk, no gap
+    assert reader.ended >= 1  # n1 stopped leading: its consumer was told
     assert watch.commits_in_epoch_after(epoch, woke_at) == []
     steps = [e for e in n1.log_events("cluster_stream_step_down")]
     assert steps, "the woken leader stepped down"

@@ -188,3 +188,32 @@ def test_member_below_the_leaders_local_log_drops_its_copy_and_rejoins() -> None
         STREAM, 2, history_of([(2, i) for i in range(40, 50)]), 50, 49, fetch, 40
     )
     assert joined == rep.ServeChunks(40, fetch.max_bytes)
+
+
+def test_commit_is_not_shown_over_a_divergent_suffix_before_the_history() -> None:
+    """A member back from an older epoch holds chunks the new leader never wrote; a
+    COMMIT of the new epoch arriving before the leader's HISTORY must not make them
+    readable (only chunks known to be the leader's are shown)."""
+    leader = Leader(3, [(1, 0), (1, 1), (3, 2), (3, 3), (3, 4), (3, 5)], commit=4)
+    member = Member([(1, 0), (1, 1), (2, 2), (2, 3), (2, 4)], highest=2)
+    follow = member.session.follow(3)
+    member.run([a for a in follow if isinstance(a, rep.PersistEpoch)], leader)  # fetch in flight
+    member.run(member.session.on_frame(wire.Commit(STREAM, 3, 4)), leader)
+    assert member.visible == NO_CHUNK  # (2, 2..4) would have been shown: not the leader's
+    member.run([rep.Send(member.session.fetch())], leader)
+    assert member.chunks == leader.chunks
+    assert member.visible == 4
+
+
+def test_adopt_by_a_new_leader_forgets_what_agreed_with_the_old_one() -> None:
+    old = Leader(2, [(1, 0), (2, 1), (2, 2)], commit=1)
+    member = Member([(1, 0)], highest=1)
+    member.run(member.session.follow(2), old)
+    assert member.chunks == old.chunks and member.visible == 1
+    # a new leader elected without us never saw (2, 2); its commit must not show it
+    member.run(member.session.on_frame(wire.Adopt(STREAM, 3)), old)
+    member.run(member.session.on_frame(wire.Commit(STREAM, 3, 2)), old)
+    assert member.visible == 1
+    new = Leader(3, [(1, 0), (2, 1), (3, 2)], commit=2)
+    member.run([rep.Send(member.session.fetch())], new)
+    assert member.chunks == new.chunks and member.visible == 2

@@ -128,6 +128,18 @@ frames = st.one_of(
     st.builds(rp.Written, streams, u64, chunk_ids),
     st.builds(rp.Commit, streams, u64, chunk_ids),
     st.builds(rp.Refused, streams, u64, st.sampled_from(rp.RefusalCode), u64, st.text(max_size=50)),
+    st.builds(rp.TailQuery, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50)),
+    st.builds(
+        rp.Tail,
+        streams,
+        u64,
+        st.integers(0, 0xFFFFFFFF),
+        st.booleans(),
+        chunk_ids,
+        u64,
+        chunk_ids,
+        chunk_ids,
+    ),
 )
 
 
@@ -231,3 +243,19 @@ def test_encoder_rejects_bad_values() -> None:
         rp.encode(rp.History("s", 1, 0, ((1, 5, 3),)))
     with pytest.raises(InvalidSizeError):
         rp.encode_chunks_header("s", 1, 0, 1, 0, 1, rp.MAX_FRAME_BYTES)
+
+
+def test_tail_frames_golden_and_checked() -> None:
+    query = rp.TailQuery("s", 0, 7, "p")
+    assert rp.encode(query).hex() == "000000140c00000100000000000000007300000007" + "00017" + "0"
+    tail = rp.Tail("s", 3, 7, True, 9, 12, 8, 41)
+    encoded = rp.encode(tail)
+    assert rp.decode(encoded) == tail
+    bad_flag = bytearray(encoded)
+    bad_flag[21] = 2  # the leads byte: after the header, stream id and request id
+    with pytest.raises(FormatError):
+        rp.decode(bytes(bad_flag))
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.TailQuery("s", 0, 1 << 32, ""))
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.Tail("s", 0, 1, True, -2))

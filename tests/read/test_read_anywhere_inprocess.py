@@ -18,11 +18,12 @@ from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import OffsetType, ResponseCode
 from tierlog.formats.protocol.deliver import Deliver
 from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encode_publish
+from tierlog.log.committed_chunk import chunk_end, last_user_chunk
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.server.app import Server
 from tierlog.server.config import ReaderSection, ServerConfig, StorageSection
 from tierlog.server.read_only import ReadOnlyBroker
-from tierlog.server.remote_stream import resolve_spec
+from tierlog.server.remote_stream import CommittedTail, resolve_spec
 
 FAST = {
     "x-tierlog-max-fragment-age": "0.1s",
@@ -66,9 +67,12 @@ async def delivered(client: AsyncRawClient, count: int, timeout: float = 10.0) -
 
 def test_next_resolves_to_the_leader_tail_when_known() -> None:
     assert resolve_spec(OffsetSpec.next(), None) == OffsetSpec.next()
-    assert resolve_spec(OffsetSpec.next(), 42) == OffsetSpec.offset(42)
-    assert resolve_spec(OffsetSpec.first(), 42) == OffsetSpec.first()
-    assert resolve_spec(OffsetSpec.last(), 42) == OffsetSpec.last()
+    assert resolve_spec(OffsetSpec.last(), None) == OffsetSpec.last()
+    tail = CommittedTail(42, 40)
+    assert resolve_spec(OffsetSpec.next(), tail) == OffsetSpec.offset(42)
+    assert resolve_spec(OffsetSpec.first(), tail) == OffsetSpec.first()
+    assert resolve_spec(OffsetSpec.last(), tail) == OffsetSpec.offset(40)
+    assert resolve_spec(OffsetSpec.last(), CommittedTail(42, -1)) == OffsetSpec.offset(42)
 
 
 async def test_read_only_server_serves_and_refuses(tmp_path: Path) -> None:
@@ -185,6 +189,73 @@ async def test_offsets_between_a_writer_and_a_read_only_node(tmp_path: Path) -> 
         assert await _query(w, "through-reader") == (ResponseCode.OK, 7)
         assert await _query(w, "nobody") == (ResponseCode.NO_OFFSET, 0)
         assert await _query(r, "nobody") == (ResponseCode.NO_OFFSET, 0)
+        w.close()
+        r.close()
+    finally:
+        await reader.stop()
+        await writer.stop()
+
+
+async def test_next_last_and_sequence_follow_the_leader_answer(tmp_path: Path) -> None:
+    """With a leader's committed tail (here the writer's, as a cluster leader answers),
+    ``next`` and ``last`` on the read-only node start there, not at the remote tail, and
+    nothing below it is delivered; QueryPublisherSequence is the leader's value, and
+    STREAM_NOT_AVAILABLE when no leader answers."""
+    writer = Server(shared(tmp_path, "writer", read_only=False))
+    reader = Server(shared(tmp_path, "reader", read_only=True))
+    await writer.start()
+    await reader.start()
+    try:
+        assert isinstance(reader.broker, ReadOnlyBroker)
+        slow = {**FAST, "x-tierlog-max-fragment-age": "30s"}  # the remote tier lags
+        w = await AsyncRawClient.connect(writer.stream_port)
+        assert (await w.request(c.CreateRequest(w.next_corr(), "s", slow))).response_code == 1
+        await w.request(c.DeclarePublisherRequest(w.next_corr(), 1, "app", "s"))
+        await publish(w, 1, range(1, 11))
+        handle = writer.broker.get("/", "s")
+        assert handle is not None
+
+        async def leader_tail(record: object, reference: str) -> CommittedTail | None:
+            commit = handle.log.commit_point().chunk_id
+            end = chunk_end(handle.log, commit)
+            assert end is not None
+            sequence = handle.log.producer_sequence(reference) if reference else None
+            return CommittedTail(end.next_offset, last_user_chunk(handle.log, commit), sequence)
+
+        r = await AsyncRawClient.connect(reader.stream_port)
+        deadline = time.monotonic() + 5
+        while True:  # the catalog is re-read every second
+            meta = await r.request(c.MetadataRequest(r.next_corr(), ["s"]), c.MetadataResponse)
+            if meta.streams[0].response_code == ResponseCode.OK or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        query = c.QueryPublisherSequenceRequest(r.next_corr(), "app", "s")
+        answer = await r.request(query, c.QueryPublisherSequenceResponse)
+        assert answer.response_code == ResponseCode.STREAM_NOT_AVAILABLE  # nobody to ask
+        reader.broker.remote.leader_tail = leader_tail
+        query = c.QueryPublisherSequenceRequest(r.next_corr(), "app", "s")
+        answer = await r.request(query, c.QueryPublisherSequenceResponse)
+        assert (answer.response_code, answer.sequence) == (ResponseCode.OK, 10)
+
+        tail = await leader_tail(None, "")
+        assert tail is not None and tail.next_offset == 10
+        nxt = c.SubscribeRequest(r.next_corr(), 1, "s", c.WireOffsetSpec(OffsetType.NEXT), 100)
+        last = c.SubscribeRequest(r.next_corr(), 2, "s", c.WireOffsetSpec(OffsetType.LAST), 100)
+        assert (await r.request(nxt)).response_code == ResponseCode.OK
+        assert (await r.request(last)).response_code == ResponseCode.OK
+        await asyncio.sleep(0.3)  # the cursors resolved against the leader's answer
+        await publish(w, 1, range(11, 16))
+        assert writer.tiering is not None
+        tierer = writer.tiering.tierer_of(handle.record)
+        assert tierer is not None
+        assert await asyncio.get_running_loop().run_in_executor(None, tierer.flush)
+        by_sub: dict[int, list[int]] = {1: [], 2: []}
+        deadline = time.monotonic() + 20
+        while sum(1 for chunks in by_sub.values() if chunks and chunks[-1] >= 10) < 2:
+            frame = await r.expect(Deliver, timeout=max(0.1, deadline - time.monotonic()))
+            by_sub[frame.subscription_id].append(decode_header(bytes(frame.chunk)).chunk_id)
+        assert by_sub[1][0] == 10 and min(by_sub[1]) >= 10  # nothing below the leader's tail
+        assert by_sub[2][0] == tail.last_chunk_id  # the last committed chunk, then on
         w.close()
         r.close()
     finally:

@@ -20,6 +20,10 @@ Public API (what the server's cluster integration calls; all from the event loop
                on_commit=lambda chunk_id: ...)    # cluster commit visible here
     hub.unfollow(stream)
 
+    # any node: the committed tail of a stream led elsewhere (None: no answer in time)
+    tail = await hub.query_tail(stream, leader="n1", reference="", timeout=1.0)
+    hub.tail_answerer = answer   # how this node answers such queries for what it leads
+
     await hub.stop()
 
 ``peers(node) -> (host, port)`` resolves a node name to its replication address (the
@@ -58,6 +62,7 @@ from tierlog.cluster.link import (
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream, ReplicaCounts
+from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
 from tierlog.formats.errors import FormatError
@@ -114,6 +119,7 @@ class ReplicationHub:
         self.followed: dict[str, FollowedStream] = {}
         self.led: dict[str, LedStream] = {}
         self._catch_ups: dict[str, CatchUpRun] = {}
+        self.tails = TailQueries(self.send)
         self.auth_failures = 0
         self.malformed_frames = 0
         self.send_failures = 0  # links closed because a write failed
@@ -164,11 +170,13 @@ class ReplicationHub:
         *,
         executor: Executor | None = None,
         on_commit: Callable[[int], None] | None = None,
+        on_truncate: Callable[[int], None] | None = None,
     ) -> None:
         """Be a member of ``stream`` with ``log``: answer ``ADOPT`` from any newer
         leader and replicate from it; with ``leader`` and ``epoch`` (the directory's
         current leader), start fetching from it now. ``on_commit(chunk_id)``: the
-        cluster commit offset as this member may show it (never past its log)."""
+        cluster commit offset as this member may show it (never past its log);
+        ``on_truncate(keep_through)``: the log was cut after that chunk."""
         followed = self.followed.get(stream)
         if followed is None:
             followed = FollowedStream(
@@ -185,6 +193,8 @@ class ReplicationHub:
             self.followed[stream] = followed
         elif on_commit is not None:
             followed.on_commit = on_commit
+        if on_truncate is not None:
+            followed.on_truncate = on_truncate
         if leader is not None and epoch is not None:
             followed.follow(leader, epoch)
 
@@ -287,6 +297,21 @@ class ReplicationHub:
                 del self._catch_ups[stream]
         return (result.epoch, result.chunk_id)
 
+    # -- committed tails -------------------------------------------------------------
+    async def query_tail(
+        self, stream: str, leader: str, reference: str = "", *, timeout: float = 1.0
+    ) -> wire.Tail | None:
+        """Ask ``leader`` for the stream's committed tail (``cluster.tail_queries``)."""
+        return await self.tails.ask(stream, leader, reference, timeout)
+
+    @property
+    def tail_answerer(self) -> TailAnswerer | None:
+        return self.tails.answerer
+
+    @tail_answerer.setter
+    def tail_answerer(self, answerer: TailAnswerer | None) -> None:
+        self.tails.answerer = answerer
+
     # -- frames ----------------------------------------------------------------------
     def _on_frame(self, link: Link, frame: wire.Frame) -> None:
         peer = link.peer
@@ -294,6 +319,9 @@ class ReplicationHub:
             log.warning("replication_unexpected_handshake_frame", peer=peer)
             self.malformed_frames += 1
             link.close()
+            return
+        if isinstance(frame, wire.TailQuery | wire.Tail):
+            self.tails.on_frame(link, frame)
             return
         stream = frame.stream
         if isinstance(frame, wire.Fetch):

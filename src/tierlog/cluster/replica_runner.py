@@ -128,6 +128,8 @@ class FollowedStream:
         self.executor = executor
         self._send = send
         self.on_commit = on_commit
+        self.on_truncate: Callable[[int], None] | None = None
+        """Told ``keep_through`` after the log was cut (readers of the log must know)."""
         self.fetch_bytes = fetch_bytes
         self.fetch_timeout = fetch_timeout
         self.retry_delay = retry_delay
@@ -308,6 +310,8 @@ class FollowedStream:
                 await self._run(self.log.persist_member_epoch, action.epoch)
             elif isinstance(action, Truncate):
                 await self._run(self.log.truncate_after, action.keep_through)
+                if self.on_truncate is not None:
+                    self.on_truncate(action.keep_through)
                 history, next_offset = await self._run(self._state)
                 queue.extend(session.truncated(history, next_offset))
             elif isinstance(action, AppendChunks):

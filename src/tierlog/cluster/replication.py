@@ -95,6 +95,10 @@ class ReplicaSession:
         self.commit = NO_CHUNK
         self._pending_append: wire.Chunks | None = None
         self._leader_commit = NO_CHUNK  # the highest commit the leader announced
+        # the last chunk known to be on the followed leader's log too (its answer to a
+        # fetch from our tail, its history, or chunks it sent): only up to here may a
+        # commit be shown, a divergent suffix not cut yet holds other chunks at those ids
+        self._agreed = NO_CHUNK
 
     @property
     def tail(self) -> Tail:
@@ -146,6 +150,7 @@ class ReplicaSession:
             self.leader_epoch = epoch
             self._pending_append = None
             self._leader_commit = NO_CHUNK
+            self._agreed = NO_CHUNK
         actions.append(Send(self.fetch()))
         return actions
 
@@ -153,6 +158,9 @@ class ReplicaSession:
         actions: list[Action] = []
         if isinstance(frame, wire.Adopt):
             if self._accept_epoch(frame.epoch, actions):
+                if self.leader_epoch != frame.epoch:
+                    self._leader_commit = NO_CHUNK
+                    self._agreed = NO_CHUNK  # a new leader's log may not hold our suffix
                 self.leader_epoch = frame.epoch
                 tail = self.tail
                 adopted = wire.Adopted(
@@ -167,6 +175,7 @@ class ReplicaSession:
                 self.leader_epoch = frame.epoch
                 self._pending_append = None
                 self._leader_commit = NO_CHUNK
+                self._agreed = NO_CHUNK
         if isinstance(frame, wire.History):
             ranges = tuple(EpochRange(e, first, last) for e, first, last in frame.ranges)
             keep = common_prefix_end(self.history, ranges)
@@ -174,11 +183,15 @@ class ReplicaSession:
                 actions.append(Truncate(keep))  # the shell reports ``truncated`` next
             else:
                 actions.append(Send(self.fetch()))
+            self._agreed = min(keep, self.tail.chunk_id)
             self._set_commit(frame.commit_chunk_id, actions)
         elif isinstance(frame, wire.Chunks):
             continues = frame.first_chunk_id == self.next_offset or (
                 self.tail.empty and frame.first_chunk_id > self.next_offset  # late joiner
             )
+            if frame.first_chunk_id == self.next_offset:
+                # the leader serves a fetch only from a tail on its log: ours is
+                self._agreed = self.tail.chunk_id
             if frame.chunk_count and continues:
                 if self._pending_append is None:
                     self._pending_append = frame
@@ -192,9 +205,14 @@ class ReplicaSession:
         return actions
 
     def _set_commit(self, chunk_id: int, actions: list[Action]) -> None:
-        # Never past what we hold: the leader's commit may be ahead of our log.
+        # Never past what we hold and know to be the leader's chunks: its commit may be
+        # ahead of our log, and a suffix of ours not cut yet may differ from its log.
         self._leader_commit = max(self._leader_commit, chunk_id)
-        visible = min(self._leader_commit, self.tail.chunk_id)
+        tail = self.tail
+        if tail.epoch == self.leader_epoch:
+            # one leader per epoch: chunks of its epoch (and all before them) are its own
+            self._agreed = max(self._agreed, tail.chunk_id)
+        visible = min(self._leader_commit, self._agreed, tail.chunk_id)
         if visible > self.commit:
             self.commit = visible
             actions.append(SetCommit(visible))
@@ -215,12 +233,16 @@ class ReplicaSession:
         self.history, self.next_offset = history, next_offset
         self.commit = min(self.commit, self.tail.chunk_id)
         self._leader_commit = min(self._leader_commit, self.tail.chunk_id)
+        self._agreed = min(self._agreed, self.tail.chunk_id)
         return [Send(self.fetch())] if self.leader_epoch is not None else []
 
     def written(self, history: History, next_offset: int) -> list[Action]:
         """The appended chunks are fsynced: ack them and fetch the next range."""
         self._pending_append = None
+        agreed_before = self._agreed == tail_of(self.history).chunk_id
         self.history, self.next_offset = history, next_offset
+        if agreed_before:  # the appended chunks continued an agreed log: the leader's
+            self._agreed = self.tail.chunk_id
         if self.leader_epoch is None:
             return []
         actions: list[Action] = [

@@ -40,6 +40,12 @@ Bodies:
 * ``COMMIT`` (leader → member): commit chunk id i64 (also a heartbeat).
 * ``REFUSED``: code u16 (RefusalCode), highest seen epoch u64, message (u16 length +
   UTF-8).
+* ``TAIL_QUERY`` (any node → the stream's leader): request id u32, producer reference
+  (u16 length + UTF-8, may be empty). Epoch 0: the asker need not know it.
+* ``TAIL`` (leader → asker): request id u32, leads u8 (0: the receiver does not lead
+  the stream, the rest is zero), commit chunk id i64 (the last chunk consumers may
+  read), next offset u64 (after it), last user chunk id i64 (-1: none), producer
+  sequence i64 (-1: unknown reference). Epoch: the leader's.
 
 Decoders reject anything malformed with a typed ``FormatError``.
 """
@@ -76,6 +82,8 @@ _CHUNKS = struct.Struct(">QQqII")
 _CHUNK_ID = struct.Struct(">q")
 _REFUSED = struct.Struct(">HQ")
 _U16 = struct.Struct(">H")
+_TAIL_QUERY = struct.Struct(">I")
+_TAIL = struct.Struct(">IBqQqq")
 
 
 class FrameKind(IntEnum):
@@ -90,6 +98,8 @@ class FrameKind(IntEnum):
     REFUSED = 9
     CHALLENGE = 10
     PROOF = 11
+    TAIL_QUERY = 12
+    TAIL = 13
 
 
 class RefusalCode(IntEnum):
@@ -189,6 +199,26 @@ class Refused:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class TailQuery:
+    stream: str
+    epoch: int
+    request_id: int
+    reference: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    stream: str
+    epoch: int
+    request_id: int
+    leads: bool
+    commit_chunk_id: int = NO_CHUNK
+    next_offset: int = 0
+    last_user_chunk_id: int = NO_CHUNK
+    sequence: int = -1
+
+
 Frame = (
     Hello
     | Challenge
@@ -201,6 +231,8 @@ Frame = (
     | Written
     | Commit
     | Refused
+    | TailQuery
+    | Tail
 )
 
 
@@ -329,6 +361,23 @@ def encode(frame: Frame) -> bytes:
         return _frame(
             FrameKind.REFUSED, frame.stream, frame.epoch, body + _text(frame.message, "message")
         )
+    if isinstance(frame, TailQuery):
+        if not 0 <= frame.request_id <= 0xFFFFFFFF:
+            raise InvalidSizeError(f"request id {frame.request_id} is not a u32")
+        body = _TAIL_QUERY.pack(frame.request_id) + _text(frame.reference, "reference")
+        return _frame(FrameKind.TAIL_QUERY, frame.stream, frame.epoch, body)
+    if isinstance(frame, Tail):
+        if not 0 <= frame.request_id <= 0xFFFFFFFF:
+            raise InvalidSizeError(f"request id {frame.request_id} is not a u32")
+        body = _TAIL.pack(
+            frame.request_id,
+            int(frame.leads),
+            _chunk_id(frame.commit_chunk_id, "commit chunk id"),
+            _u64(frame.next_offset, "next offset"),
+            _chunk_id(frame.last_user_chunk_id, "last user chunk id"),
+            _chunk_id(frame.sequence, "producer sequence"),
+        )
+        return _frame(FrameKind.TAIL, frame.stream, frame.epoch, body)
     raise TypeError(f"not a replication frame: {frame!r}")
 
 
@@ -465,6 +514,23 @@ def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> F
     if kind is FrameKind.COMMIT:
         (commit,) = reader.unpack(_CHUNK_ID, "COMMIT body")
         return Commit(stream, epoch, _check_chunk_id(commit, "commit chunk id"))
+    if kind is FrameKind.TAIL_QUERY:
+        (request_id,) = reader.unpack(_TAIL_QUERY, "TAIL_QUERY body")
+        return TailQuery(stream, epoch, request_id, reader.text("reference"))
+    if kind is FrameKind.TAIL:
+        request_id, leads, commit, next_offset, last, sequence = reader.unpack(_TAIL, "TAIL body")
+        if leads not in (0, 1):
+            raise FormatError(f"TAIL leads flag {leads}")
+        return Tail(
+            stream,
+            epoch,
+            request_id,
+            bool(leads),
+            _check_chunk_id(commit, "commit chunk id"),
+            next_offset,
+            _check_chunk_id(last, "last user chunk id"),
+            _check_chunk_id(sequence, "producer sequence"),
+        )
     code, highest = reader.unpack(_REFUSED, "REFUSED body")
     try:
         refusal = RefusalCode(code)

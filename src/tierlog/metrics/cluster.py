@@ -99,6 +99,16 @@ class ClusterFamilies:
             "Fetches sent again by this node's members for want of an answer.",
             "counter",
         )
+        self.tail_queries_answered = scrape(
+            "tierlog_cluster_tail_queries_answered",
+            "Committed-tail queries of other nodes this node answered as a stream's leader.",
+            "counter",
+        )
+        self.tail_queries_unanswered = scrape(
+            "tierlog_cluster_tail_queries_unanswered",
+            "Committed-tail queries of this node no leader answered in time (remote fallback).",
+            "counter",
+        )
         self.fetch_refusals = scrape(
             "tierlog_cluster_fetch_refusals",
             "Fetches of this node's members that their leader refused.",

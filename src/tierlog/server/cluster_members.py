@@ -4,7 +4,8 @@ A node that is a member of a stream but not its leader keeps the stream's log in
 same directory a leader would (the incarnation's name, so files are byte-identical
 across members) and follows the leader through the replication hub: chunks are
 appended verbatim by the log's acceptor path, fsynced, and acknowledged. The log is
-not open in the broker: clients of this node are pointed at the leader by Metadata.
+not open in the broker: its consumers read it through ``reads`` (up to the cluster
+commit), publishers are pointed at the leader by Metadata.
 When the node takes the stream over, the follower log is closed first and the broker
 opens the same directory as the leader's log.
 """
@@ -15,6 +16,7 @@ import asyncio
 import os
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Protocol
 
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.log.config import LogConfig
@@ -23,6 +25,19 @@ from tierlog.logs import get_logger
 from tierlog.remote.catalog import StreamRecord
 
 log = get_logger("tierlog.server.cluster")
+
+
+class FollowerReads(Protocol):
+    """The consumers of followed streams (``server.member_reads``): told when a follower
+    log opens, learns the cluster commit, is cut, and stops."""
+
+    def opened(self, record: StreamRecord, stream_log: StreamLog) -> None: ...
+
+    def committed(self, incarnation: str, chunk_id: int) -> None: ...
+
+    def truncated(self, incarnation: str, keep_through: int) -> None: ...
+
+    def stopped(self, incarnation: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -43,6 +58,7 @@ class Followers:
         self.hub = hub
         self.streams_dir = streams_dir
         self.streams: dict[str, Follower] = {}
+        self.reads: FollowerReads | None = None
 
     def get(self, incarnation: str) -> Follower | None:
         return self.streams.get(incarnation)
@@ -68,7 +84,17 @@ class Followers:
 
         stream_log = await asyncio.get_running_loop().run_in_executor(lane, open_log)
         self.streams[incarnation] = Follower(record, stream_log, lane, leader, epoch)
-        self.hub.follow(incarnation, stream_log, leader, epoch, executor=lane)
+        if self.reads is not None:
+            self.reads.opened(record, stream_log)
+        self.hub.follow(
+            incarnation,
+            stream_log,
+            leader,
+            epoch,
+            executor=lane,
+            on_commit=lambda chunk_id: self._committed(incarnation, chunk_id),
+            on_truncate=lambda keep: self._truncated(incarnation, keep),
+        )
         log.info(
             "cluster_stream_following",
             stream=record.name,
@@ -77,6 +103,14 @@ class Followers:
             epoch=epoch,
             next_offset=stream_log.next_offset,
         )
+
+    def _committed(self, incarnation: str, chunk_id: int) -> None:
+        if self.reads is not None:
+            self.reads.committed(incarnation, chunk_id)
+
+    def _truncated(self, incarnation: str, keep_through: int) -> None:
+        if self.reads is not None:
+            self.reads.truncated(incarnation, keep_through)
 
     def seen_epochs(self, incarnation: str) -> tuple[int, ...]:
         """The epochs a follower log has seen (written or adopted): a new leader takes
@@ -92,6 +126,8 @@ class Followers:
         if follower is None:
             return
         self.hub.unfollow(incarnation)
+        if self.reads is not None:
+            self.reads.stopped(incarnation)  # its consumers are told before the log closes
         await asyncio.get_running_loop().run_in_executor(follower.lane, follower.log.close)
 
     async def close(self) -> None:

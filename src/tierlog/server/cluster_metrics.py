@@ -78,6 +78,8 @@ def watch_hub(
     families.link_malformed_frames.read = node_value(lambda h: h.malformed_frames)
     families.link_send_failures.read = node_value(lambda h: h.send_failures)
     families.fetch_timeouts.read = node_value(lambda h: h.replica_counts().fetch_timeouts)
+    families.tail_queries_answered.read = node_value(lambda h: h.tails.answered)
+    families.tail_queries_unanswered.read = node_value(lambda h: h.tails.unanswered)
     families.fetch_refusals.read = node_value(lambda h: h.replica_counts().refusals)
     families.rejoins.read = node_value(lambda h: h.replica_counts().rejoins)
     families.refused_appends.read = node_value(lambda h: h.replica_counts().refused_appends)

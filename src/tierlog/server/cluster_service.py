@@ -91,9 +91,6 @@ if TYPE_CHECKING:
 
 log = get_logger("tierlog.server.cluster")
 
-SERVE_ON_REPLICAS = False
-"""Members other than the leader hold the stream's log but do not serve consumers yet."""
-
 CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
 
 
@@ -136,10 +133,15 @@ class ClusterService:
         self.followers: Followers | None = None
         self.replication_port = 0
         self._acquired: dict[str, tuple[Leadership, float]] = {}  # by the scan, to open
+        # streams this node stepped down from lately: it lets the other voters take them
+        # first (a leader cut from its members would otherwise win the leaderless record
+        # back at once, again and again, while the majority side waits)
+        self._held_off: dict[str, float] = {}
         self._ready: dict[str, asyncio.Future[None]] = {}  # elections in progress
         self._new_voters: dict[tuple[str, str], tuple[str, ...]] = {}  # streams being created
         self._effect_tasks: set[asyncio.Task[Any]] = set()
         self.leadership_hooks: LeadershipHooks | None = None
+        self.replicas_serve = False  # members serve consumers (``server.member_reads``)
         self.changes = MemberChanges(self)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -328,6 +330,7 @@ class ClusterService:
                     if (
                         membership.is_voter(self.name)
                         and not self.changes.retiring_here
+                        and not self._holding_off(incarnation)
                         and (hooks is None or hooks.may_take_over(record))
                     ):
                         await self._take_over(record)
@@ -409,8 +412,19 @@ class ClusterService:
             return False
         # leaderless or recorded as ours: opened here only where the scan would take it over
         # (a system stream only with its stream, also at a whole-cluster restart)
+        if self._holding_off(record.incarnation):
+            return False
         hooks = self.leadership_hooks
         return hooks is None or hooks.may_take_over(record)
+
+    def _holding_off(self, incarnation: str) -> bool:
+        until = self._held_off.get(incarnation)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._held_off[incarnation]
+        return False
 
     def not_available(self, vhost: str, name: str) -> bool:
         return False  # streams this node knows of are listed by the broker as led elsewhere
@@ -611,6 +625,8 @@ class ClusterService:
             return
         self.stepped_down += 1
         log.warning("cluster_stream_step_down", incarnation=incarnation, reason=reason)
+        if len(leader.leadership.membership.voters) > 1:
+            self._held_off[incarnation] = time.monotonic() + self.timing.ttl
         if handle is not None and self.broker is not None:
             self._spawn(self._release(handle if release else None, leader, reason))
 
@@ -653,11 +669,11 @@ class ClusterService:
         self._new_voters[(vhost, name)] = (self.name, *others[: size - 1])
 
     def locate(self, vhost: str, name: str) -> StreamLocation:
-        """Leader and replicas of a stream as Metadata reports them. Replicas are not
-        listed while members do not serve consumers (clients such as rstream read from
-        a listed replica when there is one): every client reads from the leader."""
+        """Leader and replicas of a stream as Metadata reports them. Replicas are listed
+        when members serve consumers (clients such as rstream read from a listed replica
+        when there is one), which needs the remote tier for what a member lacks."""
         where = self._locate(vhost, name)
-        if not SERVE_ON_REPLICAS:
+        if not self.replicas_serve:
             return StreamLocation(where.code, where.leader, ())
         return where
 

@@ -3,9 +3,12 @@ read-only from the remote tier (``server.remote_stream``), the way a read-only n
 every stream. Subscribe, QueryOffset and StoreOffset reach it; publishing and declaring a
 publisher still get STREAM_NOT_AVAILABLE with Metadata naming the members (only members
 write). StoreOffset goes to the MetaStore offsets, which the next leader takes over.
+``next`` / ``last`` and QueryPublisherSequence ask the leader (``server.leader_tail``).
 
-Why members are excluded: a member's consumers follow the cluster commit through the
-leader, and a learner's local log would otherwise be shadowed by a slower remote copy.
+Members (voters and learners) that do not lead serve consumers from their own follower
+log up to the cluster commit they learned (``server.member_reads``); the handle is
+chosen here for both. An ``ack = remote`` stream's consumers read only what the remote
+tier committed, on its leader too, so its members serve them from the remote tier.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tierlog.remote.catalog import Catalog
 from tierlog.server.broker import LED_ELSEWHERE, Broker, StreamHandle
 from tierlog.server.config import ServerConfig
+from tierlog.server.leader_tail import LeaderTails
+from tierlog.server.member_reads import MemberReads
 from tierlog.server.remote_stream import RemoteStreams
 from tierlog.storage.object_store import ObjectStore
 
@@ -34,15 +39,25 @@ class NonMemberReads:
         service: ClusterService,
     ) -> None:
         self.service = service
-        self.remote = RemoteStreams(config, catalog, store)
+        self.tails = LeaderTails(service)
+        self.remote = RemoteStreams(config, catalog, store, leader_tail=self.tails.ask)
+        self.members = MemberReads(self.remote)
 
     def attach(self, broker: Broker) -> None:
         self.remote.start(asyncio.get_running_loop())
         broker.read_elsewhere = self.handle
+        if self.service.hub is not None:  # the leader answers the others' tail queries
+            self.service.hub.tail_answerer = self.tails.answer
+        followers = self.service.followers
+        if followers is not None:  # replication runs here: members serve consumers
+            followers.reads = self.members
+            for follower in followers.streams.values():
+                self.members.opened(follower.record, follower.log)
+            self.service.replicas_serve = True
 
     def handle(self, vhost: str, name: str) -> StreamHandle | None:
-        """The read-only handle of a catalog stream led elsewhere of which this node is
-        not a member (voter or learner); None otherwise."""
+        """The consumers' handle of a catalog stream led elsewhere: the member handle
+        when this node is a member (voter or learner), else the read-only one."""
         broker = self.service.broker
         if broker is None:
             return None
@@ -50,10 +65,18 @@ class NonMemberReads:
         if opening is None or opening.state != LED_ELSEWHERE:
             return None
         place = self.service.view.streams.get(opening.record.incarnation)
-        if place is None or self.service.name in place.record.membership.members:
+        if place is None:
             return None
-        handle: Any = self.remote.handle(opening.record)  # duck-typed, as on a read-only node
+        handle: Any  # duck-typed, as on a read-only node
+        if (
+            self.service.name in place.record.membership.members
+            and opening.record.settings.ack != "remote"  # its consumers read the remote tier
+        ):
+            handle = self.members.handle(opening.record)
+        else:
+            handle = self.remote.handle(opening.record)
         return handle
 
     def close(self) -> None:
+        self.members.close()
         self.remote.close()

@@ -10,13 +10,16 @@ the remote tier holds. One ``ManifestFollower`` thread polls the manifest pointe
 stream served (bounded rate) and wakes their consumers when a commit lands.
 
 Freshness (see ``read.manifest_follower``): fragment age + upload + commit debounce +
-``reader.poll_interval_seconds``. ``next`` resolves to the leader's committed tail when
-``leader_tail`` knows it (the cluster directory's job), else to the remote tier's tail.
+``reader.poll_interval_seconds``. ``next`` and ``last`` resolve against the leader's
+committed tail when ``leader_tail`` gets it (a cluster node asks the leader; chunks the
+remote tier holds below that offset are not delivered), else against
+the remote tier's tail, which lags the leader by that freshness (logged as
+``read_anywhere_tail_from_remote`` with the remote tail it used).
 
 Hooks for a cluster: ``RemoteStreams.handle(record)`` gives the read-only handle of any
 catalog stream (a member node can serve its non-member streams through it), and
-``RemoteStreams.leader_tail`` maps a stream to its leader's committed next offset when a
-reachable leader is known (None: not known).
+``RemoteStreams.leader_tail`` asks a stream's leader for its committed tail and a
+producer's sequence (None: no reachable leader answered).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from tierlog.errors import TierlogError
 from tierlog.formats.protocol.constants import ResponseCode
@@ -45,7 +48,12 @@ from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.remote.errors import OffsetOvertakenError
 from tierlog.remote.settings import StreamSettings
-from tierlog.server.chunk_source import CommitNotifier, DeliverableChunk, deliverable_from_raw
+from tierlog.server.chunk_source import (
+    ChunkSource,
+    CommitNotifier,
+    DeliverableChunk,
+    deliverable_from_raw,
+)
 from tierlog.server.config import ServerConfig
 from tierlog.server.errors import SourceClosedError, UnreadableDataError
 from tierlog.storage.object_store import ObjectStore
@@ -56,21 +64,39 @@ _READS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="follower-read")
 READ_AHEAD_BYTES = 1 << 20
 READ_AHEAD_CHUNKS = 256
 
-LeaderTail = Callable[[StreamRecord], int | None]
-"""A stream's leader's committed next offset when a reachable leader is known (called on
-the event loop at Subscribe: it must answer from what the node already knows)."""
+
+class CommittedTail(NamedTuple):
+    """Where a stream's committed part ends on its leader: the offset after the last
+    committed chunk, the last committed user chunk (-1: none) and, when asked for, a
+    producer's last publishing id (None: unknown reference)."""
+
+    next_offset: int
+    last_chunk_id: int
+    sequence: int | None = None
 
 
-def no_leader(record: StreamRecord) -> int | None:
+LeaderTail = Callable[[StreamRecord, str], Awaitable[CommittedTail | None]]
+"""``(record, producer reference)`` → the stream leader's committed tail, or None when no
+reachable leader answered (bounded by a timeout)."""
+
+
+async def no_leader(record: StreamRecord, reference: str) -> CommittedTail | None:
     return None
 
 
-def resolve_spec(spec: OffsetSpec, leader_next: int | None) -> OffsetSpec:
-    """``next`` means the leader's committed tail when it is known: the cursor waits at
-    the remote tier's tail and skips what comes below it. Otherwise unchanged (the remote
-    tier's tail, lagging the leader by the freshness above)."""
-    if spec.kind == "next" and leader_next is not None:
-        return OffsetSpec.offset(leader_next)
+def resolve_spec(spec: OffsetSpec, tail: CommittedTail | None) -> OffsetSpec:
+    """``next`` and ``last`` against the leader's committed tail when it answered: the
+    cursor waits at the remote tier's tail and skips what comes below that offset.
+    Otherwise unchanged (the remote tier's tail, lagging the leader by the freshness
+    above)."""
+    if tail is None:
+        return spec
+    if spec.kind == "next":
+        return OffsetSpec.offset(tail.next_offset)
+    if spec.kind == "last":
+        return OffsetSpec.offset(
+            tail.last_chunk_id if tail.last_chunk_id >= 0 else tail.next_offset
+        )
     return spec
 
 
@@ -80,12 +106,17 @@ class RemoteChunkCursor:
 
     def __init__(self, handle: RemoteStreamHandle, spec: OffsetSpec) -> None:
         self._handle = handle
-        # ``next`` is where the stream ends now (at Subscribe), not when the first read runs
-        spec = resolve_spec(spec, handle.leader_next())
+        # ``next`` / ``last`` are where the stream ends now (at Subscribe), not when the
+        # first read runs: the leader is asked now, its answer awaited at the first read
+        self._asked = spec
+        self._tail: asyncio.Task[CommittedTail | None] | None = None
+        if spec.kind in ("next", "last"):
+            self._tail = asyncio.get_running_loop().create_task(handle.leader_tail())
         tree = handle.manifest_view.loaded_tree()
         if spec.kind == "next" and tree is not None and handle.listeners:
             spec = OffsetSpec.offset(tree.next_offset)  # polled: fresh within the interval
         self._spec = spec
+        self._skip_below = -1  # chunks wholly below the leader's tail are not delivered
         self._reader: TieredReader | None = None
         self._ready: deque[TieredChunk] = deque()
 
@@ -111,6 +142,10 @@ class RemoteChunkCursor:
         reader = self._reader
         assert reader is not None
         first = reader.read_chunk()
+        # the reader starts at the remote tier's tail when the leader's is further on:
+        # whole chunks below that offset precede what ``next`` / ``last`` asked for
+        while first is not None and first.header.next_offset <= self._skip_below:
+            first = reader.read_chunk()
         if first is None:
             return None
         taken = first.header.data_length
@@ -122,9 +157,30 @@ class RemoteChunkCursor:
             taken += chunk.header.data_length
         return first
 
+    async def _resolve(self) -> None:
+        """The leader's answer to ``next`` / ``last``, or the remote tier's (with its lag
+        stated in the log)."""
+        assert self._tail is not None
+        task, self._tail = self._tail, None
+        tail = await task
+        if tail is not None:
+            self._spec = resolve_spec(self._asked, tail)
+            self._skip_below = self._spec.value
+            return
+        tree = self._handle.manifest_view.loaded_tree()
+        log.info(
+            "read_anywhere_tail_from_remote",
+            stream=self._handle.name,
+            spec=self._asked.kind,
+            remote_next_offset=None if tree is None else tree.next_offset,
+            lag="fragment age + upload + commit debounce + poll interval",
+        )
+
     async def read(self) -> DeliverableChunk | None:
         if self._handle.notifier.closed:
             raise SourceClosedError("stream closed")
+        if self._tail is not None:
+            await self._resolve()
         if self._ready:
             chunk: TieredChunk | None = self._ready.popleft()
         else:
@@ -146,7 +202,7 @@ class RemoteChunkCursor:
         return deliverable_from_raw(chunk.header, chunk.raw)
 
     async def wait(self, timeout: float | None = None) -> None:
-        if self._reader is None or self._ready:
+        if self._reader is None or self._ready or self._tail is not None:
             return
         tree = self._handle.manifest_view.committed_tree()
         if self._reader.next_offset < tree.next_offset:
@@ -155,6 +211,8 @@ class RemoteChunkCursor:
 
     def close(self) -> None:
         self._ready.clear()
+        if self._tail is not None:
+            self._tail.cancel()
         if self._reader is not None:
             self._reader.close()
 
@@ -202,7 +260,7 @@ class RemoteStreamHandle:
         self.manifest = ManifestSource(self.manifest_view)
         self.tracking = RemoteTracking(self.manifest)
         self.log = RemoteTail(self)
-        self.source = self
+        self.source: ChunkSource = self
         self._stores: set[Future[bool]] = set()
 
     @property
@@ -230,10 +288,12 @@ class RemoteStreamHandle:
         if not self.listeners:
             self.manifest_view.poll()
 
-    def leader_next(self) -> int | None:
+    async def leader_tail(self, reference: str = "") -> CommittedTail | None:
+        """The leader's committed tail (and ``reference``'s sequence), None when no
+        reachable leader answered."""
         try:
-            return self.streams.leader_tail(self.record)
-        except Exception as exc:  # a directory lookup failing must not fail the read
+            return await self.streams.leader_tail(self.record, reference)
+        except Exception as exc:  # asking the leader failing must not fail the read
             log.warning("leader_tail_failed", stream=self.name, error=repr(exc))
             return None
 
@@ -376,6 +436,12 @@ class RemoteStreams:
 
     def known(self, vhost: str, name: str) -> RemoteStreamHandle | None:
         return self._handles.get((vhost, name))
+
+    def drop(self, vhost: str, name: str) -> None:
+        """Close the read-only handle of a stream (this node became a member of it)."""
+        handle = self._handles.pop((vhost, name), None)
+        if handle is not None:
+            handle.close()
 
     def forget_missing(self, present: set[tuple[str, str]]) -> None:
         for key in [k for k in self._handles if k not in present]:

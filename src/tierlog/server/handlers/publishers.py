@@ -30,6 +30,7 @@ from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
 from tierlog.server.handlers.publisher import Publisher
+from tierlog.server.remote_stream import RemoteStreamHandle
 
 log = get_logger("tierlog.server.connection")
 
@@ -68,7 +69,9 @@ class PublisherHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.DELETE_PUBLISHER, cmd.correlation_id, code).encode())
 
     def _on_query_publisher_sequence(self, cmd: QueryPublisherSequenceRequest) -> None:
-        handle = self.broker.get(self.vhost, cmd.stream)
+        handle = self.broker.get(self.vhost, cmd.stream) or self.broker.readable(
+            self.vhost, cmd.stream
+        )
         if handle is None:
             response = QueryPublisherSequenceResponse(
                 cmd.correlation_id, self._missing(cmd.stream), 0
@@ -79,6 +82,10 @@ class PublisherHandlers(ConnectionCore):
             response = QueryPublisherSequenceResponse(
                 cmd.correlation_id, ResponseCode.ACCESS_REFUSED, 0
             )
+        elif isinstance(handle, RemoteStreamHandle):  # written elsewhere: the leader knows
+            remote = handle
+            self._spawn(lambda c: self._sequence_from_leader(c, remote))(cmd)
+            return
         else:
             sequence = 0
             if cmd.reference:
@@ -88,6 +95,21 @@ class PublisherHandlers(ConnectionCore):
                     sequence = 0
             response = QueryPublisherSequenceResponse(cmd.correlation_id, ResponseCode.OK, sequence)
         self.send(response.encode())
+
+    async def _sequence_from_leader(
+        self, cmd: QueryPublisherSequenceRequest, handle: RemoteStreamHandle
+    ) -> None:
+        """QueryPublisherSequence where the stream is not written: the leader's answer,
+        else STREAM_NOT_AVAILABLE (clients look the leader up and ask it), never a guess
+        a producer would resume from."""
+        code, sequence = ResponseCode.OK, 0
+        if cmd.reference:
+            tail = await handle.leader_tail(cmd.reference)
+            if tail is None:
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+            else:
+                sequence = tail.sequence or 0
+        self.send(QueryPublisherSequenceResponse(cmd.correlation_id, code, sequence).encode())
 
     def _on_publish(self, frame: memoryview) -> None:
         batch = decode_publish(frame)

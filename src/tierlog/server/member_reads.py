@@ -1,0 +1,193 @@
+"""Consumers on a member that does not lead the stream: served from its follower log up
+to the cluster commit the member learned (``server.member_view``), and from the remote
+tier below the log's first segment (a late joiner starts at a leader snapshot).
+
+Everything else is what a non-member node does (``server.remote_stream``): publishing
+is refused (STREAM_NOT_AVAILABLE: clients publish to the leader Metadata names),
+StoreOffset goes to the MetaStore offsets which the leader takes over, QueryOffset
+answers from there or from the tracking state the remote tier holds.
+
+A subscription on a member ends with a MetadataUpdate (clients look the stream up
+again and resume at their offset) when the member stops following (it takes the
+stream over, or leaves it) or drops a range its consumers were shown (it rejoins at
+the leader's first segment); it never skips silently. A subscription made before the
+member learned any commit waits for it. Following a new leader keeps
+subscriptions going: the view only grows, over chunks the new leader confirmed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tierlog.log.offset_spec import OffsetSpec
+from tierlog.log.writer import StreamLog
+from tierlog.logs import get_logger
+from tierlog.remote.catalog import StreamRecord
+from tierlog.server.chunk_source import ChunkCursor, DeliverableChunk
+from tierlog.server.errors import SourceClosedError
+from tierlog.server.member_view import MemberCommitView
+from tierlog.server.remote_stream import RemoteStreamHandle, RemoteStreams
+from tierlog.server.tiered_source import StreamChunkSource
+
+log = get_logger("tierlog.server.member_reads")
+
+
+class WaitingCursor:
+    """A cursor attached before the member learned any commit: it attaches for real
+    once it has one, so ``next`` / ``last`` mean the commit it learned, never the start
+    of a log nothing of which may be shown yet."""
+
+    def __init__(self, handle: MemberStreamHandle, spec: OffsetSpec, want_file: bool) -> None:
+        self._handle = handle
+        self._spec = spec
+        self._want_file = want_file
+        self._cursor: ChunkCursor | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return -1 if self._cursor is None else self._cursor.next_offset
+
+    def _attached(self) -> ChunkCursor | None:
+        if self._cursor is None and self._handle.view.limit >= 0:
+            self._cursor = self._handle.chunks.attach(self._spec, want_file=self._want_file)
+        return self._cursor
+
+    async def read(self) -> DeliverableChunk | None:
+        if self._handle.notifier.closed:
+            raise SourceClosedError("stream closed")
+        cursor = self._attached()
+        return None if cursor is None else await cursor.read()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        cursor = self._attached()
+        if cursor is None:
+            await self._handle.notifier.wait(timeout)  # woken by the first commit
+        else:
+            await cursor.wait(timeout)
+
+    def close(self) -> None:
+        if self._cursor is not None:
+            self._cursor.close()
+
+
+class MemberStreamHandle(RemoteStreamHandle):
+    """A followed stream as the handlers see it: reads from the follower log through
+    the member's commit view (cross-tier below it), the rest as on a non-member."""
+
+    def __init__(self, streams: RemoteStreams, record: StreamRecord, view: MemberCommitView):
+        super().__init__(streams, record)
+        self.view = view
+        self.chunks = StreamChunkSource(
+            view, self.notifier, lambda: self.record.settings.read_strategy
+        )
+        self.chunks.tier_started(self.manifest_view)
+        self.source = self
+
+    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> ChunkCursor:  # type: ignore[override]
+        """Subscriptions on the member (they wait for its first commit if need be)."""
+        if self.view.limit < 0:
+            return WaitingCursor(self, spec, want_file)
+        return self.chunks.attach(spec, want_file=want_file)
+
+    def first_offset(self) -> int:
+        tree = self.manifest_view.loaded_tree()
+        local = self.view.segment_refs()[0].first_offset
+        if tree is None or tree.is_empty:
+            return local
+        return min(tree.first_offset, local)
+
+    def commit_moved(self) -> None:
+        self.notifier.notify()
+
+    def status(self) -> dict[str, Any]:
+        status = super().status()
+        point = self.view.commit_point()
+        status["state"] = "member"
+        status["local"] = {
+            "first_offset": self.view.segment_refs()[0].first_offset,
+            "committed_chunk_id": point.chunk_id,
+            "next_offset": point.next_offset,
+        }
+        return status
+
+
+@dataclass(slots=True)
+class _Followed:
+    record: StreamRecord
+    log: StreamLog
+    view: MemberCommitView
+
+
+class MemberReads:
+    """The consumer side of every stream this node follows (``Followers`` tells it when
+    a follower log opens, learns a commit, is cut and stops)."""
+
+    def __init__(self, remote: RemoteStreams) -> None:
+        self.remote = remote
+        self._followed: dict[str, _Followed] = {}
+        self._handles: dict[str, MemberStreamHandle] = {}
+
+    # -- told by the followers -----------------------------------------------------------
+    def opened(self, record: StreamRecord, stream_log: StreamLog) -> None:
+        self._close_handle(record.incarnation, "follower log reopened")
+        self._followed[record.incarnation] = _Followed(
+            record, stream_log, MemberCommitView(stream_log)
+        )
+
+    def committed(self, incarnation: str, chunk_id: int) -> None:
+        followed = self._followed.get(incarnation)
+        if followed is None or not followed.view.set_limit(chunk_id):
+            return
+        handle = self._handles.get(incarnation)
+        if handle is not None:
+            handle.commit_moved()
+
+    def truncated(self, incarnation: str, keep_through: int) -> None:
+        followed = self._followed.get(incarnation)
+        if followed is None or followed.view.truncated(keep_through):
+            return
+        # the member dropped chunks its consumers were shown (it rejoins at the leader's
+        # first segment): they are told and look the stream up again
+        log.warning(
+            "member_reads_view_reset",
+            incarnation=incarnation,
+            keep_through=keep_through,
+            shown=followed.view.limit,
+        )
+        self._close_handle(incarnation, "member log cut below the commit shown")
+        followed.view = MemberCommitView(followed.log)
+
+    def stopped(self, incarnation: str) -> None:
+        self._close_handle(incarnation, "no longer following")
+        followed = self._followed.pop(incarnation, None)
+        if followed is not None:
+            followed.view.closed = True
+
+    # -- asked by the handlers -----------------------------------------------------------
+    def handle(self, record: StreamRecord) -> MemberStreamHandle | None:
+        """The consumers' handle of a stream this node follows; None while it does not
+        (yet) hold a follower log of it."""
+        followed = self._followed.get(record.incarnation)
+        if followed is None:
+            return None
+        handle = self._handles.get(record.incarnation)
+        if handle is None or handle.closed:
+            self.remote.drop(record.vhost, record.name)  # a member reads its own log now
+            handle = MemberStreamHandle(self.remote, record, followed.view)
+            self._handles[record.incarnation] = handle
+        return handle
+
+    def following(self, incarnation: str) -> bool:
+        return incarnation in self._followed
+
+    def _close_handle(self, incarnation: str, reason: str) -> None:
+        handle = self._handles.pop(incarnation, None)
+        if handle is not None:
+            log.info("member_reads_closed", stream=handle.name, reason=reason)
+            handle.close()
+
+    def close(self) -> None:
+        for incarnation in list(self._handles):
+            self._close_handle(incarnation, "shutting down")
+        self._followed.clear()
