@@ -54,7 +54,8 @@ def main() -> int:
         stop_process(etcd)
     print(
         f"cycles={result.cycles} faults={result.faults} confirmed={result.confirmed} "
-        f"read_back={result.read_back} refused_publishes={result.refused_publishes} "
+        f"read_back={result.read_back} member_reads={result.member_reads} "
+        f"refused_publishes={result.refused_publishes} "
         f"publisher_sessions={result.publisher_sessions} final_epoch={result.epochs} "
         f"pointer_samples={result.pointer_samples} seconds={result.seconds:.0f} "
         f"problems={result.problems or 'none'}"

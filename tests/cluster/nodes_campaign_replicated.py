@@ -13,8 +13,8 @@ and one fault per cycle:
 * ``cut-replication``: every replication proxy is cut (each node alone; the leader keeps
   its etcd lease): no side holds a majority, so nothing is confirmed after the cut
   (beyond confirms already in flight) until healed.
-* ``isolate-leader``: the leader's replication links are cut both ways (it keeps etcd,
-  its peers still reach each other): the leader, alone, must confirm nothing after the
+* ``isolate-leader``: the leader's replication links are cut both ways by the proxies
+  that know each link's dialer (it keeps etcd, its peers still reach each other): the leader, alone, must confirm nothing after the
   cut (beyond confirms in flight) until the majority side elected a new leader.
 * ``kill-follower``: a member that does not lead is SIGKILLed and restarted; it catches up.
 * ``remove-and-add``: a voter that does not lead is removed through the admin API (the
@@ -24,10 +24,11 @@ and one fault per cycle:
   the node restarted, and the leader adds it back as a learner to restore the factor.
 
 After every cycle the campaign waits for a leader with three voters and the oracle runs:
-every confirmed message read back exactly once, in order, through the leader; every
-member's segment and index files byte-identical to the leader's for the range both hold;
-at the end, the manifest pointer never went back, and no confirm (and no manifest commit
-in the old epoch) while the old leader could have been deposed.
+every confirmed message read back exactly once, in order, through the leader and on
+every member (a consumer pinned to that node); every member's segment and index files
+byte-identical to the leader's for the range both hold; at the end, the manifest pointer
+never went back, and no confirm (and no manifest commit in the old epoch) while the old
+leader could have been deposed.
 
 Used by ``scripts/cluster_nodes_campaign.py --members 3`` and, bounded, by
 ``tests/cluster/test_nodes_campaign.py``.
@@ -60,7 +61,6 @@ from tests.cluster.nodes import (
     wait_for,
 )
 from tests.cluster.nodes_campaign import NodesCampaignResult
-from tests.cluster.partition_proxy import isolate, use_partition_proxies
 from tests.plugins.seaweed import SeaweedServer
 from tierlog.cluster.membership import ClusterDirectory
 
@@ -113,10 +113,11 @@ async def run_replicated_campaign(
     in_order: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> NodesCampaignResult:
-    """``cycles`` faults drawn from ``faults`` by ``seed`` (or taken in turn, when
+    """``cycles`` faults: rounds of ``faults`` shuffled by ``seed`` (taken in turn when
     ``in_order``); the counts and the problems found (the campaign stops at the first
     cycle with a problem and leaves the cluster as it was for the logs)."""
     rng = random.Random(seed)
+    schedule = _schedule(rng, faults, cycles, in_order)
     result = NodesCampaignResult(faults={f: 0 for f in faults})
     started = time.monotonic()
     cluster = Cluster(
@@ -126,16 +127,13 @@ async def run_replicated_campaign(
         proxied_etcd=True,
         replicated=True,
         proxied_replication=True,
-    )
-    use_partition_proxies(cluster)
-    cluster.start()
+    ).start()
     watch: PointerWatch | None = None
     try:
         await create_replicated(cluster, STREAM, ARGS)
         watch = PointerWatch(cluster.meta, cluster.incarnation(STREAM))
         run = _Run(cluster, Publisher(cluster, STREAM), watch, rng, result)
-        for cycle in range(cycles):
-            fault = faults[cycle % len(faults)] if in_order else rng.choice(faults)
+        for cycle, fault in enumerate(schedule):
             where = f"cycle {cycle + 1} ({fault})"
             await _publish_for(run.publisher, rng.uniform(0.3, 1.5))
             result.faults[fault] += 1
@@ -172,13 +170,28 @@ async def run_replicated_campaign(
     return result
 
 
+def _schedule(
+    rng: random.Random, faults: tuple[str, ...], cycles: int, in_order: bool
+) -> list[str]:
+    """Rounds of every fault once (shuffled, unless ``in_order``), cut to ``cycles``: a
+    long run meets every kind about as often."""
+    out: list[str] = []
+    while len(out) < cycles:
+        round_ = list(faults)
+        if not in_order:
+            rng.shuffle(round_)
+        out += round_
+    return out[:cycles]
+
+
 # -- the oracle ---------------------------------------------------------------------------
 
 
 async def check_cycle(run: _Run, where: str, more: int = 20) -> list[str]:
     """Publish ``more`` confirmed messages (the stream works again), wait for a leader
-    with three voters and no learner, read everything back through it and compare every
-    member's files with the leader's; the problems found, prefixed with ``where``."""
+    with three voters and no learner, read everything back through it (Metadata's
+    choice) and through every member itself, and compare every member's files with the
+    leader's; the problems found, prefixed with ``where``."""
     cluster, publisher = run.cluster, run.publisher
     try:
         total = len(publisher.confirmed) + more
@@ -193,6 +206,20 @@ async def check_cycle(run: _Run, where: str, more: int = 20) -> list[str]:
         return [f"{where}: {exc!r}"]
     run.result.read_back = len(read)
     problems = oracle(publisher.confirmed, read)
+    for member in cluster.members_of(STREAM):  # each member serves consumers itself
+        try:
+            mine = await read_stream(
+                cluster.node(member).process.stream_port,
+                STREAM,
+                len(publisher.confirmed),
+                timeout=60,
+                pinned=True,
+            )
+        except Exception as exc:
+            problems.append(f"reading on {member}: {exc!r}")
+            continue
+        run.result.member_reads += 1
+        problems += [f"read on {member}: {p}" for p in oracle(publisher.confirmed, mine)]
     deadline = time.monotonic() + 6 * TTL
     while True:
         leader, _ = cluster.leader_of(STREAM)
@@ -359,13 +386,19 @@ async def cut_replication(run: _Run) -> None:
 async def isolate_leader(run: _Run) -> None:
     node, epoch = _leader(run)
     cut = time.time()
-    isolate(run.cluster, node.name)
+    for peer in run.cluster.nodes.values():  # its links both ways, whoever dialed
+        assert peer.replication_proxy is not None
+        if peer is node:
+            peer.replication_proxy.cut()
+        else:
+            peer.replication_proxy.cut_from(node.name)
     try:
         _, taken_at = await _taken_over(run, node.name, epoch)
     finally:
         for peer in run.cluster.nodes.values():
             assert peer.replication_proxy is not None
             peer.replication_proxy.heal()
+            peer.replication_proxy.heal_from(node.name)
     # the leader alone hears no acks: nothing confirmed from the cut (beyond confirms in
     # flight) until the majority side elected its leader; once it did, the old epoch is
     # fenced on the manifest pointer
