@@ -14,8 +14,9 @@ and one fault per cycle:
   its etcd lease): no side holds a majority, so nothing is confirmed after the cut
   (beyond confirms already in flight) until healed.
 * ``isolate-leader``: the leader's replication links are cut both ways by the proxies
-  that know each link's dialer (it keeps etcd, its peers still reach each other): the leader, alone, must confirm nothing after the
-  cut (beyond confirms in flight) until the majority side elected a new leader.
+  that know each link's dialer (it keeps etcd, its peers still reach each other): the
+  leader, alone, must confirm nothing after the cut (beyond confirms in flight) until
+  the majority side elected a new leader.
 * ``kill-follower``: a member that does not lead is SIGKILLed and restarted; it catches up.
 * ``remove-and-add``: a voter that does not lead is removed through the admin API (the
   replication factor shrinks), then added back (a learner, promoted once caught up).
