@@ -6,7 +6,10 @@ as a member, cutting any uncommitted suffix. Oracle: every confirmed message rea
 exactly once, in order, from every member (each read through that node itself, up to
 the commit it learned); a consumer on a member reading through the kill (it resumes
 after its last offset when the member ends its subscription with a MetadataUpdate)
-gets every confirmed message exactly once, in order; every member's segment and index files
+gets every confirmed message exactly once, in order; a consumer on a member stores its
+offsets there: they go to the leader's log (not the MetaStore), the leader and the third
+node answer the latest one, and after the kill every node answers it and a consumer
+resuming after it gets exactly the messages after it; every member's segment and index files
 byte-identical once they caught up; the manifest pointer never goes back; the woken
 leader neither confirmed nor committed a manifest in its old epoch after waking. Once
 caught up, the leader's /metrics shows the stream led with its members' lag 0 and a
@@ -21,10 +24,13 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from rstream import Producer
+from rstream import ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.consumer import MessageContext
+from rstream.exceptions import OffsetNotFound
 
 from tests.cluster.nodes import (
     DRIFT,
@@ -33,20 +39,27 @@ from tests.cluster.nodes import (
     TTL,
     Cluster,
     Node,
+    PinnedConsumer,
     PointerWatch,
     Publisher,
     ResumingReader,
+    id_of,
     log_time,
     oracle,
     read_stream,
+    same_files_as_leader,
     wait_for,
 )
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.seaweed import SeaweedServer
+from tierlog.remote.consumer_offsets import ConsumerOffsets
 
 pytestmark = [pytest.mark.etcd, pytest.mark.s3]
 
 STREAM = "replicated"
+TRACKED = "tracked-consumer"
+STORED_AT = 50
+Seen = tuple[int, int]  # (offset, message id)
 ARGS = {**STREAM_ARGS, "x-initial-cluster-size": "3", "x-tierlog-max-segment-chunks": "4"}
 
 register_crash_point(
@@ -169,6 +182,7 @@ async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
     reading = asyncio.create_task(reader.run(done.is_set))
     await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 150), 60)
     await wait_for(lambda: len(reader.ids) > 0, 3 * TTL, "the member serves its consumer")
+    tracked = await store_offsets_on_a_member(cluster)
     _, epoch = cluster.leader_of(STREAM)
     cluster.node("n1").process.kill()
 
@@ -178,6 +192,7 @@ async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
 
     await asyncio.wait_for(publisher.run(taken_over), 6 * TTL)
     await wait_for(taken_over, 6 * TTL, "a member takes over")
+    await resume_at_the_stored_offset(cluster, tracked)
     cluster.node("n1").process.start()  # comes back as a member
     await check(cluster, publisher, watch)
     await wait_for(
@@ -188,6 +203,71 @@ async def test_replicated_leader_killed_mid_publish(cluster: Cluster) -> None:
     assert oracle(publisher.confirmed, reader.ids) == []
     if cluster.leader_of(STREAM)[0] == "n2":  # it took the stream over: told, resumed
         assert reader.ended >= 1
+
+
+async def read_pinned(port: int, spec: ConsumerOffsetSpecification, count: int) -> list[Seen]:
+    """(offset, id) of the first ``count`` messages a consumer on that node gets."""
+    seen: list[Seen] = []
+
+    async def on_message(msg: Any, ctx: MessageContext) -> None:
+        if spec.offset_type is OffsetType.OFFSET and ctx.offset < spec.offset:
+            return  # the rest of the chunk the subscription starts inside
+        seen.append((ctx.offset, id_of(bytes(msg))))
+
+    consumer = PinnedConsumer(HOST, port=port, username="guest", password="guest", heartbeat=0)
+    await consumer.start()
+    try:
+        await consumer.subscribe(STREAM, on_message, offset_specification=spec)
+        await wait_for(lambda: len(seen) >= count, 3 * TTL, f"{count} messages read")
+    finally:
+        await consumer.close()
+    return seen[:count]
+
+
+async def query_offset(port: int) -> int | None:
+    async with PinnedConsumer(HOST, port=port, username="guest", password="guest") as consumer:
+        try:
+            return await consumer.query_offset(STREAM, TRACKED)
+        except OffsetNotFound:
+            return None
+
+
+async def store_offsets_on_a_member(cluster: Cluster) -> list[Seen]:
+    """A consumer on member n2 (the leader is n1) stores its offset as it goes; the leader
+    and n3 answer its latest one. It went to the leader's log, not to the MetaStore; what
+    it read is returned, the stored offset being that of ``seen[STORED_AT]``."""
+    port = cluster.node("n2").process.stream_port
+    seen = await read_pinned(port, ConsumerOffsetSpecification(OffsetType.FIRST), 60)
+    async with PinnedConsumer(HOST, port=port, username="guest", password="guest") as consumer:
+        for index in (10, 30, STORED_AT):
+            await consumer.store_offset(STREAM, TRACKED, seen[index][0])
+        assert await consumer.query_offset(STREAM, TRACKED) == seen[STORED_AT][0]
+    for node in ("n1", "n3"):
+        assert await query_offset(cluster.node(node).process.stream_port) == seen[STORED_AT][0]
+    assert ConsumerOffsets(cluster.meta).query(cluster.incarnation(STREAM), TRACKED) is None
+    # the leader's tracking chunk reaches both members before it is killed
+    await wait_for(
+        lambda: all(same_files_as_leader(cluster, STREAM, n) for n in ("n2", "n3")),
+        3 * TTL,
+        "the members hold the leader's tracking chunk",
+    )
+    return seen
+
+
+async def resume_at_the_stored_offset(cluster: Cluster, before: list[Seen]) -> None:
+    """After the failover every live node answers the stored offset, and a consumer
+    resuming after it gets exactly what came after it: no re-delivery, no skip."""
+    stored = before[STORED_AT][0]
+    for node in ("n2", "n3"):
+        port = cluster.node(node).process.stream_port
+        deadline = time.monotonic() + 2 * TTL
+        while (got := await query_offset(port)) != stored and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)  # the node learns the new leader
+        assert got == stored, node
+    port = cluster.node("n3").process.stream_port
+    spec = ConsumerOffsetSpecification(OffsetType.OFFSET, stored + 1)
+    after = await read_pinned(port, spec, len(before) - STORED_AT - 1)
+    assert after == before[STORED_AT + 1 :]
 
 
 async def test_replicated_leader_paused_past_its_lease(cluster: Cluster) -> None:

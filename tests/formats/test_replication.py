@@ -140,6 +140,9 @@ frames = st.one_of(
         chunk_ids,
         chunk_ids,
     ),
+    st.builds(rp.OffsetStore, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50), u64),
+    st.builds(rp.OffsetQuery, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50)),
+    st.builds(rp.Offset, streams, u64, st.integers(0, 0xFFFFFFFF), st.booleans(), chunk_ids),
 )
 
 
@@ -259,3 +262,30 @@ def test_tail_frames_golden_and_checked() -> None:
         rp.encode(rp.TailQuery("s", 0, 1 << 32, ""))
     with pytest.raises(InvalidSizeError):
         rp.encode(rp.Tail("s", 0, 1, True, -2))
+
+
+def test_offset_frames_golden_and_checked() -> None:
+    header = "0001000000000000000073"  # stream id length 1, epoch 0, "s"
+    store = rp.OffsetStore("s", 0, 7, "r", 42)
+    offset = "2a".zfill(16)
+    assert rp.encode(store).hex() == "0000001c0e00" + header + "00000007" + offset + "000172"
+    query = rp.OffsetQuery("s", 0, 7, "r")
+    assert rp.encode(query).hex() == "000000140f00" + header + "00000007000172"
+    answer = rp.Offset("s", 3, 7, True, 42)
+    encoded = rp.encode(answer)
+    leader_header = "0001000000000000000373"  # epoch 3
+    assert encoded.hex() == "0000001a1000" + leader_header + "00000007" + "01" + "2a".zfill(16)
+    assert rp.decode(encoded) == answer
+    assert rp.decode(rp.encode(rp.Offset("s", 3, 7, False))).offset == -1  # none stored
+    bad_flag = bytearray(encoded)
+    bad_flag[21] = 2  # the leads byte
+    with pytest.raises(FormatError):
+        rp.decode(bytes(bad_flag))
+    below = bytearray(encoded)
+    below[22:30] = (-2).to_bytes(8, "big", signed=True)
+    with pytest.raises(InvalidSizeError):
+        rp.decode(bytes(below))
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.OffsetStore("s", 0, 1, "r", -1))  # a consumer offset is a u64
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.OffsetQuery("s", 0, 1 << 32, "r"))

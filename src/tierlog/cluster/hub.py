@@ -23,6 +23,9 @@ Public API (what the server's cluster integration calls; all from the event loop
     # any node: the committed tail of a stream led elsewhere (None: no answer in time)
     tail = await hub.query_tail(stream, leader="n1", reference="", timeout=1.0)
     hub.tail_answerer = answer   # how this node answers such queries for what it leads
+    # any node: a consumer's StoreOffset / QueryOffset sent to the leader (None: no answer)
+    answer = await hub.forward_offset(stream, leader="n1", reference="c", store=42)
+    hub.offset_answerer = answer_offsets  # how this node answers them for what it leads
 
     await hub.stop()
 
@@ -61,6 +64,7 @@ from tierlog.cluster.link import (
     handshake_dialer,
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
+from tierlog.cluster.offset_requests import OffsetAnswerer, OffsetRequests
 from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream, ReplicaCounts
 from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
@@ -120,6 +124,7 @@ class ReplicationHub:
         self.led: dict[str, LedStream] = {}
         self._catch_ups: dict[str, CatchUpRun] = {}
         self.tails = TailQueries(self.send)
+        self.offsets = OffsetRequests(self.send, self._link_open)
         self.auth_failures = 0
         self.malformed_frames = 0
         self.send_failures = 0  # links closed because a write failed
@@ -312,6 +317,26 @@ class ReplicationHub:
     def tail_answerer(self, answerer: TailAnswerer | None) -> None:
         self.tails.answerer = answerer
 
+    # -- consumer offsets ------------------------------------------------------------
+    async def forward_offset(
+        self, stream: str, leader: str, reference: str, store: int | None, *, timeout: float
+    ) -> wire.Offset | None:
+        """Send a consumer's StoreOffset (``store``) or QueryOffset (None) to ``leader``
+        (``cluster.offset_requests``)."""
+        return await self.offsets.ask(stream, leader, reference, store, timeout)
+
+    @property
+    def offset_answerer(self) -> OffsetAnswerer | None:
+        return self.offsets.answerer
+
+    @offset_answerer.setter
+    def offset_answerer(self, answerer: OffsetAnswerer | None) -> None:
+        self.offsets.answerer = answerer
+
+    def _link_open(self, peer: str) -> bool:
+        link = self.links.get(peer)
+        return link is not None and not link.closed
+
     # -- frames ----------------------------------------------------------------------
     def _on_frame(self, link: Link, frame: wire.Frame) -> None:
         peer = link.peer
@@ -322,6 +347,9 @@ class ReplicationHub:
             return
         if isinstance(frame, wire.TailQuery | wire.Tail):
             self.tails.on_frame(link, frame)
+            return
+        if isinstance(frame, wire.OffsetStore | wire.OffsetQuery | wire.Offset):
+            self.offsets.on_frame(link, frame)
             return
         stream = frame.stream
         if isinstance(frame, wire.Fetch):

@@ -46,6 +46,12 @@ Bodies:
   the stream, the rest is zero), commit chunk id i64 (the last chunk consumers may
   read), next offset u64 (after it), last user chunk id i64 (-1: none), producer
   sequence i64 (-1: unknown reference). Epoch: the leader's.
+* ``OFFSET_STORE`` (any node → the stream's leader): request id u32, consumer offset u64,
+  consumer reference (u16 length + UTF-8). A StoreOffset a consumer sent to that node.
+* ``OFFSET_QUERY`` (any node → the stream's leader): request id u32, consumer reference.
+* ``OFFSET`` (leader → asker, the answer to both): request id u32, leads u8 (0: the
+  receiver does not lead the stream, nothing was stored), offset i64 (the stored offset,
+  or the consumer's offset; -1: none stored). Epoch: the leader's.
 
 Decoders reject anything malformed with a typed ``FormatError``.
 """
@@ -84,6 +90,8 @@ _REFUSED = struct.Struct(">HQ")
 _U16 = struct.Struct(">H")
 _TAIL_QUERY = struct.Struct(">I")
 _TAIL = struct.Struct(">IBqQqq")
+_OFFSET_STORE = struct.Struct(">IQ")
+_OFFSET = struct.Struct(">IBq")
 
 
 class FrameKind(IntEnum):
@@ -100,6 +108,9 @@ class FrameKind(IntEnum):
     PROOF = 11
     TAIL_QUERY = 12
     TAIL = 13
+    OFFSET_STORE = 14
+    OFFSET_QUERY = 15
+    OFFSET = 16
 
 
 class RefusalCode(IntEnum):
@@ -219,6 +230,34 @@ class Tail:
     sequence: int = -1
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetStore:
+    stream: str
+    epoch: int
+    request_id: int
+    reference: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    stream: str
+    epoch: int
+    request_id: int
+    reference: str
+
+
+@dataclass(frozen=True, slots=True)
+class Offset:
+    stream: str
+    epoch: int
+    request_id: int
+    leads: bool
+    offset: int = NO_CHUNK  # -1: no offset stored for the reference
+
+
+OffsetFrame = OffsetStore | OffsetQuery | Offset
+
 Frame = (
     Hello
     | Challenge
@@ -233,6 +272,9 @@ Frame = (
     | Refused
     | TailQuery
     | Tail
+    | OffsetStore
+    | OffsetQuery
+    | Offset
 )
 
 
@@ -378,7 +420,28 @@ def encode(frame: Frame) -> bytes:
             _chunk_id(frame.sequence, "producer sequence"),
         )
         return _frame(FrameKind.TAIL, frame.stream, frame.epoch, body)
+    if isinstance(frame, OffsetStore | OffsetQuery | Offset):
+        return _encode_offset_frame(frame)
     raise TypeError(f"not a replication frame: {frame!r}")
+
+
+def _request_id(value: int) -> int:
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise InvalidSizeError(f"request id {value} is not a u32")
+    return value
+
+
+def _encode_offset_frame(frame: OffsetFrame) -> bytes:
+    request_id = _request_id(frame.request_id)
+    if isinstance(frame, OffsetStore):
+        body = _OFFSET_STORE.pack(request_id, _u64(frame.offset, "consumer offset"))
+        body += _text(frame.reference, "reference")
+        return _frame(FrameKind.OFFSET_STORE, frame.stream, frame.epoch, body)
+    if isinstance(frame, OffsetQuery):
+        body = _TAIL_QUERY.pack(request_id) + _text(frame.reference, "reference")
+        return _frame(FrameKind.OFFSET_QUERY, frame.stream, frame.epoch, body)
+    body = _OFFSET.pack(request_id, int(frame.leads), _chunk_id(frame.offset, "consumer offset"))
+    return _frame(FrameKind.OFFSET, frame.stream, frame.epoch, body)
 
 
 # --- decoding ---------------------------------------------------------------------------
@@ -531,6 +594,17 @@ def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> F
             _check_chunk_id(last, "last user chunk id"),
             _check_chunk_id(sequence, "producer sequence"),
         )
+    if kind is FrameKind.OFFSET_STORE:
+        request_id, offset = reader.unpack(_OFFSET_STORE, "OFFSET_STORE body")
+        return OffsetStore(stream, epoch, request_id, reader.text("reference"), offset)
+    if kind is FrameKind.OFFSET_QUERY:
+        (request_id,) = reader.unpack(_TAIL_QUERY, "OFFSET_QUERY body")
+        return OffsetQuery(stream, epoch, request_id, reader.text("reference"))
+    if kind is FrameKind.OFFSET:
+        request_id, leads, offset = reader.unpack(_OFFSET, "OFFSET body")
+        if leads not in (0, 1):
+            raise FormatError(f"OFFSET leads flag {leads}")
+        return Offset(stream, epoch, request_id, bool(leads), _check_chunk_id(offset, "offset"))
     code, highest = reader.unpack(_REFUSED, "REFUSED body")
     try:
         refusal = RefusalCode(code)

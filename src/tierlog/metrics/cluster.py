@@ -109,6 +109,16 @@ class ClusterFamilies:
             "Committed-tail queries of this node no leader answered in time (remote fallback).",
             "counter",
         )
+        self.offset_requests_answered = scrape(
+            "tierlog_cluster_offset_requests_answered",
+            "Consumer offsets other nodes forwarded that this node answered as a stream's leader.",
+            "counter",
+        )
+        self.offset_requests_unanswered = scrape(
+            "tierlog_cluster_offset_requests_unanswered",
+            "Consumer offsets this node forwarded that no leader answered in time (MetaStore).",
+            "counter",
+        )
         self.fetch_refusals = scrape(
             "tierlog_cluster_fetch_refusals",
             "Fetches of this node's members that their leader refused.",

@@ -80,6 +80,8 @@ def watch_hub(
     families.fetch_timeouts.read = node_value(lambda h: h.replica_counts().fetch_timeouts)
     families.tail_queries_answered.read = node_value(lambda h: h.tails.answered)
     families.tail_queries_unanswered.read = node_value(lambda h: h.tails.unanswered)
+    families.offset_requests_answered.read = node_value(lambda h: h.offsets.answered)
+    families.offset_requests_unanswered.read = node_value(lambda h: h.offsets.unanswered)
     families.fetch_refusals.read = node_value(lambda h: h.replica_counts().refusals)
     families.rejoins.read = node_value(lambda h: h.replica_counts().rejoins)
     families.refused_appends.read = node_value(lambda h: h.replica_counts().refused_appends)

@@ -4,8 +4,9 @@ tier below the log's first segment (a late joiner starts at a leader snapshot).
 
 Everything else is what a non-member node does (``server.remote_stream``): publishing
 is refused (STREAM_NOT_AVAILABLE: clients publish to the leader Metadata names),
-StoreOffset goes to the MetaStore offsets which the leader takes over, QueryOffset
-answers from there or from the tracking state the remote tier holds.
+StoreOffset and QueryOffset go to the leader (``server.leader_offsets``); when it does not
+answer, StoreOffset goes to the MetaStore offsets which the leader takes over, and
+QueryOffset answers from there or from the tracking state the remote tier holds.
 
 A subscription on a member ends with a MetadataUpdate (clients look the stream up
 again and resume at their offset) when the member stops following (it takes the

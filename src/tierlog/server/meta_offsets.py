@@ -1,13 +1,21 @@
-"""A stream's writer takes over the consumer offsets stored in the MetaStore while no
-member could store them (``remote.consumer_offsets``: a read-only node served the stream).
+"""A stream's writer takes over the consumer offsets stored in the MetaStore while it
+could not store them (``remote.consumer_offsets``: a read-only node served the stream, or a
+node's StoreOffset forwarded to the leader got no answer in time).
 
-When the writer opens the stream (after resolution, before it accepts anything), every
-MetaStore offset of the incarnation not taken over yet is written into the log as a
-StoreOffset (a tracking chunk, tiered like any other) and fsynced, then marked taken at the
-log's next offset (unless it changed meanwhile). The key stays: a read-only node answers from
-it until the remote tier holds the tracking chunk, and from the remote tier's tracking state
-after. From then on the writer's log answers QueryOffset, as for any consumer that stored
-through a member; a QueryOffset the log cannot answer looks in the MetaStore (``meta_offset``).
+A MetaStore offset not taken over yet (pending) is written into the log as a StoreOffset (a
+tracking chunk, tiered like any other) and fsynced, then marked taken at the log's next
+offset (unless it changed meanwhile). That happens when the writer opens the stream (after
+resolution, before it accepts anything) and whenever a QueryOffset reaches the leader
+(``leader_query_offset``: its own consumers' and those forwarded to it), which every
+QueryOffset does while the stream has a reachable leader. So a value stored in the MetaStore
+while a leader was up is never shadowed by an older one in the log.
+
+Which is newer: consumer offsets only go up (as within one epoch of the MetaStore values),
+so a pending value at or below the log's is an older store that reached the MetaStore after
+a newer one reached the log; it is marked taken without being written.
+
+The key stays: a read-only node answers from it until the remote tier holds the tracking
+chunk, and from the remote tier's tracking state after.
 """
 
 from __future__ import annotations
@@ -36,6 +44,10 @@ def take_over(stream_log: StreamLog, offsets: ConsumerOffsets, incarnation: str)
         return 0
     written = []
     for reference, value in pending.items():
+        logged = stream_log.query_offset(reference)
+        if logged is not None and logged >= value.offset:
+            written.append(reference)  # an older store: the log's value stays
+            continue
         try:
             stream_log.store_offset(reference, value.offset)
         except (InvalidAppendError, ValueError) as exc:
@@ -63,16 +75,35 @@ async def take_over_offsets(handle: StreamHandle, offsets: ConsumerOffsets) -> N
         log.info("meta_offsets_taken_over", stream=handle.name, offsets=taken)
 
 
-async def meta_offset(handle: StreamHandle, reference: str) -> int | None:
-    """A consumer offset the MetaStore holds for the stream (stored on a read-only node
-    and not taken over yet), for a QueryOffset the log has no answer to."""
+async def leader_query_offset(handle: StreamHandle, reference: str) -> int | None:
+    """QueryOffset on the stream's writer: the log's value, unless the MetaStore holds a
+    pending higher one (stored where the leader could not be reached), which is taken over
+    into the log first; the MetaStore's value when the log has none."""
     offsets = ConsumerOffsets(handle.broker.catalog.meta)
     loop = asyncio.get_running_loop()
+    logged = handle.log.query_offset(reference)
     try:
         stored = await loop.run_in_executor(
             None, offsets.query, handle.record.incarnation, reference
         )
     except (TierlogError, OSError) as exc:
         log.warning("meta_offset_query_failed", stream=handle.name, error=repr(exc))
-        return None
-    return None if stored is None else stored.offset
+        return logged
+    if stored is None:
+        return logged
+    if stored.taken_at is None and (logged is None or stored.offset > logged):
+        # through the stream's own write path (its group commit and replication)
+        handle.submit_store_offset(reference, stored.offset)
+        await handle.flush()
+        if handle.log.query_offset(reference) == stored.offset:
+            at = handle.log.next_offset
+            incarnation = handle.record.incarnation
+            try:
+                await loop.run_in_executor(
+                    None, offsets.mark_taken, incarnation, stored, reference, at
+                )
+            except (TierlogError, OSError) as exc:  # taken over again later: same value
+                log.warning("meta_offset_mark_failed", stream=handle.name, error=repr(exc))
+            log.info("meta_offset_taken_over", stream=handle.name, reference=reference)
+        return stored.offset
+    return logged if logged is not None else stored.offset

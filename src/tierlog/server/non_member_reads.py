@@ -2,7 +2,8 @@
 read-only from the remote tier (``server.remote_stream``), the way a read-only node serves
 every stream. Subscribe, QueryOffset and StoreOffset reach it; publishing and declaring a
 publisher still get STREAM_NOT_AVAILABLE with Metadata naming the members (only members
-write). StoreOffset goes to the MetaStore offsets, which the next leader takes over.
+write). StoreOffset and QueryOffset go to the leader (``server.leader_offsets``), or to
+the MetaStore offsets when it does not answer, which the leader takes over.
 ``next`` / ``last`` and QueryPublisherSequence ask the leader (``server.leader_tail``).
 
 Members (voters and learners) that do not lead serve consumers from their own follower
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tierlog.remote.catalog import Catalog
 from tierlog.server.broker import LED_ELSEWHERE, Broker, StreamHandle
 from tierlog.server.config import ServerConfig
+from tierlog.server.leader_offsets import LeaderOffsets
 from tierlog.server.leader_tail import LeaderTails
 from tierlog.server.member_reads import MemberReads
 from tierlog.server.remote_stream import RemoteStreams
@@ -40,7 +42,11 @@ class NonMemberReads:
     ) -> None:
         self.service = service
         self.tails = LeaderTails(service)
-        self.remote = RemoteStreams(config, catalog, store, leader_tail=self.tails.ask)
+        self.offsets = LeaderOffsets(service)
+        forward = self.offsets.forward if service.hub is not None else None
+        self.remote = RemoteStreams(
+            config, catalog, store, leader_tail=self.tails.ask, forward_offset=forward
+        )
         self.members = MemberReads(self.remote)
 
     def attach(self, broker: Broker) -> None:
@@ -48,6 +54,7 @@ class NonMemberReads:
         broker.read_elsewhere = self.handle
         if self.service.hub is not None:  # the leader answers the others' tail queries
             self.service.hub.tail_answerer = self.tails.answer
+            self.service.hub.offset_answerer = self.offsets.answer
         followers = self.service.followers
         if followers is not None:  # replication runs here: members serve consumers
             followers.reads = self.members

@@ -4,10 +4,12 @@ streams with the one manifest follower thread.
 
 ``RemoteStreamHandle`` is a ``StreamHandle`` look-alike: subscriptions read the committed
 manifest through the cross-tier reader without a local log; publishes are refused
-(``STREAM_NOT_AVAILABLE``: send them to a member); StoreOffset goes to the MetaStore
-(``remote.consumer_offsets``) and QueryOffset answers from there or from the tracking state
-the remote tier holds. One ``ManifestFollower`` thread polls the manifest pointers of every
-stream served (bounded rate) and wakes their consumers when a commit lands.
+(``STREAM_NOT_AVAILABLE``: send them to a member); StoreOffset and QueryOffset go to the
+stream's leader when a cluster node has one that answers (``forward_offset``), else
+StoreOffset goes to the MetaStore (``remote.consumer_offsets``) and QueryOffset answers from
+there or from the tracking state the remote tier holds. One ``ManifestFollower`` thread
+polls the manifest pointers of every stream served (bounded rate) and wakes their consumers
+when a commit lands.
 
 Freshness (see ``read.manifest_follower``): fragment age + upload + commit debounce +
 ``reader.poll_interval_seconds``. ``next`` and ``last`` resolve against the leader's
@@ -19,7 +21,8 @@ the remote tier's tail, which lags the leader by that freshness (logged as
 Hooks for a cluster: ``RemoteStreams.handle(record)`` gives the read-only handle of any
 catalog stream (a member node can serve its non-member streams through it), and
 ``RemoteStreams.leader_tail`` asks a stream's leader for its committed tail and a
-producer's sequence (None: no reachable leader answered).
+producer's sequence (None: no reachable leader answered); ``RemoteStreams.forward_offset``
+sends it consumer offsets (None: no links, the MetaStore keeps them).
 """
 
 from __future__ import annotations
@@ -82,6 +85,18 @@ reachable leader answered (bounded by a timeout)."""
 
 async def no_leader(record: StreamRecord, reference: str) -> CommittedTail | None:
     return None
+
+
+class LeaderOffset(NamedTuple):
+    """The leader's answer to a forwarded StoreOffset or QueryOffset: the consumer's
+    offset (None: none stored)."""
+
+    offset: int | None
+
+
+ForwardOffset = Callable[[StreamRecord, str, int | None], Awaitable[LeaderOffset | None]]
+"""``(record, consumer reference, offset to store or None to query)`` → the leader's
+answer, or None when no reachable leader answered (bounded by a timeout)."""
 
 
 def resolve_spec(spec: OffsetSpec, tail: CommittedTail | None) -> OffsetSpec:
@@ -262,6 +277,7 @@ class RemoteStreamHandle:
         self.log = RemoteTail(self)
         self.source: ChunkSource = self
         self._stores: set[Future[bool]] = set()
+        self._forwards: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -315,11 +331,36 @@ class RemoteStreamHandle:
         pass
 
     def submit_store_offset(self, reference: str, offset: int) -> None:
-        """StoreOffset with no live member here: into the MetaStore, under the writer
-        epoch of the committed manifest this node follows."""
+        """StoreOffset: to the stream's leader when it answers (``forward_offset``), else
+        into the MetaStore, under the writer epoch of the committed manifest this node
+        follows (which the leader takes over)."""
+        if self.streams.forward_offset is None:
+            self._store_in_meta(reference, offset)
+            return
+        task = asyncio.get_running_loop().create_task(self._forward_store(reference, offset))
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
+
+    async def _forward_store(self, reference: str, offset: int) -> None:
+        forward = self.streams.forward_offset
+        assert forward is not None
+        try:
+            answer = await forward(self.record, reference, offset)
+        except Exception as exc:  # forwarding failing must not lose the offset
+            log.warning("store_offset_forward_failed", stream=self.name, error=repr(exc))
+            answer = None
+        if answer is not None:
+            return
+        log.info("store_offset_in_meta_store", stream=self.name, reference=reference)
+        future = self._store_in_meta(reference, offset)
+        with contextlib.suppress(Exception):  # logged by ``_stored``
+            await asyncio.wrap_future(future)
+
+    def _store_in_meta(self, reference: str, offset: int) -> Future[bool]:
         future = self.streams.io.submit(self._store_offset, reference, offset)
         self._stores.add(future)
         future.add_done_callback(self._stored)
+        return future
 
     def _store_offset(self, reference: str, offset: int) -> bool:
         self.refresh_if_idle()  # the epoch of the manifest as it is now
@@ -334,12 +375,24 @@ class RemoteStreamHandle:
 
     async def flush(self) -> None:
         """Wait for the StoreOffsets sent so far (QueryOffset then sees them)."""
+        if self._forwards:
+            await asyncio.gather(*list(self._forwards), return_exceptions=True)
         pending = [asyncio.wrap_future(f) for f in list(self._stores)]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def query_offset_async(self, reference: str) -> int | None:
-        """``query_offset`` off the event loop (MetaStore and object-store reads)."""
+        """The leader's answer when it gives one (``forward_offset``), else
+        ``query_offset`` off the event loop (MetaStore and object-store reads)."""
+        forward = self.streams.forward_offset
+        if forward is not None:
+            try:
+                answer = await forward(self.record, reference, None)
+            except Exception as exc:  # asking the leader failing must not fail the query
+                log.warning("query_offset_forward_failed", stream=self.name, error=repr(exc))
+                answer = None
+            if answer is not None:
+                return answer.offset
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
 
@@ -403,6 +456,7 @@ class RemoteStreams:
         store: ObjectStore,
         *,
         leader_tail: LeaderTail = no_leader,
+        forward_offset: ForwardOffset | None = None,
     ) -> None:
         reader = config.reader
         self.catalog = catalog
@@ -415,6 +469,7 @@ class RemoteStreams:
             max_reads_per_second=reader.max_pointer_reads_per_second,
         )
         self.leader_tail = leader_tail
+        self.forward_offset = forward_offset  # None: no links, the MetaStore holds them
         self.io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-only-meta")
         self._handles: dict[tuple[str, str], RemoteStreamHandle] = {}
         self.loop: asyncio.AbstractEventLoop | None = None  # set by ``start``

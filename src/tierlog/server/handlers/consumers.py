@@ -26,7 +26,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
-from tierlog.server.meta_offsets import meta_offset
+from tierlog.server.meta_offsets import leader_query_offset
 from tierlog.server.remote_stream import RemoteStreamHandle
 from tierlog.server.subscriptions import (
     OVERTAKEN_ACTIONS,
@@ -118,12 +118,10 @@ class ConsumerHandlers(ConnectionCore):
             await handle.flush()  # a StoreOffset sent just before is visible
             offset = None
             if cmd.reference and len(cmd.reference.encode("utf-8")) <= 255:
-                if isinstance(handle, RemoteStreamHandle):  # read-only: MetaStore, remote tier
+                if isinstance(handle, RemoteStreamHandle):  # the leader's, else the MetaStore's
                     offset = await handle.query_offset_async(cmd.reference)
-                else:
-                    offset = handle.log.query_offset(cmd.reference)
-                    if offset is None:  # stored on a read-only node, not taken over yet
-                        offset = await meta_offset(handle, cmd.reference)
+                else:  # the log's, or a newer one stored where the leader was unreachable
+                    offset = await leader_query_offset(handle, cmd.reference)
             if offset is None:
                 response = QueryOffsetResponse(corr, ResponseCode.NO_OFFSET, 0)
             else:
