@@ -46,6 +46,7 @@ class NodesCampaignResult:
     faults: dict[str, int] = field(default_factory=lambda: {f: 0 for f in FAULTS})
     confirmed: int = 0
     read_back: int = 0
+    member_reads: int = 0  # whole-stream reads pinned to one member (three-member mode)
     refused_publishes: int = 0
     publisher_sessions: int = 0
     epochs: int = 0
