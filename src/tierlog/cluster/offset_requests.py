@@ -20,10 +20,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from tierlog.cluster.link import Link
+from tierlog.cluster.link_requests import PendingAnswers, SendFn, answer_in_background
 from tierlog.formats import replication as wire
-from tierlog.logs import get_logger
-
-log = get_logger(__name__)
 
 NOT_LEADING = object()
 OffsetAnswerer = Callable[[str, str, int | None], Awaitable[object]]
@@ -31,20 +29,20 @@ OffsetAnswerer = Callable[[str, str, int | None], Awaitable[object]]
 this node as the stream's leader (after storing it; None: none stored), or
 ``NOT_LEADING`` when it does not lead the stream."""
 
-SendFn = Callable[[str, wire.Frame], None]
-
 
 class OffsetRequests:
     """The asking and the answering side of one node."""
 
     def __init__(self, send: SendFn, link_open: Callable[[str], bool]) -> None:
-        self._send = send
+        self._pending: PendingAnswers[wire.Offset] = PendingAnswers(send)
         self._link_open = link_open
         self.answerer: OffsetAnswerer | None = None
-        self._waiters: dict[int, asyncio.Future[wire.Offset]] = {}
-        self._ids = 0
         self.answered = 0
-        self.unanswered = 0  # requests of ours that timed out
+
+    @property
+    def unanswered(self) -> int:
+        """Requests of ours that timed out."""
+        return self._pending.unanswered
 
     async def ask(
         self, stream: str, leader: str, reference: str, store: int | None, timeout: float
@@ -54,46 +52,26 @@ class OffsetRequests:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if store is not None and not self._link_open(leader):
-            opened = await self._request(
+            opened = await self._pending.request(
                 leader, lambda i: wire.OffsetQuery(stream, 0, i, reference), timeout
             )
             if opened is None or not self._link_open(leader):
                 return None
         if store is None:
-            return await self._request(
+            return await self._pending.request(
                 leader, lambda i: wire.OffsetQuery(stream, 0, i, reference), timeout
             )
-        return await self._request(
+        return await self._pending.request(
             leader,
             lambda i: wire.OffsetStore(stream, 0, i, reference, store),
             max(0.0, deadline - loop.time()),
         )
 
-    async def _request(
-        self, leader: str, frame: Callable[[int], wire.Frame], timeout: float
-    ) -> wire.Offset | None:
-        self._ids = (self._ids + 1) & 0xFFFFFFFF
-        request_id = self._ids
-        waiter: asyncio.Future[wire.Offset] = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = waiter
-        try:
-            self._send(leader, frame(request_id))
-            answer = await asyncio.wait_for(waiter, timeout)
-        except TimeoutError:
-            self.unanswered += 1
-            return None
-        finally:
-            self._waiters.pop(request_id, None)
-        return answer if answer.leads else None
-
     def on_frame(self, link: Link, frame: wire.OffsetFrame) -> None:
         if isinstance(frame, wire.Offset):
-            waiter = self._waiters.get(frame.request_id)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(frame)
+            self._pending.resolve(frame)
             return
-        task = asyncio.get_running_loop().create_task(self._answer(link, frame))
-        task.add_done_callback(_log_failure)
+        answer_in_background(self._answer(link, frame), "offset")
 
     async def _answer(self, link: Link, request: wire.OffsetStore | wire.OffsetQuery) -> None:
         store = request.offset if isinstance(request, wire.OffsetStore) else None
@@ -108,8 +86,3 @@ class OffsetRequests:
             answer = wire.Offset(request.stream, 0, request.request_id, True, offset)
         if not link.closed:
             link.send(answer)
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("replication_offset_answer_failed", error=repr(task.exception()))
