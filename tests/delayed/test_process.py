@@ -19,11 +19,13 @@ from typing import Any
 
 from rstream import AMQPMessage, ConsumerOffsetSpecification, OffsetType, Producer
 from rstream.consumer import Consumer, MessageContext
+from rstream.exceptions import StreamNotAvailable
 from rstream.producer import ConfirmationStatus
 
 from tests.plugins.tierlog_server import TierlogServerProcess
 
 HOST = "127.0.0.1"
+SUBSCRIBE_RETRY_SECONDS = 15.0
 AUTH = "Basic " + base64.b64encode(b"guest:guest").decode()
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
@@ -96,9 +98,21 @@ async def consume_all(
 
     consumer = Consumer(HOST, port=server.stream_port, username="guest", password="guest")
     async with consumer:
-        await consumer.subscribe(
-            stream, on_message, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST)
-        )
+        deadline = time.monotonic() + SUBSCRIBE_RETRY_SECONDS
+        while True:
+            try:
+                await consumer.subscribe(
+                    stream,
+                    on_message,
+                    offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST),
+                )
+                break
+            except StreamNotAvailable:
+                # retriable, as for any client: in a cluster the node rstream picked (a
+                # replica Metadata listed) may not be serving the stream yet
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(done.wait(), timeout)
     return got

@@ -35,7 +35,7 @@ from tierlog.cluster.errors import (
     NotLeaderError,
 )
 from tierlog.cluster.hub import ReplicationHub
-from tierlog.cluster.log_history import Tail
+from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo, StreamMembers
 from tierlog.cluster.node import (
     ClusterNode,
@@ -685,8 +685,15 @@ class ClusterService:
         if handle is not None and handle.record.incarnation in self.handles and me is not None:
             leader = self.node.leaders.get(handle.record.incarnation)
             members = leader.leadership.membership.members if leader is not None else ()
+            # only members that follow this epoch (they wrote something we sent): a
+            # member still waking up or truncating would refuse a subscription
             replicas = tuple(
-                self.view.nodes[m] for m in members if m != self.name and m in self.view.nodes
+                self.view.nodes[m]
+                for m in members
+                if m != self.name
+                and m in self.view.nodes
+                and leader is not None
+                and leader.state.written(m) != NO_CHUNK
             )
             return StreamLocation(ResponseCode.OK, me, replicas)
         opening = broker.opening(vhost, name)
