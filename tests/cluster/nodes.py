@@ -587,6 +587,21 @@ def oracle(confirmed: set[int], read: list[int]) -> list[str]:
     return problems
 
 
+async def subscribe_retrying(consumer: Consumer, stream: str, *args: Any, **kwargs: Any) -> None:
+    """``consumer.subscribe``, retrying STREAM_NOT_AVAILABLE for up to 15 s as a client
+    should: rstream subscribes through a replica Metadata listed, which may not serve
+    the stream yet (just woken, joining or truncating)."""
+    deadline = time.monotonic() + 15.0
+    while True:
+        try:
+            await consumer.subscribe(stream, *args, **kwargs)
+            return
+        except StreamNotAvailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+
+
 async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -48,6 +48,7 @@ from tests.cluster.nodes import (
     read_stream,
     running_cluster,
     same_files_as_leader,
+    subscribe_retrying,
     wait_for,
 )
 from tests.faults.registry import CrashPoint, register_crash_point
@@ -163,7 +164,8 @@ async def subscribe_and_store(cluster: Cluster, upto: int) -> tuple[int, int]:
     )
     await consumer.start()
     try:
-        await consumer.subscribe(
+        await subscribe_retrying(
+            consumer,
             STREAM,
             on_message,
             subscriber_name="reader",
@@ -207,7 +209,8 @@ async def resume_from_stored(cluster: Cluster, node: str) -> tuple[int, int]:
     await consumer.start()
     try:
         stored = await consumer.query_offset(STREAM, "reader")
-        await consumer.subscribe(
+        await subscribe_retrying(
+            consumer,
             STREAM,
             on_message,
             subscriber_name="reader",
