@@ -441,14 +441,20 @@ def build_index(metadata: SegmentMetadata, block_size: int) -> tuple[OffloadInde
     return index, plans
 
 
-def encode_index(index: OffloadIndex) -> bytes:
-    """The index object's bytes."""
-    meta = index.metadata
+def records_and_crcs(meta: SegmentMetadata) -> bytes:
+    """The index records then the chunk CRCs of an index object's metadata, as stored
+    (both offload formats)."""
     n = meta.chunk_count
     if meta.chunk_crcs is None or len(meta.chunk_crcs) != n:
         raise InvalidSizeError(f"{n} chunks need {n} chunk CRCs")
     records = np.ascontiguousarray(meta.records, dtype=INDEX_RECORD_DTYPE).tobytes()
-    records += np.ascontiguousarray(meta.chunk_crcs, dtype=">u4").tobytes()
+    return records + np.ascontiguousarray(meta.chunk_crcs, dtype=">u4").tobytes()
+
+
+def encode_index(index: OffloadIndex) -> bytes:
+    """The index object's bytes."""
+    meta = index.metadata
+    records = records_and_crcs(meta)
     metadata_len = METADATA_HEADER_SIZE + len(records) + METADATA_TRAILER_SIZE
     total = OFFLOAD_INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * len(index.blocks)
     if total > MAX_INDEX_LENGTH:
@@ -470,7 +476,7 @@ def encode_index(index: OffloadIndex) -> bytes:
         meta.first_offset,
         meta.next_offset,
         meta.segment_size,
-        n,
+        meta.chunk_count,
     )
     covered = head + records + _U32.pack(crc32(mappings))
     return covered + _U32.pack(crc32(covered)) + mappings

@@ -84,6 +84,7 @@ from tierlog.formats.offload import (
     SegmentMetadata,
     check_block_size,
     check_records,
+    records_and_crcs,
 )
 from tierlog.formats.segment import INDEX_RECORD_DTYPE, INDEX_RECORD_SIZE
 
@@ -218,11 +219,7 @@ def build_sealed_index(
 def encode_sealed_index(index: SealedOffloadIndex) -> bytes:
     """The index object's plaintext (the caller seals it)."""
     meta = index.metadata
-    n = meta.chunk_count
-    if meta.chunk_crcs is None or len(meta.chunk_crcs) != n:
-        raise InvalidSizeError(f"{n} chunks need {n} chunk CRCs")
-    body = np.ascontiguousarray(meta.records, dtype=INDEX_RECORD_DTYPE).tobytes()
-    body += np.ascontiguousarray(meta.chunk_crcs, dtype=">u4").tobytes()
+    body = records_and_crcs(meta)
     body += _TAIL.pack(index.frame_block_size, len(index.key_block)) + index.key_block
     metadata_len = METADATA_HEADER_SIZE + len(body)
     total = OFFLOAD_INDEX_HEADER_SIZE + metadata_len + MAPPING_SIZE * len(index.blocks) + 4
@@ -245,7 +242,7 @@ def encode_sealed_index(index: SealedOffloadIndex) -> bytes:
         meta.first_offset,
         meta.next_offset,
         meta.segment_size,
-        n,
+        meta.chunk_count,
     )
     out += body
     for b in index.blocks:

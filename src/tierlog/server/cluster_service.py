@@ -711,6 +711,25 @@ class ClusterService:
             if m != record.leader and m in self.view.nodes
         )
 
+    def leading_now(self, incarnation: str) -> tuple[StreamHandle, StreamLeader] | None:
+        """The stream's handle and leadership when this node leads it and its election
+        has ended (clients are let in); None otherwise."""
+        handle = self.handles.get(incarnation)
+        leader = self.node.leaders.get(incarnation)
+        if handle is None or leader is None or leader.stepped_down or handle.closed:
+            return None
+        if handle.confirm_gate is None:
+            return None  # elected, not leading yet
+        return handle, leader
+
+    def leader_elsewhere(self, incarnation: str) -> str | None:
+        """The node that leads the stream by the last directory scan, when it is another
+        node and replication links exist to ask it; None otherwise."""
+        place = self.view.streams.get(incarnation)
+        if self.hub is None or place is None or place.leader is None:
+            return None
+        return None if place.leader.name == self.name else place.leader.name
+
     def status(self) -> dict[str, Any]:
         return {
             "node": self.name,

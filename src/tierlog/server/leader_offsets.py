@@ -49,28 +49,21 @@ class LeaderOffsets:
         """Store ``store`` for ``reference`` (None: only query) as the stream's leader;
         the consumer's offset then (None: none stored), or ``NOT_LEADING`` when this node
         does not lead the stream or did not store it."""
-        service = self.service
-        handle = service.handles.get(incarnation)
-        leader = service.node.leaders.get(incarnation)
-        if handle is None or leader is None or leader.stepped_down or handle.closed:
+        leading = self.service.leading_now(incarnation)
+        if leading is None:
             return NOT_LEADING
-        if handle.confirm_gate is None:
-            return NOT_LEADING  # elected, not leading yet
-        return await answer_as_writer(handle, reference, store)
+        return await answer_as_writer(leading[0], reference, store)
 
     async def forward(
         self, record: StreamRecord, reference: str, store: int | None
     ) -> LeaderOffset | None:
         """Send a StoreOffset (``store``) or QueryOffset (None) to the stream's leader;
         None when there is no other leader to send it to or it did not answer in time."""
-        service = self.service
-        hub = service.hub
-        place = service.view.streams.get(record.incarnation)
-        if hub is None or place is None or place.leader is None:
+        hub = self.service.hub
+        leader = self.service.leader_elsewhere(record.incarnation)
+        if hub is None or leader is None:
             return None
-        if place.leader.name == service.name:
-            return None
-        return await forward_to(hub, record, place.leader.name, reference, store, self.timeout)
+        return await forward_to(hub, record, leader, reference, store, self.timeout)
 
 
 async def answer_as_writer(handle: StreamHandle, reference: str, store: int | None) -> object:

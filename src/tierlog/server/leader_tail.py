@@ -43,12 +43,10 @@ class LeaderTails:
         """This node's committed tail of a stream it leads (None: it does not lead it,
         or its election has not ended)."""
         service = self.service
-        handle = service.handles.get(incarnation)
-        leader = service.node.leaders.get(incarnation)
-        if handle is None or leader is None or leader.stepped_down or handle.closed:
-            return None
-        if handle.confirm_gate is None:
-            return None  # elected, not leading yet: its consumers' view is not set
+        leading = service.leading_now(incarnation)
+        if leading is None:
+            return None  # not leading, or elected and its consumers' view not set yet
+        handle, leader = leading
         if handle.remote_ack is not None:
             commit = handle.remote_ack.view.commit_point().chunk_id
         else:
@@ -76,18 +74,13 @@ class LeaderTails:
     async def ask(self, record: StreamRecord, reference: str = "") -> CommittedTail | None:
         """The leader's committed tail of ``record``'s stream (None: no leader known,
         this node leads it, no replication link, or no answer in time)."""
-        service = self.service
-        hub = service.hub
-        place = service.view.streams.get(record.incarnation)
-        if hub is None or place is None or place.leader is None:
+        hub = self.service.hub
+        leader = self.service.leader_elsewhere(record.incarnation)
+        if hub is None or leader is None:
             return None
-        if place.leader.name == service.name:
-            return None
-        tail = await hub.query_tail(
-            record.incarnation, place.leader.name, reference, timeout=self.timeout
-        )
+        tail = await hub.query_tail(record.incarnation, leader, reference, timeout=self.timeout)
         if tail is None:
-            log.info("leader_tail_unanswered", stream=record.name, leader=place.leader.name)
+            log.info("leader_tail_unanswered", stream=record.name, leader=leader)
             return None
         sequence = None if tail.sequence < 0 else tail.sequence
         return CommittedTail(tail.next_offset, tail.last_user_chunk_id, sequence)
