@@ -268,7 +268,7 @@ def test_a_failed_write_refuses_more_until_reopened(leader, tmp_path, monkeypatc
     rest, _ = span_bytes(leader, after, 10**6)
     import tierlog.log.segments as segments
 
-    def no_space(fd, parts, total):
+    def no_space(fd, parts):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(segments, "write_all", no_space)
