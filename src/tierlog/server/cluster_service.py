@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -75,7 +74,7 @@ from tierlog.server.cluster_gates import (
     start_epoch,
     tail_of_handle,
 )
-from tierlog.server.cluster_members import Followers
+from tierlog.server.cluster_members import Followers, holds_unregistered_stream
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.member_changes import MemberChanges
 from tierlog.storage.errors import (
@@ -402,20 +401,8 @@ class ClusterService:
         if self.changes.retiring_here:
             return False  # a retiring node leads nothing, not even after a restart
         existing = await self._directory(self.directory.stream, record.incarnation)
-        if existing is None:
-            # A stream from before the cluster (or one whose creation elsewhere has not
-            # registered yet): only the node holding its local log leads it first. Its
-            # untiered tail (confirmed, not yet in the remote tier) is there; a node
-            # without it would continue past the remote tail and orphan that tail.
-            if os.path.isdir(os.path.join(self.config.storage.streams_dir, record.incarnation)):
-                return True
-            log.info(
-                "cluster_stream_awaits_its_local_log",
-                stream=record.name,
-                incarnation=record.incarnation,
-                reason="a stream from before the cluster is led first by the node holding it",
-            )
-            return False
+        if existing is None:  # from before the cluster: led first where its log is
+            return holds_unregistered_stream(self.config.storage.streams_dir, record)
         if not existing.membership.is_voter(self.name):
             return False  # a learner follows; a non-member is pointed at the leader
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
