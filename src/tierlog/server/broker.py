@@ -896,6 +896,16 @@ class Broker:
     def streams(self) -> list[StreamHandle]:
         return list(self._streams.values())
 
+    async def exists(self, vhost: str, name: str) -> bool:
+        """Whether the stream exists: open, opening, led elsewhere, being created here,
+        or in the catalog (created on another node since the last scan)."""
+        await self.catalog_loaded.wait()
+        key = (vhost, name)
+        if key in self._streams or key in self._opening or key in self._creating:
+            return True
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.catalog.get, vhost, name) is not None
+
     async def create_stream(self, vhost: str, name: str, settings: StreamSettings) -> StreamHandle:
         """Create in the catalog then on disk; StreamExistsError if it exists.
 

@@ -640,10 +640,11 @@ class ClusterService:
             await self._directory(self.directory.resign, leader.leadership)
 
     # -- what clients see ---------------------------------------------------------------
-    def check_create(self, vhost: str, name: str, arguments: Mapping[str, str]) -> None:
+    def cluster_size(self, arguments: Mapping[str, str]) -> int:
         """The replication factor asked for at creation (``x-initial-cluster-size``,
-        else ``cluster.initial_cluster_size``): this node and the first other live
-        nodes by name become the voters. Refused (typed) when it cannot be run."""
+        else ``cluster.initial_cluster_size``), validated from the arguments alone: a
+        bad value is refused whether or not the stream exists, as RabbitMQ validates
+        a declaration's arguments before it looks the stream up."""
         size = self.cluster.initial_cluster_size
         for key in CLUSTER_SIZE_ARGUMENTS:
             if key in arguments:
@@ -653,6 +654,14 @@ class ClusterService:
                     raise ConfigError(f"{key} must be an integer, got {arguments[key]!r}") from None
         if size < 1:
             raise ConfigError(f"initial-cluster-size must be >= 1, got {size}")
+        return size
+
+    def check_create(self, vhost: str, name: str, arguments: Mapping[str, str]) -> None:
+        """Whether a new stream of that replication factor can be run now: this node
+        and the first other live nodes by name become the voters. Refused (typed) when
+        it cannot. Only for a stream that does not exist: declaring an existing one
+        answers STREAM_ALREADY_EXISTS whatever the cluster's state."""
+        size = self.cluster_size(arguments)
         if size > 1 and self.hub is None:
             raise ConfigError(
                 f"initial-cluster-size {size} needs replication: set cluster.secret on every node"
