@@ -92,11 +92,14 @@ class MemberStreamHandle(RemoteStreamHandle):
         return self.chunks.attach(spec, want_file=want_file)
 
     def first_offset(self) -> int:
+        """The stream's first offset as this member's readers see it: the remote tier's
+        once it holds anything (a segment the member kept below it holds data retention
+        removed, which readers refuse as overtaken), else the follower log's."""
         tree = self.manifest_view.loaded_tree()
         local = self.view.segment_refs()[0].first_offset
         if tree is None or tree.is_empty:
             return local
-        return min(tree.first_offset, local)
+        return tree.first_offset
 
     def commit_moved(self) -> None:
         self.notifier.notify()
