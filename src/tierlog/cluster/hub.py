@@ -65,7 +65,13 @@ from tierlog.cluster.link import (
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.offset_requests import OffsetAnswerer, OffsetRequests
-from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream, ReplicaCounts
+from tierlog.cluster.replica_runner import (
+    ByteBudget,
+    CatchUpRun,
+    FollowedStream,
+    ReplicaCounts,
+    ReplicaStatus,
+)
 from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
@@ -208,6 +214,12 @@ class ReplicationHub:
         if followed is not None:
             followed.close()
             self._unfollowed.add(followed)
+
+    def replica_status(self, stream: str) -> ReplicaStatus | None:
+        """How this member replicates ``stream`` (state, last error, written and commit
+        offsets); None when it does not follow it."""
+        followed = self.followed.get(stream)
+        return None if followed is None else followed.status()
 
     def replica_counts(self) -> ReplicaCounts:
         """Every followed stream's counters summed, those no longer followed included."""
