@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -77,6 +77,7 @@ from tierlog.server.cluster_gates import (
 from tierlog.server.cluster_members import Followers
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.member_changes import MemberChanges
+from tierlog.server.member_reads import MEMBER_READ_MAX_BEHIND
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -142,6 +143,8 @@ class ClusterService:
         self._effect_tasks: set[asyncio.Task[Any]] = set()
         self.leadership_hooks: LeadershipHooks | None = None
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
+        # why this node, a member, must not serve a stream's consumers now (None: it may)
+        self.member_refusal: Callable[[str], str | None] = lambda incarnation: None
         self.changes = MemberChanges(self)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -694,8 +697,9 @@ class ClusterService:
         if handle is not None and handle.record.incarnation in self.handles and me is not None:
             leader = self.node.leaders.get(handle.record.incarnation)
             members = leader.leadership.membership.members if leader is not None else ()
-            # only members that follow this epoch (they wrote something we sent): a
-            # member still waking up or truncating would refuse a subscription
+            # only members that follow this epoch (they wrote something we sent) and
+            # are not far behind (``member_reads``' bound): a member still waking up,
+            # truncating or stuck would refuse a subscription
             replicas = tuple(
                 self.view.nodes[m]
                 for m in members
@@ -703,6 +707,7 @@ class ClusterService:
                 and m in self.view.nodes
                 and leader is not None
                 and leader.state.written(m) != NO_CHUNK
+                and leader.committed - leader.state.written(m) <= MEMBER_READ_MAX_BEHIND
             )
             return StreamLocation(ResponseCode.OK, me, replicas)
         opening = broker.opening(vhost, name)
@@ -714,10 +719,13 @@ class ClusterService:
         return StreamLocation(ResponseCode.OK, place.leader, self._replicas(place.record))
 
     def _replicas(self, record: StreamMembers) -> tuple[NodeInfo, ...]:
+        """The members but the leader; this node only while it serves consumers."""
         return tuple(
             self.view.nodes[m]
             for m in record.membership.members
-            if m != record.leader and m in self.view.nodes
+            if m != record.leader
+            and m in self.view.nodes
+            and (m != self.name or self.member_refusal(record.incarnation) is None)
         )
 
     def leading_now(self, incarnation: str) -> tuple[StreamHandle, StreamLeader] | None:

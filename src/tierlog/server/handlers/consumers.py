@@ -28,6 +28,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.member_reads import MemberStreamHandle
 from tierlog.server.meta_offsets import leader_query_offset
 from tierlog.server.remote_stream import RemoteStreamHandle
 from tierlog.server.subscriptions import (
@@ -51,6 +52,8 @@ class ConsumerHandlers(ConnectionCore):
             code = self._missing(cmd.stream)
         elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
             code = ResponseCode.STREAM_NOT_AVAILABLE
+        elif isinstance(handle, MemberStreamHandle) and _member_refuses(handle, cmd):
+            code = ResponseCode.STREAM_NOT_AVAILABLE  # read where Metadata names
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
@@ -134,6 +137,15 @@ class ConsumerHandlers(ConnectionCore):
             else:
                 response = QueryOffsetResponse(corr, ResponseCode.OK, offset)
         self.send(response.encode())
+
+
+def _member_refuses(handle: MemberStreamHandle, cmd: SubscribeRequest) -> bool:
+    """Whether this member is outside its serving bound (``server.member_reads``)."""
+    reason = handle.refusal()
+    if reason is None:
+        return False
+    log.info("subscribe_refused_member", stream=cmd.stream, reason=reason)
+    return True
 
 
 def _overtaken_at_subscribe(handle: Any, cmd: SubscribeRequest) -> bool:
