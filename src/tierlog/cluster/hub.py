@@ -81,6 +81,9 @@ from tierlog.logs import get_logger
 
 log = get_logger(__name__)
 
+DIAL_LOG_EVERY = 12
+"""A failing dial is logged at the first attempt of a streak, then every this many."""
+
 PeerResolver = Callable[[str], tuple[str, int]]
 _HANDSHAKE_ERRORS = (TimeoutError, LinkAuthError, FormatError, OSError, asyncio.IncompleteReadError)
 MAX_PENDING_FRAMES = 10_000  # per peer while its link is being dialed
@@ -454,6 +457,7 @@ class ReplicationHub:
     async def _dial(self, peer: str) -> None:
         try:
             delay = self.retry_delay
+            failures = 0
             while not self._closing and self._pending.get(peer):
                 try:
                     host, port = self._peers(peer)
@@ -462,7 +466,25 @@ class ReplicationHub:
                         HANDSHAKE_TIMEOUT,
                     )
                 except (TimeoutError, OSError, KeyError) as exc:
-                    log.info("replication_dial_failed", peer=peer, error=repr(exc))
+                    # logged at the first failure of a streak, then every
+                    # ``DIAL_LOG_EVERY``th (about once a minute at the 5 s retry pause)
+                    if failures % DIAL_LOG_EVERY == 0:
+                        if isinstance(exc, KeyError):
+                            log.info(
+                                "replication_peer_unknown",
+                                peer=peer,
+                                reason="no registered replication address: its node lease "
+                                "is gone (down, cut from the MetaStore, or retired)",
+                                attempts=failures + 1,
+                            )
+                        else:
+                            log.info(
+                                "replication_dial_failed",
+                                peer=peer,
+                                error=repr(exc),
+                                attempts=failures + 1,
+                            )
+                    failures += 1
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue

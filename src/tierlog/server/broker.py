@@ -655,10 +655,14 @@ class Broker:
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         self._open_tasks = {}
         self.all_open.set()
+        states = [o.state for o in self._opening.values()]
         log.info(
             "streams_opened",
             streams=len(records),
-            failed=len(self._opening),
+            # a stream another node leads is not a failure (this node follows it, or
+            # reads it from the remote tier)
+            failed=states.count("failed"),
+            led_elsewhere=states.count(LED_ELSEWHERE),
             seconds=round(asyncio.get_running_loop().time() - started, 3),
         )
 

@@ -172,7 +172,7 @@ class MemberStreamHandle(RemoteStreamHandle):
     def status(self) -> dict[str, Any]:
         status = super().status()
         point = self.view.commit_point()
-        status["state"] = "member"
+        status["state"] = "following"
         status["local"] = {
             "first_offset": self.view.segment_refs()[0].first_offset,
             "committed_chunk_id": point.chunk_id,
