@@ -65,6 +65,7 @@ from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.log.config import LogConfig
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.server.arguments import initial_cluster_size
 from tierlog.server.cluster_gates import (
     LeaderGate,
     MemberEvents,
@@ -91,8 +92,6 @@ if TYPE_CHECKING:
     from tierlog.server.config import ServerConfig
 
 log = get_logger("tierlog.server.cluster")
-
-CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
 
 
 class LeadershipHooks(Protocol):
@@ -143,8 +142,7 @@ class ClusterService:
         self._effect_tasks: set[asyncio.Task[Any]] = set()
         self.leadership_hooks: LeadershipHooks | None = None
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
-        # why this node, a member, must not serve a stream's consumers now (None: it may)
-        self.member_refusal: Callable[[str], str | None] = lambda incarnation: None
+        self.member_refusal: Callable[[str], str | None] = lambda _: None  # member_reads
         self.changes = MemberChanges(self)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -644,20 +642,8 @@ class ClusterService:
 
     # -- what clients see ---------------------------------------------------------------
     def cluster_size(self, arguments: Mapping[str, str]) -> int:
-        """The replication factor asked for at creation (``x-initial-cluster-size``,
-        else ``cluster.initial_cluster_size``), validated from the arguments alone: a
-        bad value is refused whether or not the stream exists, as RabbitMQ validates
-        a declaration's arguments before it looks the stream up."""
-        size = self.cluster.initial_cluster_size
-        for key in CLUSTER_SIZE_ARGUMENTS:
-            if key in arguments:
-                try:
-                    size = int(arguments[key])
-                except ValueError:
-                    raise ConfigError(f"{key} must be an integer, got {arguments[key]!r}") from None
-        if size < 1:
-            raise ConfigError(f"initial-cluster-size must be >= 1, got {size}")
-        return size
+        """The replication factor asked for at creation (``server.arguments``)."""
+        return initial_cluster_size(arguments, self.cluster.initial_cluster_size)
 
     def check_create(self, vhost: str, name: str, arguments: Mapping[str, str]) -> None:
         """Whether a new stream of that replication factor can be run now: this node
@@ -697,9 +683,8 @@ class ClusterService:
         if handle is not None and handle.record.incarnation in self.handles and me is not None:
             leader = self.node.leaders.get(handle.record.incarnation)
             members = leader.leadership.membership.members if leader is not None else ()
-            # only members that follow this epoch (they wrote something we sent) and
-            # are not far behind (``member_reads``' bound): a member still waking up,
-            # truncating or stuck would refuse a subscription
+            # only members that follow this epoch (they wrote something we sent), not far
+            # behind (``member_reads``): one waking up, truncating or stuck would refuse
             replicas = tuple(
                 self.view.nodes[m]
                 for m in members
