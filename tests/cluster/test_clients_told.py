@@ -145,3 +145,35 @@ async def test_a_stuck_member_refuses_consumers_and_tells_attached_ones(tmp_path
         release.set()
         for server in servers.values():
             await server.stop()
+
+
+def test_the_member_bound() -> None:
+    """When a member serves consumers (the pure rule; real replica runner states)."""
+    from tierlog.cluster.replica_runner import ReplicaStatus
+    from tierlog.server.member_reads import MemberBound
+
+    def status(state: str, behind: int = 0, error: str | None = None) -> ReplicaStatus:
+        return ReplicaStatus(
+            "a",
+            3,
+            state,
+            10,
+            11,
+            10,
+            10 + behind,
+            behind,
+            error,
+            None,
+            0,
+            0,  # type: ignore[arg-type]
+        )
+
+    bound = MemberBound(heard_within=5.0, max_behind=100)
+    assert bound.refusal(status("following"), 1.0) is None
+    assert bound.refusal(status("catching-up", 100), 1.0) is None  # within the bound
+    assert bound.refusal(status("catching-up", 101), 1.0) == (
+        "catching up from 101 offsets behind the commit"
+    )
+    assert bound.refusal(status("following"), 5.5) == "no word from leader a for 5.5 s"
+    failed = status("failed", error="OSError(28, 'No space left on device')")
+    assert bound.refusal(failed, 0.1) == "failed: OSError(28, 'No space left on device')"

@@ -10,8 +10,9 @@ QueryOffset answers from there or from the tracking state the remote tier holds.
 
 A member serves consumers only while it follows its leader within a bound
 (``MemberBound``): it heard from the leader it follows within one lease TTL
-(``cluster.lease_ttl_seconds``), its log did not fail under its last write, and it is
-at most ``MEMBER_READ_MAX_BEHIND`` offsets short of the commit its leader announced.
+(``cluster.lease_ttl_seconds``, at least three replication heartbeats), its log did
+not fail under its last write, and it is at most ``MEMBER_READ_MAX_BEHIND`` offsets
+short of the commit its leader announced.
 Outside it, Subscribe is answered STREAM_NOT_AVAILABLE and subscriptions already
 attached get a MetadataUpdate (checked every ``BOUND_CHECK_SECONDS``), so clients look
 the stream up again and read where Metadata names, never waiting on a stuck member.

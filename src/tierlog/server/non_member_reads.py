@@ -53,7 +53,12 @@ class NonMemberReads:
             config, catalog, store, leader_tail=self.tails.ask, forward_offset=forward
         )
         self.members = MemberReads(self.remote)
-        self.members.bound = MemberBound(heard_within=config.cluster.lease_ttl_seconds)
+        # one lease TTL, and never less than a few replication heartbeats (an idle
+        # leader answers a fetch once per heartbeat)
+        heartbeats = 3 * service.hub.heartbeat if service.hub is not None else 0.0
+        self.members.bound = MemberBound(
+            heard_within=max(config.cluster.lease_ttl_seconds, heartbeats)
+        )
         self._bounds: asyncio.Task[None] | None = None
 
     def attach(self, broker: Broker) -> None:
