@@ -100,6 +100,10 @@ async def test_leader_and_members_show_the_cluster_state(tmp_path: Path) -> None
         assert mine["committed_chunk_id"] >= 0 and mine["lag_offsets"] == 0
         assert by_node(on_b)["a"]["state"] == "leading"
         assert by_node(on_b)["c"]["state"] == "unknown"  # only a and c know c's progress
+        url = f"http://127.0.0.1:{b.admin_port}/api/streams"
+        async with aiohttp.ClientSession(headers=AUTH) as http, http.get(url) as r:
+            listed = {s["name"]: s["state"] for s in (await r.json())["streams"]}
+        assert listed == {"orders": "following"}
 
         # b gets stuck (its writer lane runs nothing): the leader shows it behind or
         # silent, with the reason, and b shows it no longer serves consumers, and why

@@ -112,8 +112,8 @@ def build_admin_app(
                 or guard.may(request, h.vhost, "configure", h.name)
             )
         ]
-        visible += [  # not open yet after a restart: resolving, or failed with the error
-            o.status()
+        visible += [  # not open here: resolving, failed with the error, or led elsewhere
+            _with_cluster(o.status())
             for o in broker.opening_streams()
             if not is_system_stream(o.record.name)
             and (
