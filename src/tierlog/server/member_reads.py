@@ -211,8 +211,13 @@ class MemberReads:
 
     def check_bounds(self) -> None:
         """Tell the subscriptions of members that fell out of bound (MetadataUpdate);
-        log each crossing once, both ways."""
-        for incarnation, followed in list(self._followed.items()):
+        log each crossing once, both ways. Only streams whose consumers use this member
+        (an open handle) or that were out of bound are looked at: the cost follows the
+        streams read here, not the streams followed."""
+        for incarnation in set(self._handles) | set(self._out):
+            followed = self._followed.get(incarnation)
+            if followed is None:
+                continue
             reason = self.refusal(incarnation)
             was = self._out.get(incarnation)
             if reason is None:
