@@ -141,7 +141,8 @@ def cluster_status(service: ClusterService, status: dict[str, Any]) -> dict[str,
             entry["not_serving_because"] = refusal
         word, why = member_state(
             live=entry["live"],
-            leads=node == record.leader and place.leader is not None,
+            leads=(node == record.leader and place.leader is not None)
+            or (leads_here and node == service.name),
             written=written,
             committed=committed,
             heard_age=heard_age,
