@@ -65,7 +65,13 @@ from tierlog.cluster.link import (
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.offset_requests import OffsetAnswerer, OffsetRequests
-from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream, ReplicaCounts
+from tierlog.cluster.replica_runner import (
+    ByteBudget,
+    CatchUpRun,
+    FollowedStream,
+    ReplicaCounts,
+    ReplicaStatus,
+)
 from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
@@ -74,6 +80,9 @@ from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 
 log = get_logger(__name__)
+
+DIAL_LOG_EVERY = 12
+"""A failing dial is logged at the first attempt of a streak, then every this many."""
 
 PeerResolver = Callable[[str], tuple[str, int]]
 _HANDSHAKE_ERRORS = (TimeoutError, LinkAuthError, FormatError, OSError, asyncio.IncompleteReadError)
@@ -237,6 +246,12 @@ class ReplicationHub:
         if followed is not None:
             followed.close()
             self._unfollowed.add(followed)
+
+    def replica_status(self, stream: str) -> ReplicaStatus | None:
+        """How this member replicates ``stream`` (state, last error, written and commit
+        offsets); None when it does not follow it."""
+        followed = self.followed.get(stream)
+        return None if followed is None else followed.status()
 
     def replica_counts(self) -> ReplicaCounts:
         """Every followed stream's counters summed, those no longer followed included."""
@@ -471,6 +486,7 @@ class ReplicationHub:
     async def _dial(self, peer: str) -> None:
         try:
             delay = self.retry_delay
+            failures = 0
             while not self._closing and self._pending.get(peer):
                 try:
                     host, port = self._peers(peer)
@@ -478,14 +494,26 @@ class ReplicationHub:
                         asyncio.open_connection(host, port, ssl=self._client_ssl),
                         self.handshake_timeout,
                     )
-                except KeyError:
-                    # the directory has no address for it: the node is down or gone
-                    log.info("replication_peer_unknown", peer=peer)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                except (TimeoutError, OSError) as exc:
-                    log.info("replication_dial_failed", peer=peer, error=repr(exc))
+                except (TimeoutError, OSError, KeyError) as exc:
+                    # logged at the first failure of a streak, then every
+                    # ``DIAL_LOG_EVERY``th (about once a minute at the 5 s retry pause)
+                    if failures % DIAL_LOG_EVERY == 0:
+                        if isinstance(exc, KeyError):
+                            log.info(
+                                "replication_peer_unknown",
+                                peer=peer,
+                                reason="no registered replication address: its node lease "
+                                "is gone (down, cut from the MetaStore, or retired)",
+                                attempts=failures + 1,
+                            )
+                        else:
+                            log.info(
+                                "replication_dial_failed",
+                                peer=peer,
+                                error=repr(exc),
+                                attempts=failures + 1,
+                            )
+                    failures += 1
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue

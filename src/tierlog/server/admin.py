@@ -8,7 +8,8 @@ stream. Routes (``vhost`` is a query parameter, default ``/``):
 * ``GET /api/streams`` — every stream's status
 * ``POST /api/streams`` — ``{"name": ..., "vhost": "/", "arguments": {...}}`` (stream
   arguments as in Create) and/or ``"settings": {...}`` (StreamSettings fields)
-* ``GET /api/streams/{name}`` — one stream's status (local, remote, settings)
+* ``GET /api/streams/{name}`` — one stream's status (local, remote, settings; on a
+  cluster node its ``cluster`` section: leader, epoch, members, see ``cluster_view``)
 * ``PATCH /api/streams/{name}`` — ``{"arguments": {...}}`` / ``{"settings": {...}}``:
   change retention and tier settings
 * ``DELETE /api/streams/{name}``
@@ -41,6 +42,8 @@ from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
+from tierlog.server.cluster_service import ClusterService
+from tierlog.server.cluster_view import cluster_status
 from tierlog.server.delayed_intake import is_system_stream
 from tierlog.server.limits import Gatekeeper
 
@@ -109,8 +112,8 @@ def build_admin_app(
                 or guard.may(request, h.vhost, "configure", h.name)
             )
         ]
-        visible += [  # not open yet after a restart: resolving, or failed with the error
-            o.status()
+        visible += [  # not open here: resolving, failed with the error, or led elsewhere
+            _with_cluster(o.status())
             for o in broker.opening_streams()
             if not is_system_stream(o.record.name)
             and (
@@ -150,11 +153,18 @@ def build_admin_app(
         if handle is None:
             opening = broker.opening(vhost, name)
             if opening is not None:
-                return web.json_response(opening.status())
+                return web.json_response(_with_cluster(opening.status()))
             if not broker.catalog_loaded.is_set():
                 return _error(503, "the server is starting: the stream catalog is loading")
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
-        return web.json_response(handle.status())
+        return web.json_response(_with_cluster(handle.status()))
+
+    def _with_cluster(status: dict[str, Any]) -> dict[str, Any]:
+        """On a cluster node: leader, epoch, members with their progress and state."""
+        placement = broker.placement
+        if isinstance(placement, ClusterService):
+            return cluster_status(placement, status)
+        return status
 
     async def patch_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)

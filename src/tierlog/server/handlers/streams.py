@@ -46,9 +46,17 @@ class StreamHandlers(ConnectionCore):
             self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
             return
         try:
+            # as RabbitMQ: the arguments are validated first (PRECONDITION_FAILED), then
+            # an existing stream is STREAM_ALREADY_EXISTS whatever the cluster's state
+            # (an app declaring its stream at start must start while a node is down)
             settings = settings_from_arguments(cmd.arguments)
-            if isinstance(self.broker.placement, ClusterService):
-                self.broker.placement.check_create(self.vhost, cmd.stream, cmd.arguments)
+            placement = self.broker.placement
+            if isinstance(placement, ClusterService):
+                placement.cluster_size(cmd.arguments)
+            if await self.broker.exists(self.vhost, cmd.stream):
+                raise StreamExistsError(f"stream {cmd.stream!r} already exists")
+            if isinstance(placement, ClusterService):
+                placement.check_create(self.vhost, cmd.stream, cmd.arguments)
             await self.broker.create_stream(self.vhost, cmd.stream, settings)
             code = ResponseCode.OK
         except StreamExistsError:
