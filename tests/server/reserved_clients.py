@@ -109,9 +109,8 @@ async def schedule(
     publisher_name: str = "app",
 ) -> None:
     """Publish ``bodies`` as scheduled messages (``x-delay``) from ``publisher_name`` and
-    wait until every one is confirmed (accepted: durable in the system stream). One name
-    per call: rstream resumes a name from QueryPublisherSequence, which answers for the
-    stream itself, not for what the name scheduled."""
+    wait until every one is confirmed (accepted: durable in the system stream); rstream
+    resumes the name's publishing ids from QueryPublisherSequence."""
     confirmed: list[int] = []
 
     async def on_confirm(status: ConfirmationStatus) -> None:

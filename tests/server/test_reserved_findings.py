@@ -162,3 +162,20 @@ def test_node_routes_need_the_administrator_tag_not_a_stream_pattern(tmp_path: P
             assert admin(server, "GET", path, user="ops")[0] == 200, path
         # a retirement nobody asked for is withdrawn with 404: the tag's write route works
         assert admin(server, "DELETE", "/api/nodes/n1/retire", user="ops")[0] == 404
+
+
+async def test_a_producer_that_only_scheduled_resumes_after_its_scheduled_ids(
+    tmp_path: Path,
+) -> None:
+    """Found beside issue 30: QueryPublisherSequence answered from the stream alone, so a
+    producer whose messages were all scheduled (its ids are in the system stream) resumed
+    at id 1 on its next connection, and its next scheduled messages were confirmed and then
+    dropped as duplicates. rstream resumes from that answer, as every client does."""
+    with running_server(tmp_path / "data", config_text=USERS_TOML) as server:
+        create_delayed(server, "orders")
+        wait_scheduler(server, "orders")
+        first, second = [b"first-1", b"first-2"], [b"second-1", b"second-2"]
+        await schedule(server, "orders", first, delay_ms=300, publisher_name="billing")
+        await schedule(server, "orders", second, delay_ms=300, publisher_name="billing")
+        got = await delivered(server, "orders", first + second, DELIVERY_TIMEOUT)
+        assert got == first + second

@@ -48,6 +48,23 @@ def is_system_stream(name: str) -> bool:
     return name.startswith(SYSTEM_PREFIX)
 
 
+def publisher_sequence(broker: Broker, handle: StreamHandle, reference: str) -> int | None:
+    """A producer's last publishing id on ``handle``'s stream, as QueryPublisherSequence
+    answers it. On a delayed stream a producer's ids are split between the stream (its
+    immediate messages) and the system stream (its scheduled ones, appended under its
+    reference): the answer is the larger, or a producer that resumes from it would reuse
+    ids the system stream has already seen, and its next scheduled messages would be
+    confirmed and dropped as duplicates."""
+    sequence = handle.log.producer_sequence(reference)
+    if handle.delayed is None:
+        return sequence
+    system = broker.get(handle.vhost, system_stream_name(handle.name))
+    scheduled = None if system is None else system.log.producer_sequence(reference)
+    if sequence is None or (scheduled is not None and scheduled > sequence):
+        return scheduled
+    return sequence
+
+
 def _sub_batch(batch: PublishBatch, indexes: list[int], entries: list[Any]) -> PublishBatch:
     counts = batch.record_counts
     return PublishBatch(

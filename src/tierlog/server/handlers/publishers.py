@@ -29,6 +29,7 @@ from tierlog.formats.protocol.publish import (
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.delayed_intake import publisher_sequence
 from tierlog.server.handlers.publisher import Publisher
 from tierlog.server.remote_stream import RemoteStreamHandle
 
@@ -104,7 +105,7 @@ class PublisherHandlers(ConnectionCore):
             sequence = 0
             if cmd.reference:
                 try:
-                    sequence = handle.log.producer_sequence(cmd.reference) or 0
+                    sequence = publisher_sequence(self.broker, handle, cmd.reference) or 0
                 except (TierlogError, ValueError):
                     sequence = 0
             response = QueryPublisherSequenceResponse(cmd.correlation_id, ResponseCode.OK, sequence)
