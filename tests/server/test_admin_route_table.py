@@ -5,15 +5,19 @@ closed) or without a row in the docs fails here."""
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
-from tierlog.server.admin_security import ROUTE_PERMISSIONS
+from tierlog.metrics import Metrics
+from tierlog.server.admin_security import ROUTE_PERMISSIONS, AdminGuard
 from tierlog.server.app import Server
 from tierlog.server.config import ServerConfig, ServerSection, StorageSection
+from tierlog.server.limits import Gatekeeper
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 ROW = re.compile(r"^\| `(?P<method>[A-Z]+)` \| `(?P<path>[^`]+)` \| (?P<needs>[^|]+?) \|$")
@@ -62,3 +66,22 @@ async def test_every_served_route_has_a_declared_permission(tmp_path: Path) -> N
         assert served_routes(server._runner.app) == set(ROUTE_PERMISSIONS)
     finally:
         await server.stop()
+
+
+async def test_a_route_without_a_declared_permission_is_refused() -> None:
+    """Fail closed: a route nobody declared answers 403 even to the administrator."""
+    config = ServerConfig().validate()
+    guard = AdminGuard(config.auth, Gatekeeper(config, Metrics()))
+    app = web.Application(middlewares=[guard.middleware])
+
+    async def secret(request: web.Request) -> web.Response:
+        return web.json_response({"secret": True})
+
+    app.router.add_get("/api/secret", secret)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        guard.port = client.port or 0
+        auth = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+        answer = await client.get("/api/secret", headers=auth)
+        assert answer.status == 403
+        assert "no declared permission" in (await answer.json())["error"]
+        assert (await client.get("/api/nothing-here", headers=auth)).status == 404

@@ -48,6 +48,7 @@ from tierlog.log.dump import iter_dump
 from tierlog.log.names import is_reserved
 from tierlog.server.admin_security import (
     ADMINISTRATOR,
+    METRICS,
     PUBLIC,
     ROUTE_PERMISSIONS,
     USER,
@@ -199,7 +200,7 @@ def _walk_admin(server: TierlogServerProcess, user: str) -> set[tuple[str, str]]
             if permission == ADMINISTRATOR:
                 # not a cluster node: an administrator gets 404, anyone else 403 first
                 assert status == (404 if user in ADMINS else 403), where
-            elif permission in (USER, PUBLIC):
+            elif permission in (USER, METRICS, PUBLIC):
                 assert status == 200, where
                 if path == "/api/streams":
                     names = [s["name"] for s in answer["streams"]]

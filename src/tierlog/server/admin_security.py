@@ -38,7 +38,9 @@ USER_KEY = web.RequestKey("user", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC = "public"
-"""No credentials (``/metrics`` while ``auth.metrics_public``; else as ``USER``)."""
+"""No credentials at all (none yet; health probes would be)."""
+METRICS = "public while auth.metrics_public"
+"""No credentials while ``auth.metrics_public`` (``/metrics``), else as ``USER``."""
 USER = "user"
 """Any authenticated user (the route itself shows only what the user may see)."""
 ADMINISTRATOR = "administrator"
@@ -66,7 +68,7 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], str] = {
     ("GET", "/api/nodes/{name}"): ADMINISTRATOR,
     ("POST", "/api/nodes/{name}/retire"): ADMINISTRATOR,
     ("DELETE", "/api/nodes/{name}/retire"): ADMINISTRATOR,
-    ("GET", "/metrics"): PUBLIC,
+    ("GET", "/metrics"): METRICS,
 }
 """Every admin route (method, path pattern) and what it needs (docs/security.md)."""
 
@@ -151,7 +153,7 @@ class AdminGuard:
             return _json_error(415, "writes must be application/json")
         key = route_key(request)
         permission = ROUTE_PERMISSIONS.get(key) if key is not None else None
-        if permission == PUBLIC and self.auth_config.metrics_public:
+        if permission == PUBLIC or (permission == METRICS and self.auth_config.metrics_public):
             return await handler(request)
         peer = request.remote or ""
         limiter = self.gate.auth.limiter
@@ -187,7 +189,7 @@ class AdminGuard:
             self.gate.refused("admin", ADMINISTRATOR)
             return _json_error(403, f"user {user!r} is not an administrator (auth.tags)")
         if not key[1].startswith(STREAM_ROUTE_PREFIX):
-            return None  # USER / PUBLIC, or checked on the body's name (POST /api/streams)
+            return None  # USER / METRICS, or checked on the body's name (POST /api/streams)
         vhost, name = request.query.get("vhost", "/"), request.match_info["name"]
         if is_reserved(name):
             self.gate.refused("admin", "reserved_name")

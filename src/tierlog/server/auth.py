@@ -121,7 +121,7 @@ def parse_tags(value: object, where: str = "auth.tags") -> UserTags:
         for tag in listed:
             if tag not in TAGS:
                 raise ConfigError(f"{where}.{user}: unknown tag {tag!r} (known: {', '.join(TAGS)})")
-        table[user] = table.get(user, ()) + tuple(t for t in listed if t not in table.get(user, ()))
+        table[user] = tuple(dict.fromkeys((*table.get(user, ()), *listed)))
     return table
 
 
