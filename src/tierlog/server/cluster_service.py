@@ -77,6 +77,7 @@ from tierlog.server.cluster_gates import (
 from tierlog.server.cluster_members import Followers
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.member_changes import MemberChanges
+from tierlog.server.tls import replication_contexts
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -152,8 +153,16 @@ class ClusterService:
         broker.placement = self
         replication_address = self.cluster.replication_address
         if self.cluster.secret:
+            accepting, dialing = replication_contexts(self.cluster)
             self.hub = ReplicationHub(
-                self.name, self.cluster.secret.encode(), self._peer_address, heartbeat=1.0
+                self.name,
+                self.cluster.secret.encode(),
+                self._peer_address,
+                heartbeat=1.0,
+                server_ssl=accepting,
+                client_ssl=dialing,
+                max_incoming=self.cluster.max_incoming_links,
+                handshake_timeout=self.cluster.handshake_timeout_seconds,
             )
             host = self.config.server.host
             self.replication_port = await self.hub.start(host, self.cluster.replication_port)

@@ -361,6 +361,13 @@ class ClusterSection:
     authenticates replication links between nodes (listening on ``replication_port``,
     0: a free port). ``scan_interval_seconds``: how often the directory is read
     (one read for every stream) to take over streams whose leader's lease is gone.
+
+    ``tls_certfile``, ``tls_keyfile`` and ``tls_cafile`` (all three, or none) put every
+    replication link under mutual TLS: each node presents its certificate and accepts
+    only peers whose certificate chains to ``tls_cafile`` (the cluster's own CA), on top
+    of the secret's proof. ``max_incoming_links`` caps the incoming replication
+    connections open at once (handshaking or linked); ``handshake_timeout_seconds`` is
+    the deadline of a link's whole handshake (TLS and proof).
     """
 
     node: str = ""
@@ -373,10 +380,19 @@ class ClusterSection:
     drift_seconds: float = 1.5
     initial_cluster_size: int = 1
     scan_interval_seconds: float = 1.0
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_cafile: str = ""
+    max_incoming_links: int = 64
+    handshake_timeout_seconds: float = 5.0
 
     @property
     def enabled(self) -> bool:
         return bool(self.node)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_certfile)
 
     def validate(self) -> None:
         if not self.enabled:
@@ -422,11 +438,36 @@ class ClusterSection:
                     "cluster.initial_cluster_size above 1 needs replication between nodes:"
                     " set cluster.secret (the same on every node)"
                 )
-            for name in ("replication_address", "replication_port"):
+            for name in (
+                "replication_address",
+                "replication_port",
+                "tls_certfile",
+                "tls_keyfile",
+                "tls_cafile",
+            ):
                 if getattr(self, name):
+                    raise ConfigError(f"cluster.{name} needs cluster.secret (replication)")
+            for name in ("max_incoming_links", "handshake_timeout_seconds"):
+                if getattr(self, name) != ClusterSection.__dataclass_fields__[name].default:
                     raise ConfigError(f"cluster.{name} needs cluster.secret (replication)")
         elif len(self.secret) < 16:
             raise ConfigError("cluster.secret must be at least 16 characters")
+        tls_files = (self.tls_certfile, self.tls_keyfile, self.tls_cafile)
+        if any(tls_files) and not all(tls_files):
+            raise ConfigError(
+                "cluster.tls_certfile, cluster.tls_keyfile and cluster.tls_cafile go together"
+                " (replication links use mutual TLS: every node presents a certificate and"
+                " checks its peers' against the cluster CA)"
+            )
+        if not 1 <= self.max_incoming_links <= 4096:
+            raise ConfigError(
+                f"cluster.max_incoming_links must be 1..4096, got {self.max_incoming_links}"
+            )
+        if not 0.5 <= self.handshake_timeout_seconds <= 120:
+            raise ConfigError(
+                "cluster.handshake_timeout_seconds must be 0.5..120,"
+                f" got {self.handshake_timeout_seconds}"
+            )
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
