@@ -46,6 +46,7 @@ from tierlog.formats.protocol.constants import ResponseCode as R
 from tierlog.formats.protocol.publish import encode_publish
 from tierlog.log.dump import iter_dump
 from tierlog.log.names import is_reserved
+from tierlog.log.reader import LogView
 from tierlog.server.admin_security import (
     ADMINISTRATOR,
     METRICS,
@@ -211,11 +212,14 @@ def _walk_admin(server: TierlogServerProcess, user: str) -> set[tuple[str, str]]
     return walked
 
 
+def _dir(server: TierlogServerProcess, stream: str) -> str:
+    (stream_dir,) = glob.glob(str(server.data_dir / "streams" / f"*_{stream}_*"))
+    return stream_dir
+
+
 def _records(server: TierlogServerProcess, stream: str) -> list[dict[str, Any]]:
     """Every record the stream's local log holds, read from its files."""
-    pattern = str(server.data_dir / "streams" / f"*_{stream}_*")
-    (stream_dir,) = glob.glob(pattern)
-    return list(iter_dump(stream_dir))
+    return list(iter_dump(_dir(server, stream)))
 
 
 def _refusals(server: TierlogServerProcess) -> dict[str, float]:
@@ -239,10 +243,21 @@ async def test_every_command_and_admin_route_refuses_reserved_names(tmp_path: Pa
             _walk_raw(server, user)
             await _walk_rstream(server, user)
             assert _walk_admin(server, user) == set(ROUTE_PERMISSIONS)
-        # nothing reached the system stream or the stream under a reserved name
+        # nothing reached the system stream or the stream under a reserved name (and the
+        # check sees what does: an ordinary consumer's offset, stored the same way)
+        control = RawClient(HOST, server.stream_port, timeout=10)
+        assert control.handshake() == R.OK
+        control.send(c.StoreOffsetRequest("control", STREAM, 0).encode())
+        query = c.QueryOffsetRequest(control.next_corr(), "control", STREAM)
+        assert _answer(control, query) == R.OK
+        control.close()
         time.sleep(0.3)
         assert len(_records(server, SYSTEM)) == 1
         assert _records(server, STREAM) == []
+        system, stream = LogView(_dir(server, SYSTEM)), LogView(_dir(server, STREAM))
+        assert system.query_offset("c") is None and system.producer_sequence("p") is None
+        assert stream.query_offset("control") == 0 and stream.query_offset(CONSUMER) is None
+        assert stream.producer_sequence(DISPATCHER_REFERENCE) is None
         status, body = admin(server, "GET", f"/api/streams/{STREAM}/delayed")
         assert status == 200 and body["scheduled"] == 1 and body["failed"] is None
         refused = _refusals(server)
