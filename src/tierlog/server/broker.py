@@ -46,6 +46,7 @@ from tierlog.log.errors import (
     RecordTooLargeError,
     SyncFailedError,
 )
+from tierlog.log.names import is_reserved
 from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
@@ -270,6 +271,17 @@ class StreamHandle:
     # ----------------------------------------------------------------- submitting
 
     def submit_publish(self, batch: PublishBatch, reference: str | None, done: Done) -> None:
+        """A client's publish (through a declared publisher): never onto a stream with a
+        reserved name, never under a reserved producer reference. The commands refuse
+        both first; this is the last gate (one check per frame, not per message)."""
+        if is_reserved(self.record.name) or is_reserved(reference):
+            done(ResponseCode.ACCESS_REFUSED)
+            return
+        self.submit_internal(batch, reference, done)
+
+    def submit_internal(self, batch: PublishBatch, reference: str | None, done: Done) -> None:
+        """The server's own appends (delayed delivery's system-stream records and its
+        dispatcher's appends), which may use reserved names: no client command calls this."""
         if self.closed:
             done(ResponseCode.STREAM_DOES_NOT_EXIST)
             return

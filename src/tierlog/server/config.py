@@ -22,7 +22,13 @@ from tierlog.formats.chunk import HEADER_SIZE, SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.remote.encryption import Keyring
-from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
+from tierlog.server.auth import (
+    PermissionTable,
+    UserTags,
+    check_stored_secret,
+    parse_permissions,
+    parse_tags,
+)
 from tierlog.storage.retry import RetryPolicy
 from tierlog.tiering.remote_ack import check_interval as check_remote_ack_interval
 
@@ -142,12 +148,15 @@ class AuthSection:
     users for the admin API. ``permissions`` is ``{user: {vhost: {configure, write,
     read}}}`` regexes; a user without an entry has full access to vhost ``/`` only.
     ``admin_hosts`` / ``admin_origins``: accepted ``Host`` / ``Origin`` of admin
-    requests (empty: localhost, 127.0.0.1 and [::1] on the admin port)."""
+    requests (empty: localhost, 127.0.0.1 and [::1] on the admin port). ``tags``:
+    ``{user: ["administrator"]}``, who may use the node and cluster admin routes (None:
+    ``guest``, when it is a user, as RabbitMQ's default user)."""
 
     users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: tuple[str, ...] = ("guest",)
     tokens: Mapping[str, str] = field(default_factory=dict)
     permissions: PermissionTable = field(default_factory=dict)
+    tags: UserTags | None = None
     admin_hosts: tuple[str, ...] = ()
     admin_origins: tuple[str, ...] = ()
     metrics_public: bool = True
@@ -165,6 +174,9 @@ class AuthSection:
         for user in self.permissions:
             if user not in self.users:
                 raise ConfigError(f"auth.permissions names unknown user {user!r}")
+        for user in self.tags or {}:
+            if user not in self.users:
+                raise ConfigError(f"auth.tags names unknown user {user!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,6 +589,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     where = f"{section}.{key}"
     if section == "auth" and key == "permissions":
         return parse_permissions(value, where)
+    if section == "auth" and key == "tags":
+        return parse_tags(value, where)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value

@@ -48,6 +48,8 @@ class ConsumerHandlers(ConnectionCore):
         corr = cmd.correlation_id
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
+        elif self._reserved("stream", cmd.stream):  # a system stream: no client reads it
+            code = ResponseCode.ACCESS_REFUSED
         elif handle is None:
             code = self._missing(cmd.stream)
         elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
@@ -56,6 +58,8 @@ class ConsumerHandlers(ConnectionCore):
             code = ResponseCode.STREAM_NOT_AVAILABLE  # read where Metadata names
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
+        elif self._reserved("consumer name", cmd.properties.get("name")):
+            code = ResponseCode.PRECONDITION_FAILED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
             self.metrics.limits_hit.labels(limit="max_subscriptions").inc()
             code = ResponseCode.PRECONDITION_FAILED
@@ -110,6 +114,8 @@ class ConsumerHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.UNSUBSCRIBE, cmd.correlation_id, code).encode())
 
     def _on_store_offset(self, cmd: StoreOffsetRequest) -> None:
+        if self._reserved("stream", cmd.stream) or self._reserved("consumer name", cmd.reference):
+            return  # no response to refuse with: ignored, counted and logged
         handle = self.broker.readable(self.vhost, cmd.stream)
         if handle is None or not cmd.reference or len(cmd.reference.encode("utf-8")) > 255:
             return  # StoreOffset has no response; RabbitMQ ignores these too
@@ -120,10 +126,14 @@ class ConsumerHandlers(ConnectionCore):
     async def _on_query_offset(self, cmd: QueryOffsetRequest) -> None:
         handle = self.broker.readable(self.vhost, cmd.stream)
         corr = cmd.correlation_id
-        if handle is None:
+        if self._reserved("stream", cmd.stream):
+            response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
+        elif handle is None:
             response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
         elif not self._permitted("read", cmd.stream):
             response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
+        elif self._reserved("consumer name", cmd.reference):
+            response = QueryOffsetResponse(corr, ResponseCode.PRECONDITION_FAILED, 0)
         else:
             await handle.flush()  # a StoreOffset sent just before is visible
             offset = None
