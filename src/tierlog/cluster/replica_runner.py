@@ -192,9 +192,16 @@ class FollowedStream:
         self.recoveries = 0  # in-place recoveries of the log after a failed write
         self._recover = False  # the log failed under a write: recover it first
         self._loop = asyncio.get_running_loop()
+        # when a frame of the leader followed (anything but a refusal) was last taken
+        # up, on the loop clock: a member whose log work is stuck takes up nothing. A
+        # new follower or leader counts from when it was told to follow, so its
+        # readers get a grace period (``server.member_reads`` bounds it)
+        self.heard_at = self._loop.time()
 
     # -- input -----------------------------------------------------------------------
     def follow(self, leader: str, epoch: int) -> None:
+        if leader != self.leader:
+            self.heard_at = self._loop.time()
         self._put(None, _Follow(leader, epoch))
 
     def deliver(self, peer: str, frame: wire.Frame) -> None:
@@ -343,6 +350,8 @@ class FollowedStream:
             self.on_truncate(after)
 
     async def _handle(self, peer: str | None, item: object) -> None:
+        if peer is not None and peer == self.leader and not isinstance(item, wire.Refused):
+            self.heard_at = self._loop.time()
         if self._recover:
             await self._recover_log()
         session = self.session or await self._start_session()
