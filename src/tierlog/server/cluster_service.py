@@ -75,7 +75,7 @@ from tierlog.server.cluster_gates import (
     start_epoch,
     tail_of_handle,
 )
-from tierlog.server.cluster_members import Followers
+from tierlog.server.cluster_members import Followers, holds_unregistered_stream
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.member_changes import MemberChanges
 from tierlog.server.member_reads import MEMBER_READ_MAX_BEHIND
@@ -411,8 +411,8 @@ class ClusterService:
         if self.changes.retiring_here:
             return False  # a retiring node leads nothing, not even after a restart
         existing = await self._directory(self.directory.stream, record.incarnation)
-        if existing is None:
-            return True  # a stream from before the cluster: the first node to open it leads
+        if existing is None:  # from before the cluster: led first where its log is
+            return holds_unregistered_stream(self.config.storage.streams_dir, record)
         if not existing.membership.is_voter(self.name):
             return False  # a learner follows; a non-member is pointed at the leader
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
