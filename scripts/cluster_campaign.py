@@ -33,6 +33,7 @@ from tests.cluster.world import InvariantViolation
 
 from tierlog.cluster import log_history
 from tierlog.cluster import state as cs
+from tierlog.cluster.disk_identity import Standing
 from tierlog.cluster.log_history import NO_CHUNK, tail_of
 from tierlog.cluster.members import quorum_value
 
@@ -53,6 +54,8 @@ def run(
         stats[f"runs{size}"] += 1
         stats[f"confirms{size}"] += world.confirms
         stats[f"elections{size}"] += world.elections
+        stats[f"disk_losses{size}"] += world.disk_losses
+        stats[f"demotions{size}"] += world.demotions
         stats[f"multi_epoch_commit_runs{size}"] += (
             len({by for _, by in world.committed.values()}) >= 2
         )
@@ -129,6 +132,18 @@ def _accept_old_epochs(self: cs.MemberEpoch, epoch: int) -> bool:
 
 ORIGINAL_HANDLE = cs.LeaderState.handle
 
+
+def _every_disk_trusted(*_args: Any) -> Standing:
+    return Standing.TRUSTED
+
+
+def _votes_with_a_lost_disk() -> contextlib.AbstractContextManager[None]:
+    """The decision from before member disk identities: every member votes, whatever
+    its directory holds (the simulator imports ``standing`` by name)."""
+    import tests.cluster.world as world_module
+
+    return patched(world_module, "standing", _every_disk_trusted)
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "count acks of older epochs": lambda: patched(cs.LeaderState, "handle", _count_any_epoch_acks),
     "commit by counting old-epoch copies": lambda: patched(
@@ -145,6 +160,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         cs.LeaderState, "_maybe_elected", _elect_without_majority
     ),
     "members accept older epochs": lambda: patched(cs.MemberEpoch, "check", _accept_old_epochs),
+    "members vote with a lost disk": _votes_with_a_lost_disk,
 }
 
 

@@ -1,5 +1,5 @@
 """Random interleavings of appends, acks, crashes, restarts, pauses, clock jumps,
-partitions, lease expiry and member changes against the pure replication machines,
+partitions, lease expiry, member changes and lost disks against the pure replication machines,
 with 3 and 5 simulated nodes (see ``tests/cluster/world.py`` for the invariants).
 
 One rule draws an action by weight: progress (acquire, deliver, sync, renew, append,
@@ -29,19 +29,23 @@ WEIGHTED_ACTIONS = (
     + ["renew"] * 2
     + ["tick"] * 3
     + ["catch_up", "drop", "crash", "restart", "pause", "resume", "cut", "cut_meta", "heal"]
-    + ["add_member", "remove_member"]
+    + ["add_member", "remove_member", "lose_disk"]
 )
 TICKS = [0.05, 0.5, 2.0, 4.0, 7.0, 11.0]
 
 
-def make_machine(size: int) -> type[RuleBasedStateMachine]:
+def make_machine(size: int, amnesia_guard: bool = True) -> type[RuleBasedStateMachine]:
+    """The search over ``size`` nodes; ``amnesia_guard=False`` runs the rules from
+    before member disk identities (a member votes whatever its disk holds)."""
     names = [f"n{i}" for i in range(size)]
     node = st.sampled_from(names)
 
     class ClusterMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.world = World(names, LeaseTiming(TTL, DRIFT), RATES[:size])
+            self.world = World(
+                names, LeaseTiming(TTL, DRIFT), RATES[:size], amnesia_guard=amnesia_guard
+            )
 
         @rule(action=st.sampled_from(WEIGHTED_ACTIONS), a=node, b=node, n=st.integers(0, 50))
         def act(self, action: str, a: str, b: str, n: int) -> None:
@@ -83,6 +87,8 @@ def make_machine(size: int) -> type[RuleBasedStateMachine]:
                 w.change_members(a, b, add=True)
             elif action == "remove_member":
                 w.change_members(a, b, add=False)
+            elif action == "lose_disk":
+                w.lose_disk(a)
 
         @invariant()
         def always(self) -> None:
