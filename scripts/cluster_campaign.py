@@ -144,6 +144,7 @@ def _votes_with_a_lost_disk() -> contextlib.AbstractContextManager[None]:
 
     return patched(world_module, "standing", _every_disk_trusted)
 
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "count acks of older epochs": lambda: patched(cs.LeaderState, "handle", _count_any_epoch_acks),
     "commit by counting old-epoch copies": lambda: patched(

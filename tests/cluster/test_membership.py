@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tierlog.cluster.disk_identity import DiskSeen, Standing
 from tierlog.cluster.errors import (
     LeaderAliveError,
     MembershipChangeError,
@@ -17,7 +18,6 @@ from tierlog.cluster.errors import (
     StaleEpochError,
     StreamUnavailableError,
 )
-from tierlog.cluster.disk_identity import DiskSeen, Standing
 from tierlog.cluster.membership import ClusterDirectory, DiskClaim, Leadership, NodeInfo
 from tierlog.remote.catalog import pointer_key
 from tierlog.storage.errors import LeaseHeldError, LeaseLostError, VersionConflictError

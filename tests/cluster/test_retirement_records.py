@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tierlog.cli import EXIT_ERROR, main
-from tierlog.cluster.errors import ClusterError, MembershipChangeError
 from tierlog.cluster.disk_identity import DiskSeen
+from tierlog.cluster.errors import ClusterError, MembershipChangeError
 from tierlog.cluster.membership import (
     ClusterDirectory,
     DiskClaim,

@@ -36,6 +36,7 @@ from tierlog.cluster.disk_identity import (
     standing,
 )
 from tierlog.cluster.errors import MembershipChangeError, StaleEpochError
+from tierlog.cluster.log_history import Tail, common_prefix_end, history_of, holds, tail_of
 from tierlog.cluster.member_plan import (
     Demote,
     NodesSeen,
@@ -43,7 +44,6 @@ from tierlog.cluster.member_plan import (
     StreamSeen,
     next_member_change,
 )
-from tierlog.cluster.log_history import Tail, common_prefix_end, history_of, holds, tail_of
 from tierlog.cluster.members import Membership
 
 Chunk = tuple[int, int]  # (epoch, chunk id)
@@ -105,7 +105,7 @@ class World:
     last_commit: dict[tuple[str, int], int] = field(default_factory=dict)
     seen_highest: dict[str, int] = field(default_factory=dict)
     amnesia_guard: bool = True
-    disks: MemberDisks = MemberDisks()
+    disks: MemberDisks = field(default_factory=MemberDisks)
     disk_losses: int = 0
     demotions: int = 0
     _identities: int = 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -126,7 +126,7 @@ class StreamMembers:
     replication_factor: int = 0
     """The voters the stream should have (RabbitMQ's ``initial-cluster-size``; member
     changes converge on it). 0: as many as it has (a record from before the field)."""
-    disks: MemberDisks = MemberDisks()
+    disks: MemberDisks = field(default_factory=MemberDisks)
     """The identity each member's directory must carry, and the members whose disk is
     lost (``disk_identity``; members absent: recorded before identities existed)."""
 

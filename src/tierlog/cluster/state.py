@@ -338,11 +338,11 @@ class LeaderState:
         old = self.membership
         for member in old.members:
             left = member not in membership.members
-            if left or (old.is_voter(member) and not membership.is_voter(member)):
-                if member != self.node:
-                    self._written.pop(member, None)
-                    self._heard.pop(member, None)
-                    self._adopted.pop(member, None)
+            demoted = old.is_voter(member) and not membership.is_voter(member)
+            if (left or demoted) and member != self.node:
+                self._written.pop(member, None)
+                self._heard.pop(member, None)
+                self._adopted.pop(member, None)
         self.membership = membership
         self._promoting = None
         if not membership.is_voter(self.node):
