@@ -73,6 +73,10 @@ def test_standing_follows_the_record() -> None:
     # recorded lost: sticky, even with the original disk back
     lost = disks.marked_lost("a")
     assert standing(THREE, lost, "a", DiskSeen("id-a", True)) is Standing.LOST
+    # the only member: nobody else holds what it lost, nobody could demote it
+    alone = Membership(("a",))
+    assert standing(alone, disks, "a", EMPTY) is Standing.CLAIM
+    assert standing(alone, lost, "a", DiskSeen("id-a", True)) is Standing.TRUSTED
 
 
 def test_settling_claims_or_marks() -> None:

@@ -33,6 +33,9 @@ acquires leadership) only while its ``standing`` is ``TRUSTED``:
   and is promoted once it holds the commit offset;
 * recorded as lost: ``LOST`` until the leader demoted it (sticky: even the original
   disk put back waits for the demotion, so nothing ever counted on both).
+* the stream's only member: whatever its directory, ``CLAIM`` (``TRUSTED`` when it
+  carries the recorded identity): no other disk can hold what it lost and nobody could
+  demote it; it continues as a single node does, from the remote tier's tail.
 
 Safety needs only the first rule: a node whose directory is not the trusted one never
 adopts, acknowledges or leads, so every vote and every ack counted comes from the disk
@@ -96,12 +99,15 @@ class MemberDisks:
         return dict(self.ids)
 
     def id_of(self, node: str) -> str | None:
-        return self.as_dict().get(node)
+        for name, disk_id in self.ids:
+            if name == node:
+                return disk_id
+        return None
 
     def claimed(self, node: str, disk_id: str) -> MemberDisks:
         if not disk_id:
             raise ValueError("a claimed identity is not empty")
-        return MemberDisks.of({**self.as_dict(), node: disk_id}, self.lost)
+        return MemberDisks.of({**self.as_dict(), node: disk_id}, self.lost - {node})
 
     def marked_lost(self, node: str) -> MemberDisks:
         return MemberDisks(self.ids, self.lost | {node})
@@ -134,6 +140,10 @@ def standing(membership: Membership, disks: MemberDisks, node: str, seen: DiskSe
     """What ``node`` may do for the stream with its directory ``seen`` (module doc)."""
     if node not in membership.members:
         return Standing.NOT_MEMBER
+    if membership.voters == (node,) and not membership.learners:
+        # the only member: no other disk can hold what it lost, nobody could demote
+        # it; it continues as a single node does (from the remote tier's tail)
+        return Standing.TRUSTED if seen.disk_id == disks.id_of(node) else Standing.CLAIM
     if node in disks.lost:
         return Standing.LOST
     expected = disks.id_of(node)

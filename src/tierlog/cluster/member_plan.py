@@ -12,11 +12,6 @@ The rules, in order (the first that applies wins):
 1. **A change in progress** (a learner): abandon it (remove the learner) when the
    learner is retiring, its node is not live or its disk is lost; else wait for the
    promotion.
-1b. **A voter whose disk is lost** (``disk_identity``: its directory is not the one it
-   made its promises with, so it neither votes nor acknowledges): demote it to a
-   learner, which claims a fresh place, catches up and is promoted again. Like a
-   removal, the demotion waits until the other voters alone hold the commit offset on
-   a majority of them; a lost member's written offset counts for nothing.
 2. **The leader is retiring**: first bring the other non-retiring voters up to the
    replication factor with a spare node (learner first); then hand the stream over
    (``Resign``: the edge finishes tiering up to the commit offset, then gives the
@@ -29,6 +24,12 @@ The rules, in order (the first that applies wins):
    remaining voters alone hold the commit offset on a majority of them, so committed
    data never rests on fewer copies than a majority of the new voter set.
 4. **Under-replicated** (fewer voters than the replication factor): add a spare.
+
+Between rules 1 and 2: **a voter whose disk is lost** (``disk_identity``: its directory
+is not the one it made its promises with, so it neither votes nor acknowledges) is
+demoted to a learner, which claims a fresh place, catches up and is promoted again.
+Like a removal, the demotion waits until the other voters alone hold the commit offset
+on a majority of them; a lost member's written offset counts for nothing.
 
 A spare is a live node that is neither retiring nor a member; among several, a preferred
 one (a delayed stream's system stream prefers its stream's members, so the two stay on

@@ -79,9 +79,6 @@ class DiskTrust:
             and self.node not in record.disks.lost
         ):
             return True
-        if self.node in record.disks.lost:
-            self._lost(incarnation, Standing.LOST)
-            return False
         claim: DiskClaim = await self._run(self.claim_for, incarnation, config)
         now = standing(record.membership, record.disks, self.node, claim.seen)
         if now in (Standing.CLAIM, Standing.MARK_LOST):
