@@ -416,13 +416,14 @@ class World:
         node.pending_catch_up = None
 
     def lose_disk(self, name: str) -> None:
-        """The node crashes and comes back with an empty directory: log, persisted
-        epoch and identity gone (a replaced disk)."""
+        """The node crashes and is restarted at once with an empty directory: log,
+        persisted epoch and identity gone (a replaced disk)."""
         self.crash(name)
         node = self.nodes[name]
         node.log, node.highest_epoch, node.disk_id = [], 0, None
         self.seen_highest[name] = 0
         self.disk_losses += 1
+        self.restart(name)
 
     def restart(self, name: str) -> None:
         node = self.nodes[name]
