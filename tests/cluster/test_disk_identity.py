@@ -267,3 +267,44 @@ def test_member_id_file(tmp_path: Path) -> None:
         assert holds_chunks(log_dir)
     finally:
         stream_log.close()
+
+
+# -- the node's edge (server/disk_trust.py) ------------------------------------------
+async def test_the_node_claims_its_place_and_finds_its_directory_gone(
+    meta: MetaStore, tmp_path: Path
+) -> None:
+    """A new stream's member claims its place (an empty follower log and its identity
+    in the directory, then the record); restarted with the directory emptied, it is
+    not admitted and the record says its disk is lost."""
+    import asyncio
+    import shutil
+    from typing import Any
+
+    from tierlog.server.disk_trust import DiskTrust
+
+    async def run(fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    directory = ClusterDirectory(meta)
+    directory.create_stream(STREAM, ("a", "b"))
+    streams = tmp_path / "streams"
+    trust = DiskTrust("b", directory, str(streams), run)
+    assert await trust.admit(directory.require_stream(STREAM), LogConfig())
+    stream_dir = streams / STREAM
+    member_id = read_member_id(str(stream_dir))
+    assert member_id is not None and (stream_dir / "00000000000000000000.segment").exists()
+    record = directory.require_stream(STREAM)
+    assert record.disks.id_of("b") == member_id and record.roles()["b"] == "voter"
+    assert await trust.admit(record, LogConfig())  # remembered: no second claim
+    assert directory.require_stream(STREAM).version == record.version
+
+    shutil.rmtree(stream_dir)  # the disk is replaced while the node is down
+    restarted = DiskTrust("b", directory, str(streams), run)
+    assert not await restarted.admit(record, LogConfig())
+    lost = directory.require_stream(STREAM)
+    assert lost.disks.lost == {"b"} and lost.roles()["b"] == "voter (disk lost)"
+    assert not stream_dir.exists()  # a lost member creates nothing
+    assert not await restarted.admit(lost, LogConfig())
+    assert restarted.status() == {"disks_lost": [STREAM]}
+    restarted.keep([])  # the stream was deleted
+    assert restarted.status() == {"disks_lost": []}

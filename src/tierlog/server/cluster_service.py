@@ -347,6 +347,7 @@ class ClusterService:
             key = (opening.record.vhost, opening.record.name)
             if key not in known:
                 broker.forget_elsewhere(*key)
+        self.disks.keep(view.streams)
         await self.changes.after_scan(view)
 
     async def _follow(self, record: StreamRecord, leader: str, epoch: int) -> None:

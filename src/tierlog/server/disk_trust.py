@@ -15,7 +15,7 @@ directory emptied under a running process is found at the next start.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from tierlog.cluster.disk_identity import DiskSeen, Standing, standing
@@ -41,6 +41,7 @@ class DiskTrust:
         self.streams_dir = streams_dir
         self._run = run  # runs a blocking call off the event loop
         self._trusted: dict[str, str] = {}  # incarnation -> identity found trusted
+        self._lost_at: dict[str, int] = {}  # incarnation -> record version found lost
         self.lost: set[str] = set()  # incarnations where this node's disk is lost
 
     def claim_for(self, incarnation: str, config: LogConfig | None = None) -> DiskClaim:
@@ -79,6 +80,8 @@ class DiskTrust:
             and self.node not in record.disks.lost
         ):
             return True
+        if self._lost_at.get(incarnation) == record.version:
+            return False  # found lost against this very record: nothing to read again
         claim: DiskClaim = await self._run(self.claim_for, incarnation, config)
         now = standing(record.membership, record.disks, self.node, claim.seen)
         if now in (Standing.CLAIM, Standing.MARK_LOST):
@@ -88,6 +91,8 @@ class DiskTrust:
             if claim.seen.disk_id:
                 self._trusted[incarnation] = claim.seen.disk_id
             return True
+        if now is Standing.LOST:
+            self._lost_at[incarnation] = record.version
         if now is not Standing.NOT_MEMBER:
             self._lost(incarnation, now)
         return False
@@ -105,9 +110,13 @@ class DiskTrust:
             action="neither votes nor leads; waits to rejoin as a learner",
         )
 
-    def forget(self, incarnation: str) -> None:
-        self._trusted.pop(incarnation, None)
-        self.lost.discard(incarnation)
+    def keep(self, incarnations: Iterable[str]) -> None:
+        """Forget streams no longer in the directory (deleted)."""
+        live = set(incarnations)
+        for known in (self._trusted, self._lost_at):
+            for incarnation in [i for i in known if i not in live]:
+                del known[incarnation]
+        self.lost &= live
 
     def status(self) -> dict[str, Any]:
         return {"disks_lost": sorted(self.lost)}
