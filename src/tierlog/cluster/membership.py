@@ -26,6 +26,7 @@ leader of the current epoch, one change at a time (``members.Membership``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -333,7 +334,9 @@ class ClusterDirectory:
                 disks = record.disks.claimed(node, disk.take())
             elif now is not Standing.TRUSTED:
                 if now is Standing.MARK_LOST:
-                    self._put_disks(stored, record, record.disks.marked_lost(node))
+                    with contextlib.suppress(VersionConflictError, EpochFencedError):
+                        # best effort: the member's next scan records it otherwise
+                        self._put_disks(stored, record, record.disks.marked_lost(node))
                 raise DiskNotTrustedError(
                     f"{node!r}: its directory of {incarnation!r} is not the disk the stream"
                     f" trusts ({now.value}); it rejoins as a learner"
@@ -379,8 +382,8 @@ class ClusterDirectory:
                 return after
             try:
                 self._put_disks(stored, record, disks)
-            except VersionConflictError:
-                continue
+            except (VersionConflictError, EpochFencedError):
+                continue  # the record moved: decide again on the new one
             if taken is not None:
                 disk.seen = DiskSeen(taken, disk.seen.has_chunks)
             return after
