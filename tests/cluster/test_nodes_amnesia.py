@@ -164,3 +164,64 @@ async def test_member_with_an_emptied_disk_never_votes(cluster: Cluster) -> None
         )
 
     await wait_for(promoted, 6 * TTL, "n2 is a voter again")
+
+
+async def test_records_from_before_identities_keep_working(cluster: Cluster) -> None:
+    """The upgrade: a stream whose record and directories were written before member
+    identities (no ``disks`` in the record, no ``member.id`` on disk). After a restart of
+    the whole cluster every member whose log holds chunks keeps its place and records an
+    identity; n3, whose directory was emptied during the upgrade, is marked lost,
+    demoted, and rejoins. Every confirmed message is read back through every member."""
+    await create_replicated(cluster, STREAM, ARGS)
+    publisher = Publisher(cluster, STREAM)
+    await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 60), 60)
+    await wait_for(
+        lambda: all(same_files_as_leader(cluster, STREAM, n) for n in ("n2", "n3")),
+        3 * TTL,
+        "every member holds the stream",
+    )
+    for node in cluster.nodes.values():
+        node.process.stop()
+    # what the code before identities left behind
+    incarnation = cluster.incarnation(STREAM)
+    key = stream_key(incarnation)
+    stored = cluster.meta.get(key)
+    assert stored is not None
+    legacy = json.loads(stored.value)
+    del legacy["disks"], legacy["lost_disks"]
+    cluster.meta.put_if(key, json.dumps(legacy).encode(), stored.version, stored.epoch)
+    for node in cluster.nodes.values():
+        (node.process.data_dir / "streams" / incarnation / "member.id").unlink()
+    n3 = cluster.node("n3").process
+    shutil.rmtree(n3.data_dir)
+    n3.data_dir.mkdir()
+    for node in cluster.nodes.values():
+        node.process.start(wait_streams=False)
+
+    total = len(publisher.confirmed) + 40
+    await asyncio.wait_for(publisher.run(lambda: False, limit=total), 90)
+
+    def upgraded() -> bool:
+        record = raw_record(cluster)
+        disks = record.get("disks", {})
+        return (
+            sorted(record["voters"]) == ["n1", "n2", "n3"]
+            and not record.get("lost_disks")
+            and all(disks.get(n) for n in ("n1", "n2", "n3"))
+        )
+
+    await wait_for(upgraded, 6 * TTL, "every member recorded its identity, n3 a voter again")
+    assert any(f.get("node") == "n3" for f in n3_lost(cluster))
+    names = sorted(cluster.nodes)
+    reads = await asyncio.gather(
+        *(
+            read_stream(cluster.node(n).process.stream_port, STREAM, total, pinned=True)
+            for n in names
+        )
+    )
+    for name, read in zip(names, reads, strict=True):
+        assert oracle(publisher.confirmed, read) == [], name
+
+
+def n3_lost(cluster: Cluster) -> list[dict[str, str]]:
+    return cluster.node("n3").log_events("cluster_member_disk_lost")
