@@ -77,6 +77,7 @@ from tierlog.server.cluster_gates import (
 )
 from tierlog.server.cluster_members import Followers, holds_unregistered_stream
 from tierlog.server.cluster_reads import ClusterCommitView
+from tierlog.server.disk_trust import DiskTrust
 from tierlog.server.member_changes import MemberChanges
 from tierlog.server.member_reads import MEMBER_READ_MAX_BEHIND
 from tierlog.server.tls import replication_contexts
@@ -145,6 +146,7 @@ class ClusterService:
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
         self.member_refusal: Callable[[str], str | None] = lambda _: None  # member_reads
         self.changes = MemberChanges(self)
+        self.disks = DiskTrust(c.node, self.directory, config.storage.streams_dir, self._directory)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -333,6 +335,8 @@ class ClusterService:
             if broker.busy(record.vhost, record.name):
                 continue  # open, being created or being opened here right now
             try:
+                if not await self.disks.admit(place.record, self._log_config(record)):
+                    continue  # not the disk the stream trusts: neither votes nor leads
                 if place.leader is None or place.leader.name == self.name:
                     # leaderless, or recorded as ours but not open here (an acquisition
                     # whose opening lost a race): take it (again, in a new epoch)
@@ -353,6 +357,7 @@ class ClusterService:
             key = (opening.record.vhost, opening.record.name)
             if key not in known:
                 broker.forget_elsewhere(*key)
+        self.disks.keep(view.streams)
         await self.changes.after_scan(view)
 
     async def _follow(self, record: StreamRecord, leader: str, epoch: int) -> None:
@@ -372,10 +377,11 @@ class ClusterService:
             return
         incarnation = record.incarnation
         seen = self.followers.seen_epochs(incarnation) if self.followers else ()
+        disk = await self._directory(self.disks.claim_for, incarnation, self._log_config(record))
         sent_at = time.monotonic()
         try:
             leadership: Leadership = await self._directory(
-                self.directory.acquire_leadership, incarnation, self.name, node_lease, seen
+                self.directory.acquire_leadership, incarnation, self.name, node_lease, seen, disk
             )
         except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError):
             return  # another voter got it first (the next scan follows it)
@@ -415,6 +421,8 @@ class ClusterService:
             return holds_unregistered_stream(self.config.storage.streams_dir, record)
         if not existing.membership.is_voter(self.name):
             return False  # a learner follows; a non-member is pointed at the leader
+        if not await self._directory(self.disks.may_lead, existing):
+            return False  # not the disk the stream trusts (the scan records it lost)
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
             record.incarnation
         )
@@ -512,6 +520,7 @@ class ClusterService:
         voters = self._new_voters.pop((handle.vhost, handle.name), (self.name,))
         try:
             await self._directory(register_stream, self.directory, incarnation, voters)
+            disk = await self._directory(self.disks.claim_for, incarnation)
             sent_at = time.monotonic()
             leadership: Leadership = await self._directory(
                 self.directory.acquire_leadership,
@@ -519,6 +528,7 @@ class ClusterService:
                 self.name,
                 node_lease,
                 (handle.log.max_epoch, handle.log.read_member_epoch()),
+                disk,
             )
         except (
             LeaderAliveError,
@@ -749,5 +759,6 @@ class ClusterService:
             "acquired": self.acquired,
             "stepped_down": self.stepped_down,
             "live_nodes": sorted(self.view.nodes),
+            **self.disks.status(),
             **self.changes.status(),
         }
