@@ -117,6 +117,9 @@ def cluster_status(service: ClusterService, status: dict[str, Any]) -> dict[str,
     for node in membership.members:
         role = "voter" if membership.is_voter(node) else "learner"
         entry: dict[str, Any] = {"node": node, "role": role, "live": node in service.view.nodes}
+        # its directory did not carry the identity its place expects: it neither votes
+        # nor acks until demoted and caught up again (docs/cluster.md, Amnesia)
+        entry["disk_lost"] = node in record.disks.lost
         written: int | None = None
         heard_age: float | None = None
         committed = NO_CHUNK
