@@ -113,5 +113,7 @@ class StreamHandlers(ConnectionCore):
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
 
     def _on_super_stream(self, cmd: RouteRequest | PartitionsRequest) -> None:
-        code = ResponseCode.STREAM_DOES_NOT_EXIST  # super streams are not supported
+        # super streams are not supported yet: the unknown-command answer, not a claim
+        # that this one super stream does not exist (see docs/compatibility.md)
+        code = ResponseCode.UNKNOWN_FRAME
         self.send(SimpleResponse(cmd.command, cmd.correlation_id, code).encode())
