@@ -128,8 +128,11 @@ def test_unsupported_command_answers_unknown_frame(open_client: RawClient, name:
     open_client.send(frame)
     assert not open_client.frames
     # Key|0x8000 Version CorrelationId ResponseCode, read raw: the client-side codec
-    # does not know every one of these responses
-    expected = struct.pack(">IHHIH", 10, key | 0x8000, 1, correlation_id, 0x0D)
+    # does not know every one of these responses. Route and Partitions add the empty
+    # stream list, as RabbitMQ's errors do (the Node.js client crashes without it).
+    with_list = key in (Command.ROUTE, Command.PARTITIONS)
+    expected = struct.pack(">IHHIH", 14 if with_list else 10, key | 0x8000, 1, correlation_id, 0x0D)
+    expected += struct.pack(">i", 0) if with_list else b""
     raw = b""
     while len(raw) < len(expected):
         chunk = open_client.sock.recv(len(expected) - len(raw))
@@ -139,6 +142,18 @@ def test_unsupported_command_answers_unknown_frame(open_client: RawClient, name:
     # the connection stays usable
     open_client.send(c.MetadataRequest(open_client.next_corr(), ["x"]).encode())
     assert isinstance(open_client.expect(c.MetadataResponse), c.MetadataResponse)
+
+
+def test_stream_stats_error_carries_the_empty_map(open_client: RawClient) -> None:
+    """As RabbitMQ's: the Node.js client reads the statistics map of an error answer too."""
+    open_client.send(c.StreamStatsRequest(21, "no-such-stream").encode())
+    expected = struct.pack(">IHHIHi", 14, 0x801C, 1, 21, ResponseCode.STREAM_DOES_NOT_EXIST, 0)
+    raw = b""
+    while len(raw) < len(expected):
+        chunk = open_client.sock.recv(len(expected) - len(raw))
+        assert chunk, "connection closed"
+        raw += chunk
+    assert raw == expected
 
 
 def test_unsolicited_consumer_update_answer_is_ignored(open_client: RawClient) -> None:
