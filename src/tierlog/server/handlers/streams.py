@@ -120,6 +120,7 @@ class StreamHandlers(ConnectionCore):
         # this one super stream does not exist (docs/compatibility.md); with the empty
         # stream list, as RabbitMQ answers errors (the Node.js client reads it)
         code = ResponseCode.UNKNOWN_FRAME
+        self.metrics.unknown_commands.inc()
         if isinstance(cmd, RouteRequest):
             self.send(RouteResponse(cmd.correlation_id, code, []).encode())
         else:
