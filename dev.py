@@ -5,7 +5,9 @@
     python3 dev.py test   # venv + package + test servers, then the whole test suite
 
 Needs only Python >= 3.11. System packages (Java 17 for Spark, etcd for the MetaStore
-contract tests, faketime for the delayed-delivery clock tests) are installed with apt-get when missing and we are root.
+contract tests, faketime for the delayed-delivery clock tests, Node.js and npm for the
+Node.js client's end-to-end tests) are installed with apt-get when missing and we are root.
+The Node.js client itself is installed by the tests (tests/plugins/node_client.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ APT_PACKAGES = {
     "java": "openjdk-17-jre-headless",
     "etcd": "etcd-server",
     "faketime": "faketime",  # delayed delivery's clock-step tests
+    "node": "nodejs",  # the Node.js client's end-to-end tests (tests/clients)
+    "npm": "npm",
 }
 
 
@@ -75,6 +79,9 @@ def ensure_system() -> None:
         missing.append(APT_PACKAGES["etcd"])
     if not shutil.which("faketime"):
         missing.append(APT_PACKAGES["faketime"])
+    for tool in ("node", "npm"):
+        if not shutil.which(tool):
+            missing.append(APT_PACKAGES[tool])
     if missing:
         apt_install(*missing)
 

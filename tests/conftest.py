@@ -24,5 +24,6 @@ pytest_plugins = [
     "tests.plugins.tiering_world",
     "tests.plugins.tierlog_server",
     "tests.plugins.spark",
+    "tests.plugins.node_client",
     "tests.plugins.area_timing",
 ]

@@ -242,8 +242,14 @@ class ConnectionCore(asyncio.Protocol):
     def _handshake_expired(self) -> None:
         self._handshake_timer = None
         if self.state not in ("open", "closed"):
+            # No Close frame, as RabbitMQ (close_immediately at its handshake state
+            # timeout): a client that is not open yet cannot expect a server Close, and
+            # the Node.js client fails on one ("Unknown response 22").
             self.metrics.limits_hit.labels(limit="handshake_timeout").inc()
-            self._fail("handshake_timeout", ResponseCode.INTERNAL_ERROR, "handshake too slow")
+            self.metrics.frame_errors.labels(reason="handshake_timeout").inc()
+            log.warning("connection_closed", reason="handshake_timeout", peer=self.peer_host)
+            self.state = "closed"
+            self._close_transport()
 
     def _advertised(self) -> tuple[str, int]:
         s = self.config.server

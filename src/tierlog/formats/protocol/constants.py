@@ -45,6 +45,7 @@ class Command(enum.IntEnum):
     STREAM_STATS = 0x001C
     CREATE_SUPER_STREAM = 0x001D
     DELETE_SUPER_STREAM = 0x001E
+    RESOLVE_OFFSET_SPEC = 0x001F
 
 
 class ResponseCode(enum.IntEnum):
@@ -89,8 +90,11 @@ SUPPORTED_VERSIONS: dict[Command, tuple[int, int]] = {
     not in (
         Command.CREATE_SUPER_STREAM,
         Command.DELETE_SUPER_STREAM,
+        Command.RESOLVE_OFFSET_SPEC,
     )
 }
-"""(min, max) version of every command this codec understands, for ExchangeCommandVersions."""
+"""(min, max) version of every command this codec can decode. Not what the server
+advertises: ExchangeCommandVersions lists only what the server really serves
+(``ADVERTISED_COMMAND_VERSIONS`` in ``server.handlers.handshake``)."""
 SUPPORTED_VERSIONS[Command.PUBLISH] = (1, 2)
 SUPPORTED_VERSIONS[Command.DELIVER] = (1, 2)

@@ -60,6 +60,10 @@ class ConsumerHandlers(ConnectionCore):
             code = ResponseCode.ACCESS_REFUSED
         elif self._reserved("consumer name", cmd.properties.get("name")):
             code = ResponseCode.PRECONDITION_FAILED
+        elif cmd.properties.get("single-active-consumer", "").lower() == "true":
+            # no single active consumer yet: refused, never every consumer getting
+            # everything (docs/compatibility.md)
+            code = ResponseCode.PRECONDITION_FAILED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
             self.metrics.limits_hit.labels(limit="max_subscriptions").inc()
             code = ResponseCode.PRECONDITION_FAILED

@@ -9,6 +9,7 @@ import asyncio
 import ipaddress
 import time
 
+from tierlog import __version__
 from tierlog.formats.protocol.commands import (
     CloseRequest,
     CommandVersion,
@@ -29,7 +30,6 @@ from tierlog.formats.protocol.commands import (
     plain_credentials,
 )
 from tierlog.formats.protocol.constants import (
-    SUPPORTED_VERSIONS,
     Command,
     ResponseCode,
 )
@@ -39,7 +39,54 @@ from tierlog.server.connection_core import ConnectionCore
 
 log = get_logger("tierlog.server.connection")
 
-SERVER_PROPERTIES = {"product": "tierlog", "platform": "Python", "copyright": "tierlog authors"}
+RABBITMQ_COMPATIBILITY_VERSION = "3.10.0"
+"""The ``version`` PeerProperties announces: the RabbitMQ release whose stream features
+tierlog offers, because clients switch features on by this number instead of asking.
+The Node.js client (rabbitmq-stream-js-client) crashes without it and, from 3.13.0 on,
+turns on filtering (Publish v2 with filter values, ``filter.N`` subscriptions), asks for
+Deliver v2 and sends CreateSuperStream/DeleteSuperStream; the Go client turns on single
+active consumer from 3.11.0. tierlog has none of these yet, so it announces 3.10.0 (the
+last release before SAC and super streams): those clients then refuse SAC, filtering and
+super-stream management themselves with a clear error instead of meeting a server that
+ignores them. Raise it to 3.11.0 once SAC and super streams (Route, Partitions) work,
+and to 3.13.0 once filtering and CreateSuperStream/DeleteSuperStream do.
+``tierlog_version`` carries tierlog's own version. See docs/compatibility.md."""
+
+SERVER_PROPERTIES = {
+    "product": "tierlog",
+    "version": RABBITMQ_COMPATIBILITY_VERSION,
+    "tierlog_version": __version__,
+    "platform": "Python",
+    "copyright": "tierlog authors",
+}
+
+ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
+    (Command.DECLARE_PUBLISHER, 1, 1),
+    (Command.PUBLISH, 1, 1),
+    (Command.QUERY_PUBLISHER_SEQUENCE, 1, 1),
+    (Command.DELETE_PUBLISHER, 1, 1),
+    (Command.SUBSCRIBE, 1, 1),
+    (Command.CREDIT, 1, 1),
+    (Command.STORE_OFFSET, 1, 1),
+    (Command.QUERY_OFFSET, 1, 1),
+    (Command.UNSUBSCRIBE, 1, 1),
+    (Command.CREATE, 1, 1),
+    (Command.DELETE, 1, 1),
+    (Command.METADATA, 1, 1),
+    (Command.CLOSE, 1, 1),
+    (Command.HEARTBEAT, 1, 1),
+    (Command.STREAM_STATS, 1, 1),
+)
+"""The ExchangeCommandVersions answer: (key, min, max) of every client command this server
+serves, in key order like RabbitMQ's (rabbit_stream_utils:command_versions/0, which also
+leaves out the handshake commands, that run before this exchange can, and the commands
+only a server sends). It must start at key 1 with Publish second: rstream sends only
+``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Not listed, because they
+do not work yet: Publish v2 (filter values are decoded but no chunk bloom filter is
+built, so a filtering client must see "not supported"; rstream and the Go client decide
+by this entry), Route, Partitions, CreateSuperStream, DeleteSuperStream and
+ResolveOffsetSpec (answered UNKNOWN_FRAME), and Deliver v2 (tierlog sends Deliver v1
+only; rstream accepts nothing else)."""
 
 
 class HandshakeHandlers(ConnectionCore):
@@ -180,15 +227,16 @@ class HandshakeHandlers(ConnectionCore):
         self.send(cmd.error_response())
 
     def _on_exchange_versions(self, cmd: ExchangeCommandVersionsRequest) -> None:
-        versions = []
-        for key in sorted(SUPPORTED_VERSIONS):
-            low, high = SUPPORTED_VERSIONS[key]
-            if key == Command.DELIVER:
-                high = 1  # Deliver v2 is not sent (rstream accepts v1 only)
-            versions.append(CommandVersion(int(key), low, high))
-        self.send(
-            ExchangeCommandVersionsResponse(cmd.correlation_id, ResponseCode.OK, versions).encode()
-        )
+        self.send(exchange_versions_answer(cmd.correlation_id))
+
+
+def exchange_versions_answer(correlation_id: int) -> bytes:
+    """The whole ExchangeCommandVersions response frame (whatever the client listed:
+    RabbitMQ answers with its own list too)."""
+    versions = [
+        CommandVersion(int(key), low, high) for key, low, high in ADVERTISED_COMMAND_VERSIONS
+    ]
+    return ExchangeCommandVersionsResponse(correlation_id, ResponseCode.OK, versions).encode()
 
 
 def is_loopback(host: str) -> bool:

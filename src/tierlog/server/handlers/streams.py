@@ -13,7 +13,9 @@ from tierlog.formats.protocol.commands import (
     MetadataRequest,
     MetadataResponse,
     PartitionsRequest,
+    PartitionsResponse,
     RouteRequest,
+    RouteResponse,
     SimpleResponse,
     StreamMetadata,
     StreamStatsRequest,
@@ -128,7 +130,8 @@ class StreamHandlers(ConnectionCore):
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
             code = self._missing(cmd.stream) if handle is None else refused
-            self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
+            # with the empty map, as RabbitMQ: the Node.js client reads it on errors too
+            self.send(StreamStatsResponse(cmd.correlation_id, code, {}).encode())
             return
         # ack = remote streams: what consumers may read (the remote-committed part)
         reads = handle.log if handle.remote_ack is None else handle.remote_ack.view
@@ -139,8 +142,16 @@ class StreamHandlers(ConnectionCore):
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
 
     def _on_super_stream(self, cmd: RouteRequest | PartitionsRequest) -> None:
+        # super streams are not supported yet: the unknown-command code, not a claim that
+        # this one super stream does not exist (docs/compatibility.md); with the empty
+        # stream list, as RabbitMQ answers errors (the Node.js client reads it). A reserved
+        # name is refused as everywhere.
         if self._reserved("super stream", cmd.super_stream):
             code = ResponseCode.ACCESS_REFUSED
         else:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST  # super streams are not supported
-        self.send(SimpleResponse(cmd.command, cmd.correlation_id, code).encode())
+            code = ResponseCode.UNKNOWN_FRAME
+            self.metrics.unknown_commands.inc()
+        if isinstance(cmd, RouteRequest):
+            self.send(RouteResponse(cmd.correlation_id, code, []).encode())
+        else:
+            self.send(PartitionsResponse(cmd.correlation_id, code, []).encode())
