@@ -75,6 +75,7 @@ from tierlog.server.cluster_gates import (
     tail_of_handle,
 )
 from tierlog.server.cluster_members import Followers
+from tierlog.server.deleted_streams import DeletedStreams, local_incarnations
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.member_changes import MemberChanges
 from tierlog.storage.errors import (
@@ -143,6 +144,7 @@ class ClusterService:
         self.leadership_hooks: LeadershipHooks | None = None
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
         self.changes = MemberChanges(self)
+        self.deleted = DeletedStreams(self, config.storage.streams_dir)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -304,8 +306,11 @@ class ClusterService:
         elsewhere, drop deleted ones."""
         broker = self.broker
         assert broker is not None
+        # stream directories listed before the catalog is read (``deleted_streams``)
+        on_disk = await self._directory(local_incarnations, self.config.storage.streams_dir)
         view, records = await self._directory(self._read)
         self.view = view
+        await self.deleted.sweep(on_disk, records)
         if not self.registered.is_set() or not broker.catalog_loaded.is_set():
             return
         await self.changes.refresh()

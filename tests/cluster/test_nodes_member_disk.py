@@ -1,0 +1,124 @@
+"""Three ``tierlog serve`` nodes with replication (one etcd, one SeaweedFS): what a
+member keeps on its disk over time.
+
+* **Deletion deletes everywhere.** A stream with three members; one member is stopped;
+  the stream is deleted through the leader; the live member's copy goes within the
+  bound ``docs/cluster.md`` states (two scans plus closing), and the stopped member's
+  copy goes within one scan of its coming back. A stream deleted through a node that
+  does not lead it: the leader steps down from it and its copy goes too; a healthy
+  stream beside it keeps every copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rstream import Producer
+
+from tests.cluster.nodes import (
+    HOST,
+    STREAM_ARGS,
+    TTL,
+    Cluster,
+    Publisher,
+    create_replicated,
+    running_cluster,
+    wait_for,
+)
+from tests.plugins.seaweed import SeaweedServer
+
+pytestmark = [pytest.mark.etcd, pytest.mark.s3]
+
+SCAN = 0.3  # the harness's cluster.scan_interval_seconds
+DELETION_BOUND = 3 * SCAN + 2.0  # docs/cluster.md: two scans and closing the stream
+ARGS = {**STREAM_ARGS, "x-initial-cluster-size": "3", "x-tierlog-max-segment-chunks": "4"}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
+    with running_cluster(tmp_path, etcd_server, seaweed, replicated=True) as cluster:
+        yield cluster
+
+
+def stream_dir(cluster: Cluster, node: str, incarnation: str) -> Path:
+    return cluster.node(node).process.data_dir / "streams" / incarnation
+
+
+async def delete_through(cluster: Cluster, node: str, stream: str) -> None:
+    port = cluster.node(node).process.stream_port
+    async with Producer(HOST, port=port, username="guest", password="guest") as producer:
+        await producer.delete_stream(stream)
+
+
+async def replicated_with_data(cluster: Cluster, stream: str) -> str:
+    await create_replicated(cluster, stream, ARGS)
+    publisher = Publisher(cluster, stream)
+    await asyncio.wait_for(publisher.run(lambda: len(publisher.confirmed) >= 60), 60)
+    incarnation = cluster.incarnation(stream)
+
+    def everywhere() -> bool:
+        return all(
+            any(stream_dir(cluster, n, incarnation).glob("*.segment")) for n in cluster.nodes
+        )
+
+    await wait_for(everywhere, 3 * TTL, "every member holds the stream")
+    return incarnation
+
+
+async def test_deleted_stream_leaves_every_disk_also_a_member_that_was_down(
+    cluster: Cluster,
+) -> None:
+    stream = "deleted-everywhere"
+    incarnation = await replicated_with_data(cluster, stream)
+    leader, _ = cluster.leader_of(stream)
+    assert leader == "n1"
+    cluster.node("n3").process.stop()  # a member down while the stream is deleted
+    await delete_through(cluster, "n1", stream)
+    deleted_at = time.monotonic()
+    assert not stream_dir(cluster, "n1", incarnation).exists()  # the deleting node's own
+    await wait_for(
+        lambda: not stream_dir(cluster, "n2", incarnation).exists(),
+        DELETION_BOUND,
+        "the live member removes its copy",
+    )
+    assert time.monotonic() - deleted_at <= DELETION_BOUND
+    assert stream_dir(cluster, "n3", incarnation).exists()  # down: nothing could go yet
+    cluster.node("n3").process.start()
+    started_at = time.monotonic()
+    await wait_for(
+        lambda: not stream_dir(cluster, "n3", incarnation).exists(),
+        TTL + DELETION_BOUND,
+        "the member that was down removes its copy when it comes back",
+    )
+    assert cluster.node("n3").log_events("cluster_deleted_stream_removed")
+    assert time.monotonic() - started_at <= TTL + DELETION_BOUND
+
+
+async def test_stream_deleted_through_a_member_leaves_the_leader_too(cluster: Cluster) -> None:
+    stream = "deleted-through-a-member"
+    incarnation = await replicated_with_data(cluster, stream)
+    assert cluster.leader_of(stream)[0] == "n1"
+    await delete_through(cluster, "n2", stream)
+    await wait_for(
+        lambda: not any(stream_dir(cluster, n, incarnation).exists() for n in cluster.nodes),
+        DELETION_BOUND,
+        "every node, the leader included, removes its copy",
+    )
+    # the leader stopped leading it (not left running a deleted stream)
+    await wait_for(
+        lambda: any(
+            "stream deleted" in e.get("reason", "")
+            for e in cluster.node("n1").log_events("cluster_stream_step_down")
+        ),
+        DELETION_BOUND,
+        "the leader steps down from the deleted stream",
+    )
+    # a healthy stream next to it is never touched
+    other = "kept"
+    kept = await replicated_with_data(cluster, other)
+    await asyncio.sleep(4 * SCAN)
+    assert all(stream_dir(cluster, n, kept).exists() for n in cluster.nodes)
