@@ -75,9 +75,10 @@ from tierlog.server.cluster_gates import (
     tail_of_handle,
 )
 from tierlog.server.cluster_members import Followers
-from tierlog.server.deleted_streams import DeletedStreams, local_incarnations
 from tierlog.server.cluster_reads import ClusterCommitView
+from tierlog.server.deleted_streams import DeletedStreams, local_incarnations
 from tierlog.server.member_changes import MemberChanges
+from tierlog.server.member_disk import MemberDisk
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -132,6 +133,7 @@ class ClusterService:
         self.acquired = 0
         self.hub: ReplicationHub | None = None
         self.followers: Followers | None = None
+        self.member_disk: MemberDisk | None = None  # followed streams' local retention
         self.replication_port = 0
         self._acquired: dict[str, tuple[Leadership, float]] = {}  # by the scan, to open
         # streams this node stepped down from lately: it lets the other voters take them
@@ -160,6 +162,8 @@ class ClusterService:
             host = self.config.server.host
             self.replication_port = await self.hub.start(host, self.cluster.replication_port)
             self.followers = Followers(self.hub, self.config.storage.streams_dir)
+            interval = self.config.tier.local_retention_interval_seconds
+            self.member_disk = MemberDisk(self.followers, self.hub, interval)
             advertised = stream_address.rpartition(":")[0]
             replication_address = replication_address or f"{advertised}:{self.replication_port}"
         info = NodeInfo(
@@ -216,6 +220,8 @@ class ClusterService:
         self._tasks.append(asyncio.create_task(self._keepalive()))
         self._tasks.append(asyncio.create_task(self._timer()))
         self._tasks.append(asyncio.create_task(self._scan_loop()))
+        if self.member_disk is not None:
+            self._tasks.append(asyncio.create_task(self.member_disk.run()))
 
     async def _register(self) -> None:
         assert self.lease is not None
