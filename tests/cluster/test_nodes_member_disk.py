@@ -1,6 +1,14 @@
 """Three ``tierlog serve`` nodes with replication (one etcd, one SeaweedFS): what a
 member keeps on its disk over time.
 
+* **Members are bottomless too.** A stream with three members, a small local limit
+  and a short retention, published to for well past its retention: every node's stream
+  directory stays within the local limit plus one segment and what tiering has not
+  caught up with yet (sampled throughout), and settles within the limit plus one
+  segment; members log the segments they freed; everything retention kept is read
+  back through each member (most of it from the remote tier), and a consumer reading
+  on a member while its segments are freed under it gets every message in order.
+
 * **Deletion deletes everywhere.** A stream with three members; one member is stopped;
   the stream is deleted through the leader; the live member's copy goes within the
   bound ``docs/cluster.md`` states (two scans plus closing), and the stopped member's
@@ -25,6 +33,9 @@ from tests.cluster.nodes import (
     TTL,
     Cluster,
     Publisher,
+    ResumingReader,
+    admin_call,
+    body,
     create_replicated,
     running_cluster,
     wait_for,
@@ -122,3 +133,88 @@ async def test_stream_deleted_through_a_member_leaves_the_leader_too(cluster: Cl
     kept = await replicated_with_data(cluster, other)
     await asyncio.sleep(4 * SCAN)
     assert all(stream_dir(cluster, n, kept).exists() for n in cluster.nodes)
+
+
+SEGMENT = int(STREAM_ARGS["stream-max-segment-size-bytes"])
+LOCAL_LIMIT = 2 * SEGMENT
+RETENTION_SECONDS = 8
+RUN_SECONDS = 3 * RETENTION_SECONDS
+BOUNDED = {
+    **STREAM_ARGS,
+    "x-initial-cluster-size": "3",
+    "x-tierlog-local-max-bytes": str(LOCAL_LIMIT),
+    "max-age": f"{RETENTION_SECONDS}s",
+}
+LAG_ALLOWANCE = 256 << 10
+"""Bytes a node may hold beyond the limit while it runs: what the remote tier does not
+hold yet (fragments are cut after 1 s, committed, then members hear of it within a
+heartbeat). The stream writes several times that over the run."""
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir()) if path.exists() else 0
+
+
+async def test_members_keep_their_disk_bounded_past_the_local_limit_and_retention(
+    cluster: Cluster,
+) -> None:
+    stream = "bounded"
+    await create_replicated(cluster, stream, BOUNDED)
+    incarnation = cluster.incarnation(stream)
+    publisher = Publisher(cluster, stream)
+    reader = ResumingReader(cluster.node("n3").process.stream_port, stream)
+    done = asyncio.Event()
+    reading = asyncio.create_task(reader.run(done.is_set))
+    largest = dict.fromkeys(cluster.nodes, 0)
+    started = time.monotonic()
+    while time.monotonic() - started < RUN_SECONDS:
+        target = len(publisher.confirmed) + 1000
+        await asyncio.wait_for(
+            publisher.run(lambda target=target: len(publisher.confirmed) >= target),  # type: ignore[misc]
+            30,
+        )
+        for name in cluster.nodes:
+            size = dir_bytes(stream_dir(cluster, name, incarnation))
+            largest[name] = max(largest[name], size)
+        await asyncio.sleep(0.2)
+    written = len(publisher.confirmed) * len(body(1))
+    bound = LOCAL_LIMIT + SEGMENT + LAG_ALLOWANCE
+    assert written > 3 * bound  # a node keeping it all would be far past the bound
+    for name, size in largest.items():
+        assert size <= bound, (name, size, written)
+
+    # retention is relaxed on the leader (an operator's PATCH), so what it kept stays
+    # while it is read through each node itself, most of it from the remote tier
+    status, _ = admin_call(
+        cluster.node("n1"), "PATCH", f"/api/streams/{stream}", {"arguments": {"max-age": "1h"}}
+    )
+    assert status == 200
+    last = max(publisher.confirmed)
+    readers = {
+        n: ResumingReader(cluster.node(n).process.stream_port, stream) for n in cluster.nodes
+    }
+    await asyncio.wait_for(
+        asyncio.gather(
+            *(r.run(lambda r=r: last in r.ids) for r in readers.values())  # type: ignore[misc]
+        ),
+        3 * TTL,
+    )
+    local_capacity = (LOCAL_LIMIT + SEGMENT) // len(body(1))
+    for name, got in sorted((n, r.ids) for n, r in readers.items()):
+        assert got == list(range(got[0], last + 1)), name  # no gap, up to the last
+        assert got[0] > 1, name  # retention removed the oldest
+        assert len(got) > 2 * local_capacity, name  # most of it from the remote tier
+    await wait_for(lambda: last in reader.ids, 3 * TTL, "the member's consumer read all")
+    done.set()
+    await reading
+    assert reader.ids == list(range(1, last + 1))  # read on n3 while it freed segments
+
+    def settled() -> bool:
+        return all(
+            dir_bytes(stream_dir(cluster, n, incarnation)) <= LOCAL_LIMIT + SEGMENT + 16384
+            for n in cluster.nodes
+        )
+
+    await wait_for(settled, 3 * TTL, "every node within the local limit plus one segment")
+    for name in ("n2", "n3"):
+        assert cluster.node(name).log_events("member_local_segments_freed"), name
