@@ -14,7 +14,8 @@ member keeps on its disk over time.
   bound ``docs/cluster.md`` states (two scans plus closing), and the stopped member's
   copy goes within one scan of its coming back. A stream deleted through a node that
   does not lead it: the leader steps down from it and its copy goes too; a healthy
-  stream beside it keeps every copy.
+  stream beside it keeps every copy, and so does a directory the catalog does not list
+  without a tombstone (never deleted on doubt).
 """
 
 from __future__ import annotations
@@ -128,11 +129,19 @@ async def test_stream_deleted_through_a_member_leaves_the_leader_too(cluster: Cl
         DELETION_BOUND,
         "the leader steps down from the deleted stream",
     )
+    # never on doubt: a stream directory the catalog does not list but that has no
+    # tombstone (another cluster's MetaStore, a restored copy, another tool) is kept
+    ghost = stream_dir(cluster, "n2", "__ghost_1700000000000000000")
+    ghost.mkdir()
+    (ghost / "00000000000000000000.segment").write_bytes(b"kept")
     # a healthy stream next to it is never touched
     other = "kept"
     kept = await replicated_with_data(cluster, other)
     await asyncio.sleep(4 * SCAN)
     assert all(stream_dir(cluster, n, kept).exists() for n in cluster.nodes)
+    assert (ghost / "00000000000000000000.segment").read_bytes() == b"kept"
+    unknown = cluster.node("n2").log_events("stream_directory_unknown")
+    assert [e["incarnation"] for e in unknown] == [ghost.name]  # logged once
 
 
 SEGMENT = int(STREAM_ARGS["stream-max-segment-size-bytes"])

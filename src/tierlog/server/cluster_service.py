@@ -76,7 +76,7 @@ from tierlog.server.cluster_gates import (
 )
 from tierlog.server.cluster_members import Followers
 from tierlog.server.cluster_reads import ClusterCommitView
-from tierlog.server.deleted_streams import DeletedStreams, local_incarnations
+from tierlog.server.deleted_streams import DeletedStreams
 from tierlog.server.member_changes import MemberChanges
 from tierlog.server.member_disk import MemberDisk
 from tierlog.storage.errors import (
@@ -312,11 +312,10 @@ class ClusterService:
         elsewhere, drop deleted ones."""
         broker = self.broker
         assert broker is not None
-        # stream directories listed before the catalog is read (``deleted_streams``)
-        on_disk = await self._directory(local_incarnations, self.config.storage.streams_dir)
+        held = await self.deleted.held_here()  # before the catalog is read
         view, records = await self._directory(self._read)
         self.view = view
-        await self.deleted.sweep(on_disk, records)
+        await self.deleted.sweep(held, records)
         if not self.registered.is_set() or not broker.catalog_loaded.is_set():
             return
         await self.changes.refresh()

@@ -54,12 +54,10 @@ def local_incarnations(streams_dir: str) -> set[str]:
     return out
 
 
-def deletion_candidates(
-    on_disk: Iterable[str], followed: Iterable[str], led: Iterable[str], live: Iterable[str]
-) -> set[str]:
+def deletion_candidates(held: Iterable[str], live: Iterable[str]) -> set[str]:
     """Incarnations held here (on disk, followed or led) that the catalog does not list:
     each may have been deleted, which only its tombstone can confirm."""
-    return (set(on_disk) | set(followed) | set(led)) - set(live)
+    return set(held) - set(live)
 
 
 class DeletedStreams:
@@ -71,15 +69,21 @@ class DeletedStreams:
         self.removed = 0  # directories removed because their stream was deleted
         self._unknown: set[str] = set()  # candidates without a tombstone (logged once)
 
-    async def sweep(self, on_disk: set[str], records: list[StreamRecord]) -> None:
-        """``on_disk``: the stream directories listed before ``records`` (the catalog)
-        was read, so a stream created since has its catalog key in ``records``."""
+    async def held_here(self) -> set[str]:
+        """Every incarnation this node holds (directories, followed, led). Taken before
+        the scan reads the catalog: a stream created in between is not among them, so
+        only streams the catalog really lacks become candidates."""
+        service = self.service
+        on_disk = await service._directory(local_incarnations, self.streams_dir)
+        followed = set(service.followers.streams) if service.followers is not None else set()
+        return on_disk | followed | set(service.handles)
+
+    async def sweep(self, held: set[str], records: list[StreamRecord]) -> None:
+        """``held``: ``held_here()`` from before ``records`` (the catalog) was read."""
         service = self.service
         followers = service.followers
         broker = service.broker
-        followed = set(followers.streams) if followers is not None else set()
-        led = set(service.handles)
-        candidates = deletion_candidates(on_disk, followed, led, (r.incarnation for r in records))
+        candidates = deletion_candidates(held, (r.incarnation for r in records))
         if not candidates:
             return
         open_here: set[str] = set()  # open or being opened by the broker here
