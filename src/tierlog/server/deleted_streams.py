@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from tierlog.log.errors import InvalidStreamNameError
 from tierlog.log.names import validate_dir_name
+from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import StreamRecord
 
@@ -44,13 +45,12 @@ def local_incarnations(streams_dir: str) -> set[str]:
     except FileNotFoundError:
         return set()
     out = set()
-    for name in names:
+    for name in names:  # no stat per entry: this runs on every scan
         try:
             validate_dir_name(name)
         except InvalidStreamNameError:
             continue
-        if os.path.isdir(os.path.join(streams_dir, name)):
-            out.add(name)
+        out.add(name)
     return out
 
 
@@ -68,6 +68,7 @@ class DeletedStreams:
         self.streams_dir = streams_dir
         self.removed = 0  # directories removed because their stream was deleted
         self._unknown: set[str] = set()  # candidates without a tombstone (logged once)
+        self._closing: dict[str, StreamLog] = {}  # led streams stepped down, until closed
 
     async def held_here(self) -> set[str]:
         """Every incarnation this node holds (directories, followed, led). Taken before
@@ -103,12 +104,16 @@ class DeletedStreams:
                         reason="not in the catalog and no tombstone: kept",
                     )
                 continue
-            if incarnation in service.handles:
-                # led here: step down and close it; the directory goes on the next scan
+            handle = service.handles.get(incarnation)
+            if handle is not None:
+                # led here: step down and close it; the directory goes once it is closed
+                self._closing[incarnation] = handle.log
                 service._step_down(incarnation, "stream deleted")
                 continue
-            if incarnation in open_here:
+            closing = self._closing.get(incarnation)
+            if incarnation in open_here or (closing is not None and not closing.closed):
                 continue  # still closing (released after the step-down above)
+            self._closing.pop(incarnation, None)
             if followers is not None and followers.get(incarnation) is not None:
                 await followers.stop(incarnation)
             await self._remove(incarnation)
