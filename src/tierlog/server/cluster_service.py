@@ -721,6 +721,9 @@ class ClusterService:
             if m != record.leader and m in self.view.nodes
         )
 
+    async def stream_deleted(self, record: StreamRecord) -> None:
+        await self.deleted.deleted_here(record.incarnation)
+
     def leading_now(self, incarnation: str) -> tuple[StreamHandle, StreamLeader] | None:
         """The stream's handle and leadership when this node leads it and its election
         has ended (clients are let in); None otherwise."""

@@ -118,6 +118,17 @@ class DeletedStreams:
                 await followers.stop(incarnation)
             await self._remove(incarnation)
 
+    async def deleted_here(self, incarnation: str) -> None:
+        """This node ran the deletion (the broker removes the directory next): step
+        down from the stream and stop following it first, so nothing writes into the
+        directory while it goes."""
+        service = self.service
+        if incarnation in service.handles:
+            service._step_down(incarnation, "stream deleted")
+        followers = service.followers
+        if followers is not None and followers.get(incarnation) is not None:
+            await followers.stop(incarnation)
+
     async def _remove(self, incarnation: str) -> None:
         path = os.path.join(self.streams_dir, incarnation)
         if not os.path.isdir(path):
