@@ -7,7 +7,8 @@ member keeps on its disk over time.
   caught up with yet (sampled throughout), and settles within the limit plus one
   segment; members log the segments they freed; everything retention kept is read
   back through each member (most of it from the remote tier), and a consumer reading
-  on a member while its segments are freed under it gets every message in order.
+  on a member while its segments are freed under it gets every message in order, and
+  one too slow for the retention (on another member) is told, never skipped.
 
 * **Deletion deletes everywhere.** A stream with three members; one member is stopped;
   the stream is deleted through the leader; the live member's copy goes within the
@@ -21,23 +22,29 @@ member keeps on its disk over time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
-from rstream import Producer
+from rstream import ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.consumer import MessageContext
 
 from tests.cluster.nodes import (
     HOST,
     STREAM_ARGS,
     TTL,
     Cluster,
+    PinnedConsumer,
     Publisher,
     ResumingReader,
     admin_call,
     body,
     create_replicated,
+    id_of,
     running_cluster,
     wait_for,
 )
@@ -164,6 +171,59 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir()) if path.exists() else 0
 
 
+@dataclass
+class SlowReader:
+    """A consumer on one node that handles each message slowly (a few ms), so it falls
+    behind: its member frees the segments under it (it reads on from the remote tier),
+    then retention overtakes it (the node tells it; it subscribes again after its last
+    offset, as a client resuming at its stored offset does, and is told again)."""
+
+    port: int
+    stream: str
+    delay: float = 0.004
+    ids: list[int] = field(default_factory=list)
+    told: int = 0
+    next_offset: int | None = None
+
+    async def run(self, stop: Callable[[], bool]) -> None:
+        async def on_message(msg: Any, ctx: MessageContext) -> None:
+            if self.next_offset is not None and ctx.offset < self.next_offset:
+                return
+            self.ids.append(id_of(bytes(msg)))
+            self.next_offset = ctx.offset + 1
+            await asyncio.sleep(self.delay)
+
+        while not stop():
+            gone = asyncio.Event()
+            consumer = PinnedConsumer(
+                HOST,
+                port=self.port,
+                username="guest",
+                password="guest",
+                heartbeat=0,
+                on_close_handler=lambda info, gone=gone: gone.set(),  # type: ignore[misc]
+            )
+            try:
+                await asyncio.wait_for(consumer.start(), 5)
+                spec = (
+                    ConsumerOffsetSpecification(OffsetType.FIRST)
+                    if self.next_offset is None
+                    else ConsumerOffsetSpecification(OffsetType.OFFSET, self.next_offset)
+                )
+                await asyncio.wait_for(
+                    consumer.subscribe(self.stream, on_message, offset_specification=spec), 5
+                )
+                while not stop() and not gone.is_set():
+                    await asyncio.sleep(0.1)
+                if gone.is_set():
+                    self.told += 1
+            except Exception:
+                await asyncio.sleep(0.3)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.close(), 3)
+
+
 async def read_from_first(cluster: Cluster, node: str, stream: str, last: int) -> list[int]:
     """Ids read through ``node`` itself from the stream's first offset up to ``last``. A
     subscription the node ends (a retention trim still in flight when the test relaxed
@@ -185,6 +245,9 @@ async def test_members_keep_their_disk_bounded_past_the_local_limit_and_retentio
     reader = ResumingReader(cluster.node("n3").process.stream_port, stream)
     done = asyncio.Event()
     reading = asyncio.create_task(reader.run(done.is_set))
+    slow = SlowReader(cluster.node("n2").process.stream_port, stream)
+    slow_done = asyncio.Event()
+    slow_reading = asyncio.create_task(slow.run(slow_done.is_set))
     largest = dict.fromkeys(cluster.nodes, 0)
     started = time.monotonic()
     while time.monotonic() - started < RUN_SECONDS:
@@ -198,6 +261,12 @@ async def test_members_keep_their_disk_bounded_past_the_local_limit_and_retentio
             largest[name] = max(largest[name], size)
         await asyncio.sleep(0.2)
     written = len(publisher.confirmed) * len(body(1))
+    slow_done.set()
+    await slow_reading
+    # segments freed under the slow reader, then retention past it: never a silent
+    # skip, every id it got in order from the first
+    assert len(slow.ids) > (LOCAL_LIMIT + SEGMENT) // len(body(1)), slow.told
+    assert slow.ids == list(range(1, len(slow.ids) + 1)), slow.told
     bound = LOCAL_LIMIT + SEGMENT + LAG_ALLOWANCE
     assert written > 3 * bound  # a node keeping it all would be far past the bound
     for name, size in largest.items():
