@@ -21,7 +21,7 @@ class Gatekeeper:
 
     def __init__(self, config: ServerConfig, metrics: Metrics) -> None:
         a = config.auth
-        self.auth = Authenticator(a.users, a.tokens, a.permissions, a.loopback_users)
+        self.auth = Authenticator(a.users, a.tokens, a.permissions, a.loopback_users, a.tags)
         self.limits: LimitsSection = config.limits
         self.metrics = metrics
         self.connections = 0
