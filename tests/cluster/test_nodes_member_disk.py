@@ -113,7 +113,12 @@ async def test_deleted_stream_leaves_every_disk_also_a_member_that_was_down(
         TTL + DELETION_BOUND,
         "the member that was down removes its copy when it comes back",
     )
-    assert cluster.node("n3").log_events("cluster_deleted_stream_removed")
+    # (the line is logged right after the directory went)
+    await wait_for(
+        lambda: bool(cluster.node("n3").log_events("cluster_deleted_stream_removed")),
+        2.0,
+        "n3 logs the removal",
+    )
     assert time.monotonic() - started_at <= TTL + DELETION_BOUND
 
 
@@ -250,7 +255,14 @@ async def test_members_keep_their_disk_bounded_past_the_local_limit_and_retentio
     slow_reading = asyncio.create_task(slow.run(slow_done.is_set))
     largest = dict.fromkeys(cluster.nodes, 0)
     started = time.monotonic()
-    while time.monotonic() - started < RUN_SECONDS:
+    bound = LOCAL_LIMIT + SEGMENT + LAG_ALLOWANCE
+
+    def written() -> int:
+        return len(publisher.confirmed) * len(body(1))
+
+    # well past the retention, and several times what a bounded node may hold (on a
+    # loaded machine publishing is slower: it then runs longer, never checks less)
+    while time.monotonic() - started < RUN_SECONDS or written() <= 4 * bound:
         target = len(publisher.confirmed) + 1000
         await asyncio.wait_for(
             publisher.run(lambda target=target: len(publisher.confirmed) >= target),  # type: ignore[misc]
@@ -260,17 +272,14 @@ async def test_members_keep_their_disk_bounded_past_the_local_limit_and_retentio
             size = dir_bytes(stream_dir(cluster, name, incarnation))
             largest[name] = max(largest[name], size)
         await asyncio.sleep(0.2)
-    written = len(publisher.confirmed) * len(body(1))
     slow_done.set()
     await slow_reading
     # segments freed under the slow reader, then retention past it: never a silent
     # skip, every id it got in order from the first
     assert len(slow.ids) > (LOCAL_LIMIT + SEGMENT) // len(body(1)), slow.told
     assert slow.ids == list(range(1, len(slow.ids) + 1)), slow.told
-    bound = LOCAL_LIMIT + SEGMENT + LAG_ALLOWANCE
-    assert written > 3 * bound  # a node keeping it all would be far past the bound
     for name, size in largest.items():
-        assert size <= bound, (name, size, written)
+        assert size <= bound, (name, size, written())
 
     # retention is relaxed on the leader (an operator's PATCH), so what it kept stays
     # while it is read through each node itself, most of it from the remote tier
