@@ -1,7 +1,8 @@
 """Long runs of the cluster property test, and proof that it can fail.
 
-``campaign``: runs the 3- and 5-node simulations for many examples and prints how much
-they exercised (confirms, elections, runs that committed in two or more epochs).
+``campaign``: runs the 3- and 5-node simulations, and the 3-node one where nodes also
+lose their disk, for many examples and prints how much they exercised (confirms,
+elections, runs that committed in two or more epochs, lost disks and demotions).
 
 ``mutations``: breaks one replication rule at a time (by patching the pure machines)
 and reruns the simulation; each mutation must be caught (an invariant violation). A
@@ -33,17 +34,19 @@ from tests.cluster.world import InvariantViolation
 
 from tierlog.cluster import log_history
 from tierlog.cluster import state as cs
+from tierlog.cluster.disk_identity import Standing
 from tierlog.cluster.log_history import NO_CHUNK, tail_of
 from tierlog.cluster.members import quorum_value
 
-MACHINES: dict[int, type[RuleBasedStateMachine]] = {
-    3: stateful.Cluster3,
-    5: stateful.Cluster5,
+MACHINES: dict[str, type[RuleBasedStateMachine]] = {
+    "3": stateful.Cluster3,
+    "5": stateful.Cluster5,
+    "3+disk-loss": stateful.Cluster3Disks,
 }
 
 
 def run(
-    size: int, examples: int, steps: int, stats: collections.Counter[str], shrink: bool = True
+    size: str, examples: int, steps: int, stats: collections.Counter[str], shrink: bool = True
 ) -> None:
     machine = MACHINES[size]
     original = machine.teardown
@@ -53,6 +56,9 @@ def run(
         stats[f"runs{size}"] += 1
         stats[f"confirms{size}"] += world.confirms
         stats[f"elections{size}"] += world.elections
+        if world.disk_losses:
+            stats[f"disk_losses{size}"] += world.disk_losses
+            stats[f"demotions{size}"] += world.demotions
         stats[f"multi_epoch_commit_runs{size}"] += (
             len({by for _, by in world.committed.values()}) >= 2
         )
@@ -129,6 +135,19 @@ def _accept_old_epochs(self: cs.MemberEpoch, epoch: int) -> bool:
 
 ORIGINAL_HANDLE = cs.LeaderState.handle
 
+
+def _every_disk_trusted(*_args: Any) -> Standing:
+    return Standing.TRUSTED
+
+
+def _votes_with_a_lost_disk() -> contextlib.AbstractContextManager[None]:
+    """The decision from before member disk identities: every member votes, whatever
+    its directory holds (the simulator imports ``standing`` by name)."""
+    import tests.cluster.world as world_module
+
+    return patched(world_module, "standing", _every_disk_trusted)
+
+
 MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "count acks of older epochs": lambda: patched(cs.LeaderState, "handle", _count_any_epoch_acks),
     "commit by counting old-epoch copies": lambda: patched(
@@ -145,6 +164,7 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
         cs.LeaderState, "_maybe_elected", _elect_without_majority
     ),
     "members accept older epochs": lambda: patched(cs.MemberEpoch, "check", _accept_old_epochs),
+    "members vote with a lost disk": _votes_with_a_lost_disk,
 }
 
 

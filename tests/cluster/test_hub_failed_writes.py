@@ -5,7 +5,8 @@ the pages written since its last good one are lost (the file is cut back to what
 durable), which is what the disk shows after a failed writeback and a power loss. The
 member must then report (``WRITTEN``, the tail of its fetches) only what is on its disk,
 so the leader never counts a lost chunk toward a commit; recover its log in place; and
-replicate again, with no restart, once the disk accepts writes."""
+replicate again, with no restart, once the disk accepts writes. The chunks before a
+refused one are reported only once they are fsynced."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 import tierlog.log.segments as segments
 from tests.cluster.hub_helpers import (
     STREAM,
+    Recorder,
     caught_up,
     lead_and_follow,
     leader_log,
@@ -25,7 +27,9 @@ from tests.cluster.hub_helpers import (
     until,
 )
 from tests.log.acceptor_helpers import stream_files, write_leader_chunks
+from tierlog.formats.chunk import decode_header
 from tierlog.formats.segment import FILE_HEADER_SIZE
+from tierlog.log.errors import BadChunkError
 from tierlog.log.writer import StreamLog
 
 
@@ -94,6 +98,57 @@ async def test_a_member_reports_only_what_reached_its_disk_and_recovers_in_place
     assert status.state in ("following", "catching-up")
     leader.sync()
     assert stream_files(member.stream_dir) == stream_files(leader.stream_dir)
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+class DurabilityCheck(Recorder):
+    """A leader listener that checks, whenever the member reports a chunk as written
+    (``WRITTEN`` or a fetch's tail), that the member's log has it fsynced."""
+
+    def __init__(self, member: StreamLog) -> None:
+        super().__init__()
+        self.member = member
+        self.not_on_disk: list[tuple[int, int]] = []
+
+    def member_written(self, member: str, chunk_id: int, epoch: int) -> None:
+        durable = self.member.durable_point().chunk_id
+        if chunk_id > durable:
+            self.not_on_disk.append((chunk_id, durable))
+        super().member_written(member, chunk_id, epoch)
+
+
+async def test_chunks_before_a_refused_one_are_reported_only_once_fsynced(hubs, tmp_path):
+    n1, n2 = [await hubs.add(n, retry_delay=0.05) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 20)
+    member = member_log(tmp_path, "n2")
+    real_accept = member.accept_chunks
+    refused: list[int] = []
+
+    def refusing_after_three(data, **options):
+        # the first range: three good chunks are written, then one is refused (as a
+        # damaged chunk from the leader would be)
+        if refused:
+            return real_accept(data, **options)
+        view = memoryview(data)
+        end = 0
+        for _ in range(3):
+            end += decode_header(view, end).total_size
+        next_offset = real_accept(view[:end], **options)
+        refused.append(next_offset)
+        raise BadChunkError("injected: the fourth chunk is refused", next_offset)
+
+    member.accept_chunks = refusing_after_three  # type: ignore[method-assign]
+    check = DurabilityCheck(member)
+    n1.lead(STREAM, leader, 1, ("n2",), check)
+    n1.serve(STREAM)
+    n2.follow(STREAM, member, "n1", 1)
+    await until(caught_up(member, leader), what="the member catching up after a refusal")
+    await until(lambda: check.written.get("n2") == leader.last_chunk_id, what="WRITTEN")
+    assert refused and check.written["n2"] == leader.last_chunk_id
+    assert check.not_on_disk == []
     n2.unfollow(STREAM)
     member.close()
     leader.close()

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tierlog.cluster.disk_identity import DiskSeen, Standing
 from tierlog.cluster.errors import (
     LeaderAliveError,
     MembershipChangeError,
@@ -17,7 +18,7 @@ from tierlog.cluster.errors import (
     StaleEpochError,
     StreamUnavailableError,
 )
-from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo
+from tierlog.cluster.membership import ClusterDirectory, DiskClaim, Leadership, NodeInfo
 from tierlog.remote.catalog import pointer_key
 from tierlog.storage.errors import LeaseHeldError, LeaseLostError, VersionConflictError
 from tierlog.storage.meta_store import Lease, MetaStore, open_meta_store
@@ -184,6 +185,10 @@ def test_member_changes_only_by_the_current_leader_one_at_a_time(
         directory.promote_learner(lead, "d", learner_written=9, commit_offset=10)
     with pytest.raises(NotAMemberError):
         directory.acquire_leadership(STREAM, "d", leases["d"])  # learners never lead
+    with pytest.raises(MembershipChangeError):  # it never took its place (no disk claimed)
+        directory.promote_learner(lead, "d", learner_written=10, commit_offset=10)
+    claim = DiskClaim(DiskSeen(None, False), lambda: "d" * 32)
+    assert directory.settle_disk(STREAM, "d", claim) is Standing.TRUSTED
     lead = directory.promote_learner(lead, "d", learner_written=10, commit_offset=10)
     lead = directory.remove_member(lead, "a")
     record = directory.require_stream(STREAM)

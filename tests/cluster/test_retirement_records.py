@@ -16,8 +16,15 @@ from pathlib import Path
 import pytest
 
 from tierlog.cli import EXIT_ERROR, main
+from tierlog.cluster.disk_identity import DiskSeen
 from tierlog.cluster.errors import ClusterError, MembershipChangeError
-from tierlog.cluster.membership import ClusterDirectory, NodeInfo, StreamMembers, stream_key
+from tierlog.cluster.membership import (
+    ClusterDirectory,
+    DiskClaim,
+    NodeInfo,
+    StreamMembers,
+    stream_key,
+)
 from tierlog.cluster.retirement import Retirement, Retirements, retiring_key
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 
@@ -61,6 +68,8 @@ def test_the_replication_factor_is_kept_by_every_rewrite(meta: MetaStore) -> Non
     assert directory.require_stream(STREAM).replication_factor == 2
     leadership = directory.add_learner(leadership, "c", replication_factor=3)
     assert directory.require_stream(STREAM).replication_factor == 3
+    directory.settle_disk(STREAM, "c", DiskClaim(DiskSeen(None, False), lambda: "c" * 32))
+    assert directory.require_stream(STREAM).replication_factor == 3  # a claim keeps it too
     leadership = directory.promote_learner(leadership, "c", 10, 10)
     after = directory.require_stream(STREAM)
     assert after.membership.voters == ("a", "b", "c") and after.replication_factor == 3

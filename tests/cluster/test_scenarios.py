@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.cluster.world import Message, World
+import pytest
+
+from tests.cluster.world import InvariantViolation, Message, World
 from tierlog.cluster import state as cs
+from tierlog.cluster.disk_identity import MemberDisks
 from tierlog.cluster.log_history import Tail
 from tierlog.cluster.members import Membership
 
@@ -20,6 +23,7 @@ def five_voters() -> World:
     names = [f"n{i}" for i in range(5)]
     world = World(names, TIMING, [1.0] * 5)
     world.membership = Membership(tuple(names))
+    world.disks = MemberDisks.created(names)  # every voter has a place to claim
     return world
 
 
@@ -216,3 +220,59 @@ def test_members_refuse_a_deposed_leader() -> None:
     world.sync("n1", "n0", 10)
     assert (1, 1) not in world.nodes["n1"].log
     assert world.nodes["n0"].leader is None  # told of epoch 2 by the refusal
+
+
+def lost_disk_sequence(world: World) -> None:
+    """Issue 29's sequence: A committed on all three; n2 paused; B committed on n0 + n1;
+    n0 crashes and n1 comes back with an empty disk; n2 wakes and asks for votes."""
+    world.acquire("n0")  # epoch 1
+    deliver_all(world)
+    for _ in range(3):
+        world.append("n0")  # batch A
+    world.settle()
+    assert all(len(world.nodes[n].log) == 4 for n in ("n0", "n1", "n2"))
+    world.pause("n2")
+    for _ in range(3):
+        world.append("n0")  # batch B: on n0 and n1
+    world.sync("n1", "n0", 10)
+    deliver_all(world)
+    assert max(world.committed) == 6
+    world.crash("n0")
+    world.lose_disk("n1")
+    world.resume("n2")
+    world.tick(EXPIRE)
+    world.restart("n1")
+    world.acquire("n2")  # epoch 2: n0 is down, n1 is the only other voter up
+    deliver_all(world)
+
+
+def test_a_member_that_lost_its_disk_never_votes() -> None:
+    """Raft's amnesia hazard: with member disk identities n1 cannot vote, n2 is not
+    elected without n0, the next election takes n0's log (A and B), and n1 rejoins as
+    a learner and is promoted once it caught up."""
+    world = World(["n0", "n1", "n2"], TIMING, [1.0] * 3)
+    lost_disk_sequence(world)
+    assert not leading(world, "n2")
+    assert world.disks.lost == {"n1"}
+    world.tick(EXPIRE)  # n2's election finds no majority: it steps down
+    assert world.nodes["n2"].leader is None
+    world.restart("n0")
+    world.acquire("n0")  # epoch 3
+    deliver_all(world)
+    assert leading(world, "n0")
+    for _ in range(4):
+        world.append("n0")
+        world.settle()
+    assert world.demotions == 1
+    assert world.members().voters == ("n0", "n1", "n2")
+    assert world.disks.trusted("n1") and not world.disks.lost
+    assert world.nodes["n1"].log == world.nodes["n0"].log
+    world.check_always()
+
+
+def test_without_disk_identities_the_empty_disk_elects_a_short_log() -> None:
+    """The same sequence under the rules from before identities loses batch B: the
+    check that catches it is the one the random search runs."""
+    world = World(["n0", "n1", "n2"], TIMING, [1.0] * 3, amnesia_guard=False)
+    with pytest.raises(InvariantViolation, match="lacks committed chunk"):
+        lost_disk_sequence(world)

@@ -2,7 +2,12 @@
 
 Nodes hold logs as lists of ``(epoch, chunk id)`` chunks (every chunk takes one offset,
 so ``log[i]`` has chunk id ``i``); everything a node writes is fsynced at once, and a
-node's log and highest seen epoch survive crashes. The MetaStore is linearizable and
+node's log and highest seen epoch survive crashes, except when it loses its disk
+(``lose_disk``: log, epoch and directory identity gone). The stream record holds each
+member's directory identity (``cluster.disk_identity``): a node adopts, syncs and
+acquires only while its standing is trusted (``amnesia_guard``; off: as before
+identities, every member votes whatever its disk), and the leader demotes members whose
+disk is lost through the real ``member_plan``. The MetaStore is linearizable and
 keeps time with the global clock; each node's monotonic clock runs at its own rate.
 Messages (adopt requests and replies, acks) sit in a network list and are delivered in
 any order, or dropped; fetches (sync and catch-up) are request/response at once.
@@ -23,8 +28,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tierlog.cluster import state as cs
+from tierlog.cluster.disk_identity import (
+    DiskSeen,
+    MemberDisks,
+    Standing,
+    after_settling,
+    standing,
+)
 from tierlog.cluster.errors import MembershipChangeError, StaleEpochError
 from tierlog.cluster.log_history import Tail, common_prefix_end, history_of, holds, tail_of
+from tierlog.cluster.member_plan import (
+    Demote,
+    NodesSeen,
+    RemoveMember,
+    StreamSeen,
+    next_member_change,
+)
 from tierlog.cluster.members import Membership
 
 Chunk = tuple[int, int]  # (epoch, chunk id)
@@ -45,6 +64,7 @@ class Node:
     paused: bool = False
     leader: cs.LeaderState | None = None
     pending_catch_up: cs.CatchUp | None = None
+    disk_id: str | None = None  # the identity its directory carries
 
     def now(self, global_time: float) -> float:
         return self.clock_offset + self.clock_rate * global_time
@@ -84,6 +104,11 @@ class World:
     elections: int = 0
     last_commit: dict[tuple[str, int], int] = field(default_factory=dict)
     seen_highest: dict[str, int] = field(default_factory=dict)
+    amnesia_guard: bool = True
+    disks: MemberDisks = field(default_factory=MemberDisks)
+    disk_losses: int = 0
+    demotions: int = 0
+    _identities: int = 0
 
     def __post_init__(self) -> None:
         for i, name in enumerate(self.names):
@@ -91,6 +116,23 @@ class World:
         self.membership = Membership(
             tuple(self.names[:3]) if len(self.names) > 3 else tuple(self.names)
         )
+        self.disks = MemberDisks.created(self.members().members)
+
+    def admit(self, node: Node) -> bool:
+        """The member edge before adopting, syncing or acquiring: act on the node's disk
+        standing (claim a place, record a lost disk, both through the MetaStore) and
+        answer whether it is trusted."""
+        if not self.amnesia_guard:
+            return True
+        seen = DiskSeen(node.disk_id, bool(node.log))
+        now = standing(self.members(), self.disks, node.name, seen)
+        if now in (Standing.CLAIM, Standing.MARK_LOST) and node.name not in self.meta_cut:
+            self._identities += 1
+            new_id = f"{node.name}-{self._identities}"
+            if now is Standing.CLAIM:
+                node.disk_id = new_id  # the directory first, then the record
+            now, self.disks = after_settling(self.members(), self.disks, node.name, seen, new_id)
+        return now is Standing.TRUSTED
 
     # -- helpers ---------------------------------------------------------------------
     def linked(self, a: str, b: str) -> bool:
@@ -155,6 +197,8 @@ class World:
         assert leader is not None
         if node.name in self.meta_cut or self.record_epoch != leader.epoch:
             return
+        if self.amnesia_guard and not self.disks.trusted(effect.member):
+            return  # the directory refuses a learner that holds no trusted disk
         try:
             self.membership = self.members().promote(effect.member, effect.written, effect.commit)
         except MembershipChangeError:
@@ -246,7 +290,7 @@ class World:
         node = self.nodes[name]
         if not node.active or name in self.meta_cut or node.leader is not None:
             return
-        if not self.members().is_voter(name):
+        if not self.members().is_voter(name) or not self.admit(node):
             return
         holder = self.record_leader
         if holder not in (None, name) and self.lease_expiry.get(holder, -1.0) > self.time:
@@ -306,6 +350,8 @@ class World:
         return True
 
     def on_adopt(self, node: Node, sender: str, epoch: int) -> None:
+        if not self.admit(node):
+            return  # refused as an unknown stream: never counted
         if not self.fence(node, epoch):
             self.send(node.name, sender, cs.EpochRefused(node.name, node.highest_epoch))
             return
@@ -325,6 +371,8 @@ class World:
             return
         if member.leader is not None and member.leader.epoch >= leader.epoch:
             return  # a leader does not follow an older or equal epoch
+        if not self.admit(member):
+            return  # not the disk the stream trusts: it does not follow
         if not self.fence(member, leader.epoch):
             self.feed(source, cs.EpochRefused(member_name, member.highest_epoch))
             return
@@ -367,6 +415,16 @@ class World:
         node.leader = None
         node.pending_catch_up = None
 
+    def lose_disk(self, name: str) -> None:
+        """The node crashes and is restarted at once with an empty directory: log,
+        persisted epoch and identity gone (a replaced disk)."""
+        self.crash(name)
+        node = self.nodes[name]
+        node.log, node.highest_epoch, node.disk_id = [], 0, None
+        self.seen_highest[name] = 0
+        self.disk_losses += 1
+        self.restart(name)
+
     def restart(self, name: str) -> None:
         node = self.nodes[name]
         node.up, node.paused = True, False
@@ -402,6 +460,7 @@ class World:
         for leader_name in self.names:
             for member in self.names:
                 self.sync(member, leader_name, 1000)
+            self.repair(leader_name)
         for index in range(len(self.network) - 1, -1, -1):
             if index < len(self.network):
                 self.deliver(index)
@@ -422,4 +481,40 @@ class World:
         except MembershipChangeError:
             return
         self.membership = new
+        self.disks = self.disks.joined(target) if add else self.disks.removed(target)
         self.feed(node, cs.MembersChanged(new))
+
+    def repair(self, name: str) -> None:
+        """The leader's member plan for members whose disk is lost: a lost voter is
+        demoted to a learner (once the others hold the commit), a lost learner removed."""
+        node = self.nodes[name]
+        leader = node.leader
+        if leader is None or not node.active or name in self.meta_cut:
+            return
+        if self.record_leader != name or self.record_epoch != leader.epoch:
+            return
+        if leader.phase is not cs.Phase.LEADING or leader.epoch_start is None:
+            return
+        if leader.commit < leader.epoch_start:
+            return
+        current = self.members()
+        seen = StreamSeen(
+            name,
+            current,
+            len(current.voters),
+            leader.commit,
+            {m: leader.written(m) for m in current.members},
+            self.disks.lost,
+        )
+        live = frozenset(n for n, other in self.nodes.items() if other.up)
+        step = next_member_change(seen, NodesSeen(live))
+        if isinstance(step, Demote):
+            self.membership = current.demote(step.node)
+            self.disks = self.disks.joined(step.node)
+            self.demotions += 1
+        elif isinstance(step, RemoveMember) and step.node in self.disks.lost:
+            self.membership = current.remove(step.node)
+            self.disks = self.disks.removed(step.node)
+        else:
+            return
+        self.feed(node, cs.MembersChanged(self.members()))

@@ -61,3 +61,9 @@ class CatchUpError(ClusterError):
 class NotLeaderError(ClusterError):
     """This node does not lead the stream (another node does, or nobody can yet):
     clients are told to look the leader up again."""
+
+
+class DiskNotTrustedError(NotAMemberError):
+    """This node's stream directory does not carry the identity the stream's record
+    trusts (an empty, replaced or older directory): it may neither vote nor lead until
+    it rejoined as a learner (``cluster/disk_identity.py``)."""

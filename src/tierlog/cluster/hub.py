@@ -19,6 +19,7 @@ Public API (what the server's cluster integration calls; all from the event loop
     hub.follow(stream, log, leader="n1", epoch=epoch, executor=lane,
                on_commit=lambda chunk_id: ...)    # cluster commit visible here
     hub.unfollow(stream)
+    hub.replica_status(stream)   # ReplicaStatus: state, last error, written / commit
 
     # any node: the committed tail of a stream led elsewhere (None: no answer in time)
     tail = await hub.query_tail(stream, leader="n1", reference="", timeout=1.0)
@@ -38,7 +39,8 @@ bounded pool. ``LeaderListener`` (``fetch_server``) receives, on the event loop,
 ``member_adopted(member, epoch, highest, tail_epoch, tail_chunk_id)`` (feed
 ``EpochAdopted``), ``member_refused(member, highest_epoch)`` (feed ``EpochRefused``).
 
-Written offset: a member reports ``WRITTEN`` only after ``StreamLog.sync_to_disk()``;
+Written offset: a member reports ``WRITTEN`` (and a fetch's tail) only for chunks
+``StreamLog.sync_to_disk()`` made durable, never for a failed write (``replica_runner``);
 on the leader, ``StreamLog.durable_point()`` (or a commit listener in ``fsync`` mode)
 gives the local written chunk for ``LocalWritten``.
 """

@@ -10,7 +10,8 @@ offset; only then is the next step decided.
 The rules, in order (the first that applies wins):
 
 1. **A change in progress** (a learner): abandon it (remove the learner) when the
-   learner is retiring or its node is not live; else wait for the promotion.
+   learner is retiring, its node is not live or its disk is lost; else wait for the
+   promotion.
 2. **The leader is retiring**: first bring the other non-retiring voters up to the
    replication factor with a spare node (learner first); then hand the stream over
    (``Resign``: the edge finishes tiering up to the commit offset, then gives the
@@ -23,6 +24,12 @@ The rules, in order (the first that applies wins):
    remaining voters alone hold the commit offset on a majority of them, so committed
    data never rests on fewer copies than a majority of the new voter set.
 4. **Under-replicated** (fewer voters than the replication factor): add a spare.
+
+Between rules 1 and 2: **a voter whose disk is lost** (``disk_identity``: its directory
+is not the one it made its promises with, so it neither votes nor acknowledges) is
+demoted to a learner, which claims a fresh place, catches up and is promoted again.
+Like a removal, the demotion waits until the other voters alone hold the commit offset
+on a majority of them; a lost member's written offset counts for nothing.
 
 A spare is a live node that is neither retiring nor a member; among several, a preferred
 one (a delayed stream's system stream prefers its stream's members, so the two stay on
@@ -49,6 +56,14 @@ class StreamSeen:
     replication_factor: int
     commit: int
     written: Mapping[str, int] = field(default_factory=dict)
+    lost: frozenset[str] = frozenset()
+    """Members whose disk is lost (``MemberDisks.lost``)."""
+
+    def written_by(self) -> Mapping[str, int]:
+        """The written offsets that count: a member whose disk is lost holds nothing."""
+        if not self.lost:
+            return self.written
+        return {m: w for m, w in self.written.items() if m not in self.lost}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,14 @@ class RemoveMember:
 
 
 @dataclass(frozen=True, slots=True)
+class Demote:
+    """Make a voter whose disk is lost a learner (it rejoins with a fresh place)."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Resign:
     """Hand the stream to another voter: finish tiering up to the commit offset, then
     give the leadership up (the leader is retiring)."""
@@ -90,7 +113,7 @@ class Wait:
     reason: str
 
 
-Step = AddLearner | RemoveMember | Resign | Wait
+Step = AddLearner | RemoveMember | Demote | Resign | Wait
 
 
 def spare_node(stream: StreamSeen, nodes: NodesSeen) -> str | None:
@@ -109,7 +132,7 @@ def holds_commit(stream: StreamSeen, voters: tuple[str, ...]) -> bool:
         return False
     if stream.commit == NO_CHUNK:
         return True
-    return quorum_value(stream.written, voters, NO_CHUNK) >= stream.commit
+    return quorum_value(stream.written_by(), voters, NO_CHUNK) >= stream.commit
 
 
 def next_member_change(stream: StreamSeen, nodes: NodesSeen) -> Step | None:
@@ -120,7 +143,16 @@ def next_member_change(stream: StreamSeen, nodes: NodesSeen) -> Step | None:
             return RemoveMember(learner, f"learner {learner} is retiring")
         if learner not in nodes.live:
             return RemoveMember(learner, f"learner {learner} is not live")
+        if learner in stream.lost:
+            return RemoveMember(learner, f"learner {learner} lost its disk")
         return Wait(f"learner {learner} is catching up")
+    lost = [v for v in membership.voters if v in stream.lost and v != stream.leader]
+    if lost:
+        node = lost[0]
+        others = tuple(v for v in membership.voters if v != node)
+        if not holds_commit(stream, others):
+            return Wait(f"the voters other than {node} (disk lost) are catching up")
+        return Demote(node, f"voter {node} lost its disk")
     staying = tuple(v for v in membership.voters if v not in nodes.retiring)
     spare = spare_node(stream, nodes)
     if stream.leader in nodes.retiring:

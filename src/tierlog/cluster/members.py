@@ -98,3 +98,15 @@ class Membership:
         if len(self.voters) == 1:
             raise MembershipChangeError("cannot remove the last voter")
         return Membership(tuple(n for n in self.voters if n != node), ())
+
+    def demote(self, node: str) -> Membership:
+        """Make voter ``node`` a learner (its disk was lost: it must catch up and be
+        promoted again). A removal of a voter and the addition of a learner in one
+        change: never while another change is in progress, never the last voter."""
+        if node not in self.voters:
+            raise MembershipChangeError(f"{node!r} is not a voter")
+        if self.changing:
+            raise MembershipChangeError("member change in progress; one at a time")
+        if len(self.voters) == 1:
+            raise MembershipChangeError("cannot demote the last voter")
+        return Membership(tuple(n for n in self.voters if n != node), (node,))

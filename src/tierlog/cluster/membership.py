@@ -8,7 +8,9 @@ Keys (all JSON):
 * ``cluster/streams/{incarnation}``: the stream's member list (voters, learners), its
   leader (node name + that node's lease epoch at acquisition) and its epoch. The
   MetaStore's own epoch field of the key holds the stream epoch too, so an update by a
-  deposed leader fails the store's epoch check as well as the version check.
+  deposed leader fails the store's epoch check as well as the version check. It also
+  holds the identity each member's stream directory must carry (``disks``) and the
+  members whose directory did not (``lost_disks``): ``disk_identity`` decides.
 
 A stream's leader is *attached* to its node lease: the leader is live exactly while the
 node lease named in the record is held with the recorded lease epoch. A lease that
@@ -24,14 +26,23 @@ leader of the current epoch, one change at a time (``members.Membership``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
 
+from tierlog.cluster.disk_identity import (
+    DiskSeen,
+    MemberDisks,
+    Standing,
+    after_settling,
+    standing,
+)
 from tierlog.cluster.errors import (
     ClusterError,
+    DiskNotTrustedError,
     LeaderAliveError,
     MembershipChangeError,
     NotAMemberError,
@@ -116,10 +127,18 @@ class StreamMembers:
     replication_factor: int = 0
     """The voters the stream should have (RabbitMQ's ``initial-cluster-size``; member
     changes converge on it). 0: as many as it has (a record from before the field)."""
+    disks: MemberDisks = field(default_factory=MemberDisks)
+    """The identity each member's directory must carry, and the members whose disk is
+    lost (``disk_identity``; members absent: recorded before identities existed)."""
 
     @property
     def target_voters(self) -> int:
         return self.replication_factor or len(self.membership.voters)
+
+    def roles(self) -> dict[str, str]:
+        """Every member's role as an operator reads it: ``voter``, ``learner``, with
+        ``(disk lost)`` or ``(joining)`` (``MemberDisks.role_of``)."""
+        return {m: self.disks.role_of(self.membership, m) for m in self.membership.members}
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -130,6 +149,8 @@ class StreamMembers:
                 "leader": self.leader,
                 "leader_lease_epoch": self.leader_lease_epoch,
                 "replication_factor": self.target_voters,
+                "disks": self.disks.as_dict(),
+                "lost_disks": sorted(self.disks.lost),
             }
         ).encode()
 
@@ -145,6 +166,10 @@ class StreamMembers:
             leader_lease_epoch=int(data["leader_lease_epoch"]),
             version=stored.version,
             replication_factor=int(data.get("replication_factor", 0)),
+            disks=MemberDisks.of(
+                {str(k): str(v) for k, v in dict(data.get("disks") or {}).items()},
+                (str(n) for n in data.get("lost_disks") or ()),
+            ),
         )
 
 
@@ -156,6 +181,16 @@ def _json(value: bytes, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ClusterError(f"{what} is not a JSON object")
     return data
+
+
+@dataclass(slots=True)
+class DiskClaim:
+    """A node's stream directory for the directory's disk checks: what it carries
+    (``seen``) and how to give it a fresh identity (``take``: writes and fsyncs one
+    into the directory, returns it)."""
+
+    seen: DiskSeen
+    take: Callable[[], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +266,8 @@ class ClusterDirectory:
     def create_stream(self, incarnation: str, voters: Iterable[str]) -> StreamMembers:
         """Record a new stream's members (chosen at creation); no leader yet."""
         membership = Membership(tuple(voters))
-        record = StreamMembers(incarnation, membership, 0, None, 0, 0)
+        disks = MemberDisks.created(membership.voters)
+        record = StreamMembers(incarnation, membership, 0, None, 0, 0, disks=disks)
         stored = self.meta.create(stream_key(incarnation), record.encode(), epoch=0)
         return StreamMembers.decode(incarnation, stored)
 
@@ -266,21 +302,45 @@ class ClusterDirectory:
         return info
 
     def acquire_leadership(
-        self, incarnation: str, node: str, node_lease: Lease, seen_epochs: Iterable[int] = ()
+        self,
+        incarnation: str,
+        node: str,
+        node_lease: Lease,
+        seen_epochs: Iterable[int] = (),
+        disk: DiskClaim | None = None,
     ) -> Leadership:
         """The acquisition transaction: one conditional put on the stream record that
-        re-checks membership and the old leader's liveness against the version read,
-        and takes ``next_leader_epoch``. ``seen_epochs``: the highest epoch on this
-        node's disk plus any epoch members reported when refusing an earlier attempt.
+        re-checks membership, the node's disk and the old leader's liveness against the
+        version read, and takes ``next_leader_epoch``. ``seen_epochs``: the highest epoch
+        on this node's disk plus any epoch members reported when refusing an earlier
+        attempt. ``disk``: this node's stream directory; a node whose directory is not
+        the one the record trusts never leads (``disk_identity``): a fresh or upgraded
+        place is claimed in the same put. None only where no directory exists (tests of
+        the directory alone).
 
-        Raises ``NotAMemberError``, ``LeaderAliveError``, ``VersionConflictError`` (a
-        concurrent change: re-read and retry), ``KeyDeletedError`` (stream deleted)."""
+        Raises ``NotAMemberError`` (``DiskNotTrustedError``: not its trusted disk; the
+        record then says the disk is lost), ``LeaderAliveError``, ``VersionConflictError``
+        (a concurrent change: re-read and retry), ``KeyDeletedError`` (stream deleted)."""
         stored = self.meta.get(stream_key(incarnation))
         if stored is None:
             raise KeyDeletedError(f"stream {incarnation!r} has no cluster record")
         record = StreamMembers.decode(incarnation, stored)
         if not record.membership.is_voter(node):
             raise NotAMemberError(f"{node!r} is not a voter of {incarnation!r}")
+        disks = record.disks
+        if disk is not None:
+            now = standing(record.membership, record.disks, node, disk.seen)
+            if now is Standing.CLAIM:
+                disks = record.disks.claimed(node, disk.take())
+            elif now is not Standing.TRUSTED:
+                if now is Standing.MARK_LOST:
+                    with contextlib.suppress(VersionConflictError, EpochFencedError):
+                        # best effort: the member's next scan records it otherwise
+                        self._put_disks(stored, record, record.disks.marked_lost(node))
+                raise DiskNotTrustedError(
+                    f"{node!r}: its directory of {incarnation!r} is not the disk the stream"
+                    f" trusts ({now.value}); it rejoins as a learner"
+                )
         if record.leader not in (None, node) and self.leader_alive(record):
             raise LeaderAliveError(
                 f"{record.leader!r} leads {incarnation!r} in epoch {record.epoch}"
@@ -292,16 +352,52 @@ class ClusterDirectory:
         pointer = self.meta.get(pointer_key(incarnation))
         pointer_epoch = 0 if pointer is None else ManifestPointer.decode(pointer.value, 0).epoch
         epoch = next_leader_epoch(max(record.epoch, stored.epoch), pointer_epoch, seen_epochs)
-        new = replace(record, epoch=epoch, leader=node, leader_lease_epoch=node_lease.epoch)
+        new = replace(
+            record, epoch=epoch, leader=node, leader_lease_epoch=node_lease.epoch, disks=disks
+        )
         written = self.meta.put_if(stream_key(incarnation), new.encode(), stored.version, epoch)
         return Leadership(
             incarnation, node, epoch, record.membership, written.version, node_lease.epoch
         )
 
+    def settle_disk(self, incarnation: str, node: str, disk: DiskClaim) -> Standing:
+        """A member (not leading) acts on its disk standing before it follows: claims a
+        fresh or upgraded place (``disk.take`` writes the identity into the directory
+        first, at most once) or records that its disk is lost. Conditional puts on the
+        record that change nothing else (a concurrent change: re-read, decide again).
+        Returns the standing it then has: only ``TRUSTED`` may adopt and acknowledge."""
+        taken: str | None = None
+        while True:
+            stored = self.meta.get(stream_key(incarnation))
+            if stored is None:
+                return Standing.NOT_MEMBER
+            record = StreamMembers.decode(incarnation, stored)
+            now = standing(record.membership, record.disks, node, disk.seen)
+            if now is Standing.CLAIM and taken is None:
+                taken = disk.take()
+            after, disks = after_settling(
+                record.membership, record.disks, node, disk.seen, taken or ""
+            )
+            if disks == record.disks:
+                return after
+            try:
+                self._put_disks(stored, record, disks)
+            except (VersionConflictError, EpochFencedError):
+                continue  # the record moved: decide again on the new one
+            if taken is not None:
+                disk.seen = DiskSeen(taken, disk.seen.has_chunks)
+            return after
+
+    def _put_disks(self, stored: Versioned, record: StreamMembers, disks: MemberDisks) -> None:
+        """Record ``disks`` on the record as read (``VersionConflictError`` if it moved);
+        leader, epoch and members unchanged."""
+        new = replace(record, disks=disks)
+        self.meta.put_if(stream_key(record.incarnation), new.encode(), stored.version, stored.epoch)
+
     def _leader_update(
         self,
         leadership: Leadership,
-        change: Callable[[Membership], Membership],
+        change: Callable[[StreamMembers], tuple[Membership, MemberDisks]],
         replication_factor: int | None = None,
     ) -> Leadership:
         """One member change by the leader of the current epoch: a conditional put on
@@ -312,11 +408,11 @@ class ClusterDirectory:
         record = StreamMembers.decode(leadership.incarnation, stored)
         if record.epoch != leadership.epoch or record.leader != leadership.node:
             raise StaleEpochError(leadership.epoch, record.epoch)
-        membership = change(record.membership)
+        membership, disks = change(record)
         factor = record.target_voters if replication_factor is None else replication_factor
         if factor < 1:
             raise MembershipChangeError(f"replication factor must be >= 1, got {factor}")
-        new = replace(record, membership=membership, replication_factor=factor)
+        new = replace(record, membership=membership, replication_factor=factor, disks=disks)
         try:
             written = self.meta.put_if(
                 stream_key(leadership.incarnation), new.encode(), stored.version, record.epoch
@@ -335,24 +431,42 @@ class ClusterDirectory:
     def add_learner(
         self, leadership: Leadership, node: str, replication_factor: int | None = None
     ) -> Leadership:
-        """Start a member change: ``node`` joins as a learner (one change at a time).
-        ``replication_factor``: the stream's new target, if it changes with this."""
+        """Start a member change: ``node`` joins as a learner (one change at a time), with
+        a fresh place to claim. ``replication_factor``: the stream's new target, if it
+        changes with this."""
         return self._leader_update(
-            leadership, lambda current: current.add_learner(node), replication_factor
+            leadership,
+            lambda r: (r.membership.add_learner(node), r.disks.joined(node)),
+            replication_factor,
         )
 
     def promote_learner(
         self, leadership: Leadership, node: str, learner_written: int, commit_offset: int
     ) -> Leadership:
-        return self._leader_update(
-            leadership, lambda current: current.promote(node, learner_written, commit_offset)
-        )
+        """Make a caught-up learner a voter; refused while its disk is not the one it
+        claimed (lost, or its place not taken yet)."""
+
+        def promote(record: StreamMembers) -> tuple[Membership, MemberDisks]:
+            if record.disks.id_of(node) is not None and not record.disks.trusted(node):
+                raise MembershipChangeError(f"learner {node!r} holds no trusted disk")
+            return record.membership.promote(node, learner_written, commit_offset), record.disks
+
+        return self._leader_update(leadership, promote)
 
     def remove_member(
         self, leadership: Leadership, node: str, replication_factor: int | None = None
     ) -> Leadership:
         return self._leader_update(
-            leadership, lambda current: current.remove(node), replication_factor
+            leadership,
+            lambda r: (r.membership.remove(node), r.disks.removed(node)),
+            replication_factor,
+        )
+
+    def demote_voter(self, leadership: Leadership, node: str) -> Leadership:
+        """A voter whose disk is lost becomes a learner with a fresh place to claim (it
+        catches up and is promoted like any learner); the replication factor stays."""
+        return self._leader_update(
+            leadership, lambda r: (r.membership.demote(node), r.disks.joined(node))
         )
 
     def resign(self, leadership: Leadership) -> None:

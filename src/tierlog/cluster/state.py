@@ -336,6 +336,17 @@ class LeaderState:
         self.own_tail = Tail(event.epoch, event.chunk_id)
 
     def _members_changed(self, membership: Membership, effects: list[Effect]) -> None:
+        """A member that left, or a voter demoted to a learner (its disk was lost),
+        starts from nothing: what it acknowledged before came from a disk it may no
+        longer have, so it is promoted only on what it writes from now on."""
+        old = self.membership
+        for member in old.members:
+            left = member not in membership.members
+            demoted = old.is_voter(member) and not membership.is_voter(member)
+            if (left or demoted) and member != self.node:
+                self._written.pop(member, None)
+                self._heard.pop(member, None)
+                self._adopted.pop(member, None)
         self.membership = membership
         self._promoting = None
         if not membership.is_voter(self.node):

@@ -12,6 +12,7 @@ import os
 
 from tierlog.log.errors import DamagedSegmentError
 from tierlog.log.segment_files import fsync_dir
+from tierlog.log.segments import pwrite_all
 
 DAMAGED_SUFFIX = ".damaged"
 """Suffix of a segment or index file that recovery moved aside: kept for the operator,
@@ -51,9 +52,7 @@ def patch_segment(segment_path: str, position: int, data: bytes | memoryview) ->
     index from the repaired segment."""
     fd = os.open(segment_path, os.O_WRONLY)
     try:
-        written = os.pwrite(fd, data, position)
-        if written != len(data):
-            raise OSError(f"{segment_path}: short write while repairing at {position}")
+        pwrite_all(fd, [data], position)  # short writes continue, big ones are split
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -422,6 +422,15 @@ def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], position: int) -> N
     _write_parts(fd, parts, position)
 
 
+def _rest(parts: Sequence[bytes | memoryview], written: int) -> list[bytes | memoryview]:
+    """What of ``parts`` is left after the first ``written`` bytes."""
+    for i, part in enumerate(parts):
+        if written < len(part):
+            return [memoryview(part)[written:], *parts[i + 1 :]]
+        written -= len(part)
+    return []
+
+
 def _write_parts(
     fd: int,
     parts: Sequence[bytes | memoryview],
@@ -436,6 +445,31 @@ def _write_parts(
     max_parts = IOV_MAX if max_parts is None else max_parts
     max_bytes = WRITE_CALL_BYTES if max_bytes is None else max_bytes
     count = len(parts)
+    total = sum(map(len, parts))
+    if count <= max_parts and total <= max_bytes:  # the usual case: one call, all written
+        n = os.writev(fd, parts) if position is None else os.pwritev(fd, parts, position)
+        if n == total:
+            return n
+        if n <= 0 and total:
+            raise OSError(errno.EIO, "a vectored write wrote nothing")
+        # a short write: the loop continues from where it stopped
+        rest = _rest(parts, n)
+        return n + _write_loop(
+            fd, rest, None if position is None else position + n, max_parts, max_bytes
+        )
+    return _write_loop(fd, parts, position, max_parts, max_bytes)
+
+
+def _write_loop(
+    fd: int,
+    parts: Sequence[bytes | memoryview],
+    position: int | None,
+    max_parts: int,
+    max_bytes: int,
+) -> int:
+    """Calls of at most ``max_parts`` buffers and about ``max_bytes`` bytes until every
+    byte of ``parts`` is written; returns the bytes written."""
+    count = len(parts)
     i = 0  # the first part not wholly written
     head: bytes | memoryview | None = None  # what is left of part i after a short write
     done = 0
@@ -446,6 +480,9 @@ def _write_parts(
         while j < count and len(batch) < max_parts:
             part = head if (j == i and head is not None) else parts[j]
             n = len(part)
+            if not n:
+                j += 1
+                continue
             if batch and size + n > max_bytes:
                 break
             if n > max_bytes:  # alone in its call, sliced
@@ -456,7 +493,7 @@ def _write_parts(
             j += 1
             if size >= max_bytes:
                 break
-        if not size:  # only empty parts left
+        if not size:  # only empty parts were left
             return done
         if position is None:
             n = os.writev(fd, batch)

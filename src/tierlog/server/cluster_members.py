@@ -143,3 +143,22 @@ class Followers:
     async def close(self) -> None:
         for incarnation in list(self.streams):
             await self.stop(incarnation)
+
+
+def holds_unregistered_stream(streams_dir: str, record: StreamRecord) -> bool:
+    """Whether this node may open, as its first leader, a catalog stream that has no
+    cluster record yet (a stream from before the cluster, or one whose creation on
+    another node has not registered yet): only if it holds the stream's local log. That
+    node may hold confirmed messages not yet in the remote tier (its untiered tail); a
+    node without the log would start the stream again past the remote tail and orphan
+    that tail, so it leaves the stream alone (clients get STREAM_NOT_AVAILABLE) until
+    the node holding it has opened and registered it."""
+    if os.path.isdir(os.path.join(streams_dir, record.incarnation)):
+        return True
+    log.info(
+        "cluster_stream_awaits_its_local_log",
+        stream=record.name,
+        incarnation=record.incarnation,
+        reason="a stream from before the cluster is led first by the node holding its log",
+    )
+    return False

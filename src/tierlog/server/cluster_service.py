@@ -75,9 +75,10 @@ from tierlog.server.cluster_gates import (
     start_epoch,
     tail_of_handle,
 )
-from tierlog.server.cluster_members import Followers
+from tierlog.server.cluster_members import Followers, holds_unregistered_stream
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.deleted_streams import DeletedStreams
+from tierlog.server.disk_trust import DiskTrust
 from tierlog.server.member_changes import MemberChanges
 from tierlog.server.member_disk import MemberDisk
 from tierlog.server.member_reads import MEMBER_READ_MAX_BEHIND
@@ -149,6 +150,7 @@ class ClusterService:
         self.member_refusal: Callable[[str], str | None] = lambda _: None  # member_reads
         self.changes = MemberChanges(self)
         self.deleted = DeletedStreams(self, config.storage.streams_dir)
+        self.disks = DiskTrust(c.node, self.directory, config.storage.streams_dir, self._directory)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self, broker: Broker, stream_address: str, admin_address: str) -> None:
@@ -343,6 +345,8 @@ class ClusterService:
             if broker.busy(record.vhost, record.name):
                 continue  # open, being created or being opened here right now
             try:
+                if not await self.disks.admit(place.record, self._log_config(record)):
+                    continue  # not the disk the stream trusts: neither votes nor leads
                 if place.leader is None or place.leader.name == self.name:
                     # leaderless, or recorded as ours but not open here (an acquisition
                     # whose opening lost a race): take it (again, in a new epoch)
@@ -363,6 +367,7 @@ class ClusterService:
             key = (opening.record.vhost, opening.record.name)
             if key not in known:
                 broker.forget_elsewhere(*key)
+        self.disks.keep(view.streams)
         await self.changes.after_scan(view)
 
     async def _follow(self, record: StreamRecord, leader: str, epoch: int) -> None:
@@ -382,10 +387,11 @@ class ClusterService:
             return
         incarnation = record.incarnation
         seen = self.followers.seen_epochs(incarnation) if self.followers else ()
+        disk = await self._directory(self.disks.claim_for, incarnation, self._log_config(record))
         sent_at = time.monotonic()
         try:
             leadership: Leadership = await self._directory(
-                self.directory.acquire_leadership, incarnation, self.name, node_lease, seen
+                self.directory.acquire_leadership, incarnation, self.name, node_lease, seen, disk
             )
         except (LeaderAliveError, NotAMemberError, VersionConflictError, KeyDeletedError):
             return  # another voter got it first (the next scan follows it)
@@ -421,10 +427,12 @@ class ClusterService:
         if self.changes.retiring_here:
             return False  # a retiring node leads nothing, not even after a restart
         existing = await self._directory(self.directory.stream, record.incarnation)
-        if existing is None:
-            return True  # a stream from before the cluster: the first node to open it leads
+        if existing is None:  # from before the cluster: led first where its log is
+            return holds_unregistered_stream(self.config.storage.streams_dir, record)
         if not existing.membership.is_voter(self.name):
             return False  # a learner follows; a non-member is pointed at the leader
+        if not await self._directory(self.disks.may_lead, existing):
+            return False  # not the disk the stream trusts (the scan records it lost)
         place = (await self._directory(DirectoryView.read, self.directory)).streams.get(
             record.incarnation
         )
@@ -522,6 +530,7 @@ class ClusterService:
         voters = self._new_voters.pop((handle.vhost, handle.name), (self.name,))
         try:
             await self._directory(register_stream, self.directory, incarnation, voters)
+            disk = await self._directory(self.disks.claim_for, incarnation)
             sent_at = time.monotonic()
             leadership: Leadership = await self._directory(
                 self.directory.acquire_leadership,
@@ -529,6 +538,7 @@ class ClusterService:
                 self.name,
                 node_lease,
                 (handle.log.max_epoch, handle.log.read_member_epoch()),
+                disk,
             )
         except (
             LeaderAliveError,
@@ -762,5 +772,6 @@ class ClusterService:
             "acquired": self.acquired,
             "stepped_down": self.stepped_down,
             "live_nodes": sorted(self.view.nodes),
+            **self.disks.status(),
             **self.changes.status(),
         }

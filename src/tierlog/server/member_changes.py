@@ -34,6 +34,7 @@ from tierlog.cluster.errors import MembershipChangeError, NotLeaderError, StaleE
 from tierlog.cluster.log_history import NO_CHUNK
 from tierlog.cluster.member_plan import (
     AddLearner,
+    Demote,
     NodesSeen,
     RemoveMember,
     Resign,
@@ -131,7 +132,7 @@ class MemberChanges:
                 continue
             if place.record.version < leader.leadership.version:
                 continue  # the scan read the record before our last change
-            seen = self._seen(leader, place.record.target_voters)
+            seen = self._seen(leader, place.record.target_voters, place.record.disks.lost)
             if seen is None:
                 continue
             step = next_member_change(seen, replace(nodes, prefer=self._companions(leader, view)))
@@ -157,7 +158,9 @@ class MemberChanges:
         place = view.streams.get(record.incarnation) if record is not None else None
         return frozenset(place.record.membership.members) if place is not None else frozenset()
 
-    def _seen(self, leader: StreamLeader, replication_factor: int) -> StreamSeen | None:
+    def _seen(
+        self, leader: StreamLeader, replication_factor: int, lost: frozenset[str] = frozenset()
+    ) -> StreamSeen | None:
         state = leader.state
         if leader.stepped_down or state.phase is not Phase.LEADING:
             return None
@@ -170,6 +173,7 @@ class MemberChanges:
             replication_factor,
             state.commit,
             {m: state.written(m) for m in membership.members},
+            lost,
         )
 
     def _carry(self, leader: StreamLeader, step: Step | None) -> None:
@@ -195,6 +199,8 @@ class MemberChanges:
                 await self._change(leader, "add", step.node, step.reason)
             elif isinstance(step, RemoveMember):
                 await self._change(leader, "remove", step.node, step.reason)
+            elif isinstance(step, Demote):
+                await self._change(leader, "demote", step.node, step.reason)
             elif isinstance(step, Resign):
                 await self._hand_over(leader, step.reason)
         except (TierlogError, OSError) as exc:
@@ -220,12 +226,17 @@ class MemberChanges:
         epoch), then tell the leader's state machine and the replication hub."""
         service = self.service
         directory = service.directory
-        fn = directory.add_learner if action == "add" else directory.remove_member
         incarnation = leader.incarnation
         try:
-            leadership: Leadership = await service._directory(
-                fn, leader.leadership, node, replication_factor
-            )
+            if action == "demote":
+                leadership: Leadership = await service._directory(
+                    directory.demote_voter, leader.leadership, node
+                )
+            else:
+                fn = directory.add_learner if action == "add" else directory.remove_member
+                leadership = await service._directory(
+                    fn, leader.leadership, node, replication_factor
+                )
         except StaleEpochError as exc:
             service._step_down(incarnation, f"deposed while changing members: {exc}")
             raise
@@ -361,7 +372,7 @@ class MemberChanges:
         elif action == "remove":
             if node in membership.voters:
                 staying = tuple(v for v in membership.voters if v != node)
-                seen = self._seen(leader, factor)
+                seen = self._seen(leader, factor, record.disks.lost)
                 if seen is None or not holds_commit(seen, staying):
                     raise MembershipChangeError(
                         f"the voters staying after {node!r} leaves do not hold the commit"
