@@ -454,3 +454,29 @@ async def test_adoption_is_asked_again_until_the_member_registers(hubs, tmp_path
     n2.unfollow(STREAM)
     member.close()
     leader.close()
+
+
+async def test_members_learn_the_leaders_remote_position(hubs, tmp_path):
+    """TIERED: a member learns where the leader's remote tier ends (and where retention
+    trimmed it) within a heartbeat of a change, never going back, and again over a new
+    link; nothing before the leader's tierer told its log anything."""
+    n1, n2 = [await hubs.add(n) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 10)
+    member = member_log(tmp_path, "n2")
+    lead_and_follow(n1, n2, leader, member)
+    await until(caught_up(member, leader), what="catch-up")
+    await asyncio.sleep(0.5)  # a few heartbeats: nothing to tell yet
+    assert STREAM not in n2.remote_positions
+    leader.set_tiered_offset(6)
+    await until(lambda: n2.remote_positions.get(STREAM) == (0, 6), what="the tiered offset")
+    leader.set_stream_first_offset(4)
+    leader.set_tiered_offset(9)
+    await until(lambda: n2.remote_positions.get(STREAM) == (4, 9), what="trim and growth")
+    n2.links["n1"].close()  # a new link: the leader tells it again
+    n2.remote_positions[STREAM] = (0, 0)  # (as a member that just started would have)
+    await until(lambda: n2.remote_positions.get(STREAM) == (4, 9), what="told again")
+    n2.unfollow(STREAM)
+    assert STREAM not in n2.remote_positions
+    member.close()
+    leader.close()

@@ -25,7 +25,11 @@ GOLDEN = [
     ),
     (
         rp.Hello("n1"),
-        "00000012010000000000000000000000000100026e31",
+        "00000012010000000000000000000000000200026e31",
+    ),
+    (
+        rp.Tiered("s", 3, 40, 1000),
+        "0000001d11000001000000000000000373000000000000002800000000000003e8",
     ),
     (
         rp.Chunks("s", 2, 10, 12, 9, 1, b"\x50\x00"),
@@ -143,6 +147,7 @@ frames = st.one_of(
     st.builds(rp.OffsetStore, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50), u64),
     st.builds(rp.OffsetQuery, streams, u64, st.integers(0, 0xFFFFFFFF), st.text(max_size=50)),
     st.builds(rp.Offset, streams, u64, st.integers(0, 0xFFFFFFFF), st.booleans(), chunk_ids),
+    st.builds(lambda s, e, a, b: rp.Tiered(s, e, min(a, b), max(a, b)), streams, u64, u64, u64),
 )
 
 
@@ -194,7 +199,9 @@ def test_malformed_frames_rejected() -> None:
     assert rp.frame_size(b"\x00\x00") is None
     hello = rp.encode(rp.Hello("n1"))
     with pytest.raises(BadMagicError):
-        rp.decode(patch(hello, 16, b"\x00\x02"))  # protocol version 2
+        rp.decode(patch(hello, 16, b"\x00\x01"))  # protocol version 1: an older node
+    with pytest.raises(BadMagicError):
+        rp.decode(patch(hello, 16, b"\x00\x03"))
     with pytest.raises(FormatError):
         rp.decode(rp._frame(rp.FrameKind.WRITTEN, "", 1, bytes(8)))  # no stream id
     history = rp.encode(rp.History("s", 4, 6, ((1, 0, 3), (3, 4, 9))))
@@ -205,6 +212,11 @@ def test_malformed_frames_rejected() -> None:
     chunks = rp.encode(rp.Chunks("s", 2, 10, 12, 9, 1, b"\x50\x00"))
     with pytest.raises(FormatError):
         rp.decode(patch(chunks, 41, (0).to_bytes(4, "big")))  # data without chunks
+    tiered = rp.encode(rp.Tiered("s", 3, 40, 1000))
+    with pytest.raises(FormatError):
+        rp.decode(patch(tiered, 17, (2000).to_bytes(8, "big")))  # first past tiered
+    with pytest.raises(InvalidSizeError):
+        rp.encode(rp.Tiered("s", 3, 41, 40))
     refused = rp.encode(rp.Refused("s", 1, rp.RefusalCode.STALE_EPOCH, 4, "old"))
     with pytest.raises(UnsupportedError):
         rp.decode(patch(refused, 17, b"\x00\x63"))  # unknown refusal code

@@ -211,3 +211,32 @@ def test_grace_period_then_overtaken_reader_gets_the_signal(world: World) -> Non
                 break
     assert info.value.first_available == new_first
     reader.close()
+
+
+def test_deleted_incarnation_gets_its_tombstone_even_if_the_deleting_node_died(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tombstone (the positive "deleted" answer members act on) is written once the
+    catalog key is gone; a deleting node that died before writing it is made up for by
+    the cleanup worker, before the cleanup item completes. A live stream has none."""
+    from tierlog.remote.catalog import Catalog
+    from tierlog.storage.errors import TransientError as Transient
+
+    incarnation = world.record.incarnation
+    world.log.close()
+    assert not world.catalog.is_deleted(incarnation)
+    real = Catalog.mark_deleted
+
+    def dies(self: Catalog, inc: str) -> None:
+        raise Transient("the node died before the tombstone")
+
+    monkeypatch.setattr(Catalog, "mark_deleted", dies)
+    world.catalog.delete("/", "orders")  # the deletion itself stands
+    assert world.catalog.get("/", "orders") is None
+    assert not world.catalog.is_deleted(incarnation)
+    monkeypatch.setattr(Catalog, "mark_deleted", real)
+    assert run_stream_cleanups(world.catalog, world.store, "", world.data_dir) == [incarnation]
+    assert world.catalog.is_deleted(incarnation)
+    again = world.catalog.create("/", "orders")  # a new incarnation is not deleted
+    assert again.incarnation != incarnation
+    assert not world.catalog.is_deleted(again.incarnation)

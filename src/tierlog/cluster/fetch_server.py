@@ -130,6 +130,7 @@ class LedStream:
         self.commit = NO_CHUNK
         self.closed = False
         self._parked: dict[str, tuple[Link, wire.Fetch, asyncio.TimerHandle]] = {}
+        self._told: dict[str, tuple[Link, tuple[int, int]]] = {}  # TIERED sent per member
         self._loop = asyncio.get_running_loop()
         self._listener_fn = self._on_local_commit
         log.add_commit_listener(self._listener_fn)
@@ -160,9 +161,23 @@ class LedStream:
                 )
             )
             return
+        self._tell_remote_position(link)
         if not answer(link, self.stream, self.log, self.epoch, self.commit, fetch):
             timer = self._loop.call_later(self.heartbeat, self._heartbeat, link.peer)
             self._parked[link.peer] = (link, fetch, timer)
+
+    def _tell_remote_position(self, link: Link) -> None:
+        """``TIERED`` to a member whenever our remote position changed since we last
+        told it over this link (a new link: tell it again). Members fetch at least once
+        per heartbeat, so they learn a manifest commit within one heartbeat."""
+        position = self.log.remote_position()
+        if position is None:
+            return
+        told = self._told.get(link.peer)
+        if told is not None and told[0] is link and told[1] == position:
+            return
+        self._told[link.peer] = (link, position)
+        link.send(wire.Tiered(self.stream, self.epoch, position[0], position[1]))
 
     def _unpark(self, member: str) -> tuple[Link, wire.Fetch] | None:
         parked = self._parked.pop(member, None)
@@ -213,4 +228,5 @@ class LedStream:
         for _link, _fetch, timer in self._parked.values():
             timer.cancel()
         self._parked.clear()
+        self._told.clear()
         self.log.remove_commit_listener(self._listener_fn)

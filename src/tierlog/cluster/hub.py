@@ -151,6 +151,9 @@ class ReplicationHub:
         self._pending: dict[str, deque[wire.Frame]] = {}
         self._dialing: dict[str, asyncio.Task[None]] = {}
         self.followed: dict[str, FollowedStream] = {}
+        self.remote_positions: dict[str, tuple[int, int]] = {}
+        """(stream first offset, tiered offset) per followed stream, as its leader last
+        said (``TIERED``): what the member may free locally."""
         self.led: dict[str, LedStream] = {}
         self._catch_ups: dict[str, CatchUpRun] = {}
         self.tails = TailQueries(self.send)
@@ -244,6 +247,7 @@ class ReplicationHub:
             followed.follow(leader, epoch)
 
     def unfollow(self, stream: str) -> None:
+        self.remote_positions.pop(stream, None)
         followed = self.followed.pop(stream, None)
         if followed is not None:
             followed.close()
@@ -414,6 +418,9 @@ class ReplicationHub:
             else:
                 led.listener.member_refused(peer, frame.highest_epoch)
             return
+        if isinstance(frame, wire.Tiered):
+            self._on_tiered(frame)
+            return
         run = self._catch_ups.get(stream)
         if run is not None and peer == run.leader and not isinstance(frame, wire.Adopt):
             run.deliver(peer, frame)
@@ -445,6 +452,19 @@ class ReplicationHub:
                     f"{self.node} holds no member of {stream}",
                 )
             )
+
+    def _on_tiered(self, frame: wire.Tiered) -> None:
+        """A followed stream's leader told us its remote position: kept (never going
+        back) for the member's local retention (``remote_positions``). Whichever node
+        led when it sent it, the values were true then and stay true: the remote tier
+        holds committed chunks only and its tail never goes back."""
+        if frame.stream not in self.followed:
+            return
+        known = self.remote_positions.get(frame.stream, (0, 0))
+        self.remote_positions[frame.stream] = (
+            max(known[0], frame.first_offset),
+            max(known[1], frame.tiered_offset),
+        )
 
     def _adopt_again(self, stream: str, led: LedStream, member: str) -> None:
         if self.led.get(stream) is led and not led.serving and not led.closed:

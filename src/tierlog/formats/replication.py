@@ -52,6 +52,15 @@ Bodies:
 * ``OFFSET`` (leader → asker, the answer to both): request id u32, leads u8 (0: the
   receiver does not lead the stream, nothing was stored), offset i64 (the stored offset,
   or the consumer's offset; -1: none stored). Epoch: the leader's.
+* ``TIERED`` (leader → member, protocol 2): stream first offset u64, tiered offset u64
+  (first <= tiered). The remote tier durably holds every offset below the tiered offset
+  (the leader's committed manifest), and retention removed everything below the first
+  offset. Members free local segments below it (``cluster.member_retention``). Sent
+  when the values change and to a member's first fetch on a link.
+
+Versions: ``HELLO`` carries the protocol version and a node refuses a link of any other
+version (``BadMagicError``), so a frame kind added by a later version never reaches a
+node that would reject it mid-stream. Version 2 added ``TIERED``.
 
 Decoders reject anything malformed with a typed ``FormatError``.
 """
@@ -70,7 +79,7 @@ from tierlog.formats.errors import (
     UnsupportedError,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: TIERED
 MAX_FRAME_BYTES = 64 << 20  # a fetch answer is capped well below this by max bytes
 # Before a peer has proven the cluster secret it may send only HELLO, CHALLENGE and PROOF,
 # each well under this: a longer length header is refused before its body is read, so an
@@ -96,6 +105,7 @@ _TAIL_QUERY = struct.Struct(">I")
 _TAIL = struct.Struct(">IBqQqq")
 _OFFSET_STORE = struct.Struct(">IQ")
 _OFFSET = struct.Struct(">IBq")
+_TIERED = struct.Struct(">QQ")
 
 
 class FrameKind(IntEnum):
@@ -115,6 +125,7 @@ class FrameKind(IntEnum):
     OFFSET_STORE = 14
     OFFSET_QUERY = 15
     OFFSET = 16
+    TIERED = 17
 
 
 class RefusalCode(IntEnum):
@@ -260,6 +271,17 @@ class Offset:
     offset: int = NO_CHUNK  # -1: no offset stored for the reference
 
 
+@dataclass(frozen=True, slots=True)
+class Tiered:
+    """The leader's remote tier as members may rely on it: every offset below
+    ``tiered_offset`` is durable there, none below ``first_offset`` exists any more."""
+
+    stream: str
+    epoch: int
+    first_offset: int
+    tiered_offset: int
+
+
 OffsetFrame = OffsetStore | OffsetQuery | Offset
 
 Frame = (
@@ -279,6 +301,7 @@ Frame = (
     | OffsetStore
     | OffsetQuery
     | Offset
+    | Tiered
 )
 
 
@@ -426,6 +449,12 @@ def encode(frame: Frame) -> bytes:
         return _frame(FrameKind.TAIL, frame.stream, frame.epoch, body)
     if isinstance(frame, OffsetStore | OffsetQuery | Offset):
         return _encode_offset_frame(frame)
+    if isinstance(frame, Tiered):
+        first = _u64(frame.first_offset, "first offset")
+        if first > _u64(frame.tiered_offset, "tiered offset"):
+            raise InvalidSizeError(f"first offset {first} > tiered offset {frame.tiered_offset}")
+        body = _TIERED.pack(first, frame.tiered_offset)
+        return _frame(FrameKind.TIERED, frame.stream, frame.epoch, body)
     raise TypeError(f"not a replication frame: {frame!r}")
 
 
@@ -534,7 +563,10 @@ def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> F
             raise FormatError("HELLO carries no stream or epoch")
         (version,) = reader.unpack(_U16, "version")
         if version != PROTOCOL_VERSION:
-            raise BadMagicError(f"replication protocol version {version}, expected 1")
+            raise BadMagicError(
+                f"replication protocol version {version}, expected {PROTOCOL_VERSION}"
+                " (every node of a cluster must run the same protocol version)"
+            )
         return Hello(reader.text("node name"), version)
     if kind is FrameKind.CHALLENGE or kind is FrameKind.PROOF:
         if stream or epoch:
@@ -610,6 +642,11 @@ def _decode_body(kind: FrameKind, stream: str, epoch: int, reader: _Reader) -> F
         if leads not in (0, 1):
             raise FormatError(f"OFFSET leads flag {leads}")
         return Offset(stream, epoch, request_id, bool(leads), _check_chunk_id(offset, "offset"))
+    if kind is FrameKind.TIERED:
+        first, tiered = reader.unpack(_TIERED, "TIERED body")
+        if first > tiered:
+            raise FormatError(f"TIERED first offset {first} > tiered offset {tiered}")
+        return Tiered(stream, epoch, first, tiered)
     code, highest = reader.unpack(_REFUSED, "REFUSED body")
     try:
         refusal = RefusalCode(code)

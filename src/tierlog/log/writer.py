@@ -669,6 +669,16 @@ class StreamLog:
         refuses to cut there (``TruncateBelowTieredError``)."""
         self._tiered_next = next_offset
 
+    def remote_position(self) -> tuple[int, int] | None:
+        """``(stream first offset, tiered offset)`` as the tierer last told this log
+        (``set_stream_first_offset``, ``set_tiered_offset``); None before it did. A
+        leader sends it to its members, which free local segments below it."""
+        tiered = self._tiered_next
+        if tiered is None:
+            return None
+        first = self._stream_first if self._stream_first is not None else 0
+        return min(first, tiered), tiered
+
     def read_member_epoch(self) -> int:
         """The highest epoch this member has seen for the stream: the persisted one, and
         never below the highest epoch in the log (a lost file cannot lower the fence

@@ -12,6 +12,13 @@ Keys:
   the stream and only ever updated by epoch-checked conditional puts.
 * Deleting a stream deletes its catalog key and enqueues a ``stream-cleanup`` item for
   the incarnation in the same MetaStore transaction.
+* ``deleted/{incarnation}``: the tombstone of a deleted incarnation (JSON
+  ``{deleted_at}``), written after the catalog key is gone (by ``delete``, and again by
+  the cleanup worker before it completes the item, in case the deleting node died in
+  between). It is the positive answer cluster members need before they remove their
+  local copy (``server.deleted_streams``): the absence of a catalog key alone could also
+  mean a MetaStore that is not this cluster's. Kept for good (a few dozen bytes per
+  deleted stream), so a node that was down for any time still gets the answer.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from tierlog.errors import TierlogError
 from tierlog.log.names import stream_dir_name
 from tierlog.remote.errors import CorruptPointerError, StreamExistsError, StreamNotFoundError
 from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
@@ -88,6 +96,10 @@ def catalog_key(vhost: str, name: str) -> str:
 
 def pointer_key(incarnation: str) -> str:
     return f"pointer/{quote(incarnation, safe='')}"
+
+
+def deleted_key(incarnation: str) -> str:
+    return f"deleted/{quote(incarnation, safe='')}"
 
 
 class Catalog:
@@ -185,7 +197,24 @@ class Catalog:
             )
         except NotFoundError as exc:
             raise StreamNotFoundError(f"no stream {name!r} in vhost {vhost!r}") from exc
+        # after the catalog key is gone, never before (a tombstone of a live stream would
+        # make its members drop their copies); if this write fails the cleanup worker
+        # writes it before completing the item, so the deletion itself stands
+        with contextlib.suppress(TierlogError, OSError):
+            self.mark_deleted(record.incarnation)
         return record
+
+    def mark_deleted(self, incarnation: str) -> None:
+        """Write the tombstone of a deleted incarnation (idempotent). Call it only once
+        the incarnation's catalog key is gone."""
+        payload = json.dumps({"deleted_at": time.time()}).encode()
+        with contextlib.suppress(AlreadyExistsError):
+            self.meta.create(deleted_key(incarnation), payload)
+
+    def is_deleted(self, incarnation: str) -> bool:
+        """Whether ``incarnation`` was deleted (its tombstone exists): a positive answer,
+        never guessed from a missing catalog key. MetaStore errors propagate."""
+        return self.meta.get(deleted_key(incarnation)) is not None
 
     def pending_cleanups(self) -> builtins.list[tuple[CleanupItem, str, float]]:
         """(item, incarnation, deleted_at) for every stream still being cleaned up."""

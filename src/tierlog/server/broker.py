@@ -137,6 +137,11 @@ class StreamPlacement(Protocol):
         """A stream led elsewhere or leaderless that this node knows of."""
         ...
 
+    async def stream_deleted(self, record: StreamRecord) -> None:
+        """This node deleted the stream (its directory goes next): stop leading and
+        following it here first."""
+        ...
+
 
 class StreamListener(Protocol):
     """A connection that uses a stream and must hear when it goes away."""
@@ -965,6 +970,8 @@ class Broker:
                     await self.lifecycle.closing(handle, flush=False)
                 await handle.close(notify=True)
             self.catalog.delete(vhost, name)
+            if self.placement is not None:
+                await self.placement.stream_deleted(record)
             path = os.path.join(self.streams_dir, record.incarnation)
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: shutil.rmtree(path, ignore_errors=True)

@@ -39,6 +39,11 @@ class FollowerReads(Protocol):
 
     def stopped(self, incarnation: str) -> None: ...
 
+    def readers_remote_next(self, incarnation: str) -> int | None:
+        """None without consumers of the stream here; else the remote tail their view of
+        the manifest holds (the member frees nothing past it)."""
+        ...
+
 
 @dataclass(slots=True)
 class Follower:
@@ -59,6 +64,7 @@ class Followers:
         self.streams_dir = streams_dir
         self.streams: dict[str, Follower] = {}
         self.reads: FollowerReads | None = None
+        self.commits: dict[str, int] = {}  # the cluster commit each stream learned
 
     def get(self, incarnation: str) -> Follower | None:
         return self.streams.get(incarnation)
@@ -71,6 +77,7 @@ class Followers:
         incarnation = record.incarnation
         current = self.streams.get(incarnation)
         if current is not None:
+            current.record = record  # settings (local limits) as the catalog has them now
             if (current.leader, current.epoch) != (leader, epoch):
                 current.leader, current.epoch = leader, epoch
                 self.hub.follow(incarnation, current.log, leader, epoch, executor=current.lane)
@@ -105,6 +112,8 @@ class Followers:
         )
 
     def _committed(self, incarnation: str, chunk_id: int) -> None:
+        if incarnation in self.streams:
+            self.commits[incarnation] = max(chunk_id, self.commits.get(incarnation, -1))
         if self.reads is not None:
             self.reads.committed(incarnation, chunk_id)
 
@@ -123,6 +132,7 @@ class Followers:
     async def stop(self, incarnation: str) -> None:
         """Stop following and close the log (before this node opens it as leader)."""
         follower = self.streams.pop(incarnation, None)
+        self.commits.pop(incarnation, None)
         if follower is None:
             return
         self.hub.unfollow(incarnation)

@@ -77,8 +77,10 @@ from tierlog.server.cluster_gates import (
 )
 from tierlog.server.cluster_members import Followers, holds_unregistered_stream
 from tierlog.server.cluster_reads import ClusterCommitView
+from tierlog.server.deleted_streams import DeletedStreams
 from tierlog.server.disk_trust import DiskTrust
 from tierlog.server.member_changes import MemberChanges
+from tierlog.server.member_disk import MemberDisk
 from tierlog.server.member_reads import MEMBER_READ_MAX_BEHIND
 from tierlog.server.tls import replication_contexts
 from tierlog.storage.errors import (
@@ -133,6 +135,7 @@ class ClusterService:
         self.acquired = 0
         self.hub: ReplicationHub | None = None
         self.followers: Followers | None = None
+        self.member_disk: MemberDisk | None = None  # followed streams' local retention
         self.replication_port = 0
         self._acquired: dict[str, tuple[Leadership, float]] = {}  # by the scan, to open
         # streams this node stepped down from lately: it lets the other voters take them
@@ -146,6 +149,7 @@ class ClusterService:
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
         self.member_refusal: Callable[[str], str | None] = lambda _: None  # member_reads
         self.changes = MemberChanges(self)
+        self.deleted = DeletedStreams(self, config.storage.streams_dir)
         self.disks = DiskTrust(c.node, self.directory, config.storage.streams_dir, self._directory)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -170,6 +174,8 @@ class ClusterService:
             host = self.config.server.host
             self.replication_port = await self.hub.start(host, self.cluster.replication_port)
             self.followers = Followers(self.hub, self.config.storage.streams_dir)
+            interval = self.config.tier.local_retention_interval_seconds
+            self.member_disk = MemberDisk(self.followers, self.hub, interval)
             advertised = stream_address.rpartition(":")[0]
             replication_address = replication_address or f"{advertised}:{self.replication_port}"
         info = NodeInfo(
@@ -226,6 +232,8 @@ class ClusterService:
         self._tasks.append(asyncio.create_task(self._keepalive()))
         self._tasks.append(asyncio.create_task(self._timer()))
         self._tasks.append(asyncio.create_task(self._scan_loop()))
+        if self.member_disk is not None:
+            self._tasks.append(asyncio.create_task(self.member_disk.run()))
 
     async def _register(self) -> None:
         assert self.lease is not None
@@ -316,8 +324,10 @@ class ClusterService:
         elsewhere, drop deleted ones."""
         broker = self.broker
         assert broker is not None
+        held = await self.deleted.held_here()  # before the catalog is read
         view, records = await self._directory(self._read)
         self.view = view
+        await self.deleted.sweep(held, records)
         if not self.registered.is_set() or not broker.catalog_loaded.is_set():
             return
         await self.changes.refresh()
@@ -731,6 +741,9 @@ class ClusterService:
             and m in self.view.nodes
             and (m != self.name or self.member_refusal(record.incarnation) is None)
         )
+
+    async def stream_deleted(self, record: StreamRecord) -> None:
+        await self.deleted.deleted_here(record.incarnation)
 
     def leading_now(self, incarnation: str) -> tuple[StreamHandle, StreamLeader] | None:
         """The stream's handle and leadership when this node leads it and its election

@@ -285,6 +285,16 @@ class MemberReads:
             self._handles[record.incarnation] = handle
         return handle
 
+    def readers_remote_next(self, incarnation: str) -> int | None:
+        """None while nobody reads the stream here; else the remote tail the consumers'
+        view of the manifest holds (polled while they read): the member's local
+        retention frees nothing past it, so a reader finds every freed offset there."""
+        handle = self._handles.get(incarnation)
+        if handle is None or handle.closed or not handle.listeners:
+            return None
+        tree = handle.manifest_view.loaded_tree()
+        return 0 if tree is None else tree.next_offset
+
     def following(self, incarnation: str) -> bool:
         return incarnation in self._followed
 

@@ -6,7 +6,8 @@ every pending item and, idempotently: deletes the incarnation's manifest pointer
 writer still tiering it gets a typed "stream deleted" error) and its key-index pointer,
 every remote object under the incarnation's prefix (offloaded segments included), its
 pending multipart uploads and in-flight offload records, consumer offsets kept in the
-MetaStore, and the local stream directory; then completes the item. A crash anywhere just
+MetaStore, and the local stream directory; then writes the incarnation's tombstone (the
+positive "deleted" answer cluster members act on) and completes the item. A crash anywhere just
 means the next run repeats the remaining steps.
 """
 
@@ -69,6 +70,7 @@ def run_stream_cleanups(
     done = []
     for item, incarnation, _deleted_at in catalog.pending_cleanups():
         removed = clean_incarnation(catalog, store, prefix, incarnation, data_dir)
+        catalog.mark_deleted(incarnation)  # in case the deleting node died before it did
         catalog.meta.complete(item)
         log.info("stream_cleanup_done", incarnation=incarnation, objects=removed)
         done.append(incarnation)
