@@ -15,7 +15,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tierlog.delayed.clock import MAX_SKEW_MS, Clock, ReferenceClock, WallClock
@@ -27,11 +27,15 @@ from tierlog.delayed.errors import (
 )
 from tierlog.delayed.port import SchedulerConfig, StreamPort
 from tierlog.delayed.records import (
+    Carry,
+    Checkpoint,
     Schedule,
     TimerEntry,
     decode_system_record,
     decode_working,
     encode_cancel,
+    encode_carry,
+    encode_checkpoint,
     encode_dispatch,
     encode_working,
     msg_id_of,
@@ -48,6 +52,8 @@ log = get_logger("tierlog.delayed.scheduler")
 
 NO_OBJECT_STORE_HORIZON_MS = 100 * 366 * 86400 * 1000
 """Without a remote tier nothing is parked: every message stays in the working set."""
+CARRY_PART_BYTES = 4 << 20
+"""A checkpoint's carries go to the system stream in appends of about this size."""
 
 
 class Scheduler:
@@ -86,6 +92,11 @@ class Scheduler:
         self.deposed: str | None = None
         """Set when a timer-manifest commit or load was fenced by a newer epoch: a leader of
         a newer epoch owns the stream's delayed state, so this scheduler's rounds end."""
+        self.floor: int | None = None
+        """The last checkpoint's ``through``: no system-stream record below it is needed
+        any more (the service lets the system stream's retention drop them)."""
+        self.checkpoints_written = 0
+        self._next_checkpoint_try = 0.0
         self._task: asyncio.Task[None] | None = None
         self._last_park = 0.0
         self._last_housekeeping = 0.0
@@ -208,7 +219,7 @@ class Scheduler:
                 break
             offset = next_offset
         sequence = self.port.producer_sequence()
-        state, bodies = rebuild_state(
+        state = rebuild_state(
             replay,
             sequence,
             self.state.horizon_ms,
@@ -217,13 +228,19 @@ class Scheduler:
             parked_through=manifest.parked_through,
             now_ms=self.clock.now_ms(),
         )
+        # the bytes of working messages the store lacks and of those waiting to be parked,
+        # in one pass over the system stream from the lowest offset needed
+        need = {e.offset: m for m, e in state.working.items() if m not in store}
+        need.update((e.offset, m) for m, e in state.parking.items())
+        bodies: dict[bytes, bytes] = {}
         repaired = 0
-        for msg_id, entry in state.working.items():
-            if msg_id not in store:
-                message = bodies.pop(msg_id)
-                store.write(msg_id, encode_working(entry.due_ms, entry.offset, message))
-                repaired += 1
-        bodies = {m: b for m, b in bodies.items() if m in state.parking}
+        for msg_id, message in self._bodies_from_system(need):
+            entry = state.working.get(msg_id)
+            if entry is None:
+                bodies[msg_id] = message
+                continue
+            store.write(msg_id, encode_working(entry.due_ms, entry.offset, message))
+            repaired += 1
         for msg_id in list(store.msg_ids()):
             if msg_id not in state.working:
                 store.remove(msg_id)
@@ -231,6 +248,7 @@ class Scheduler:
         self.store, self.manifest, self.state = store, manifest, state
         self.parking_bodies = bodies
         self.scan_next = offset
+        self.floor = replay.checkpoint_through if replay.checkpoints else None
         if self.timers is not None:
             self._delete_orphans()
         log.info(
@@ -243,7 +261,35 @@ class Scheduler:
             working_set_written=repaired,
             next_publishing_id=state.next_pid,
             system_next_offset=offset,
+            checkpoint_through=state.checkpoint_through,
         )
+
+    def _bodies_from_system(self, need: dict[int, bytes]) -> Iterator[tuple[bytes, bytes]]:
+        """(msg id, message) for each ``offset -> msg id`` of ``need``, read in one pass
+        over the system stream (a SCHEDULE or CARRY record at each offset)."""
+        if not need:
+            return
+        offset, last = min(need), max(need)
+        found = 0
+        while offset <= last and found < len(need):
+            records, next_offset = self.port.read_system(offset)
+            for at, data in records:
+                msg_id = need.get(at)
+                if msg_id is None:
+                    continue
+                record = decode_system_record(data)
+                if not isinstance(record, Schedule | Carry):
+                    raise SystemRecordError(f"system record at {at} holds no message")
+                found += 1
+                yield msg_id, record.message
+            if next_offset == offset:
+                break
+            offset = next_offset
+        if found < len(need):
+            raise SystemRecordError(
+                f"{len(need) - found} scheduled messages of {self.name!r} are not in the "
+                "system stream any more"
+            )
 
     def _delete_orphans(self) -> None:
         """Objects no manifest names (a crash between their PUT and the commit)."""
@@ -272,6 +318,11 @@ class Scheduler:
                     await self._io(self._park_blocking)
             while await self._dispatch_once():
                 pass
+            if (
+                self.state.should_checkpoint(self.scan_next, self.config.checkpoint_records)
+                and time.monotonic() >= self._next_checkpoint_try
+            ):
+                await self._checkpoint()
             if time.monotonic() - self._last_housekeeping >= self.config.housekeeping_seconds:
                 self._last_housekeeping = time.monotonic()
                 await self._io(self._housekeeping_blocking)
@@ -285,6 +336,13 @@ class Scheduler:
         wrote = False
         for offset, data in records:
             record = decode_system_record(data)
+            if isinstance(record, Carry):
+                self.state.relocate(record.msg_id, offset)
+                continue
+            if isinstance(record, Checkpoint):
+                self.state.checkpointed(record.through)
+                self.floor = self.state.checkpoint_through
+                continue
             if not isinstance(record, Schedule):
                 continue
             sequence = record.publishing_id if record.reference else offset
@@ -310,9 +368,66 @@ class Scheduler:
 
     def _message_from_system(self, entry: Scheduled) -> bytes:
         record = decode_system_record(self.port.read_system_at(entry.offset))
-        if not isinstance(record, Schedule):
-            raise SystemRecordError(f"system record at {entry.offset} is not a schedule")
+        if not isinstance(record, Schedule | Carry):
+            raise SystemRecordError(f"system record at {entry.offset} holds no message")
         return record.message
+
+    # ----------------------------------------------------------------- checkpoints
+
+    async def _checkpoint(self) -> None:
+        """Copy every pending message forward (CARRY records, committed), then write the
+        CHECKPOINT record; the scan applies both (relocation, ``finished`` cleared, the
+        retention floor raised) exactly as a restart's replay would."""
+        through = self.scan_next
+        entries = self.state.checkpoint_entries()
+        parts: list[list[bytes]] = await self._io(self._carry_records, through, entries)
+        appended = await asyncio.gather(*(self.port.append_system(p) for p in parts))
+        if all(appended):
+            mark = encode_checkpoint(through, self.state.next_pid, len(entries))
+            appended = [await self.port.append_system([mark])]
+        if not all(appended):
+            self._next_checkpoint_try = time.monotonic() + self.config.checkpoint_retry_seconds
+            log.warning(
+                "delayed_checkpoint_failed", vhost=self.vhost, stream=self.name, through=through
+            )
+            return
+        self.checkpoints_written += 1
+        self.metrics.delayed_checkpoints.inc()
+        log.info(
+            "delayed_checkpoint_written",
+            vhost=self.vhost,
+            stream=self.name,
+            through=through,
+            carried=len(entries),
+        )
+        await self._io(self._scan_blocking)
+
+    def _carry_records(
+        self, through: int, entries: list[tuple[Scheduled, bool, int]]
+    ) -> list[list[bytes]]:
+        """The CARRY records of a checkpoint, in appends of about ``CARRY_PART_BYTES``."""
+        assert self.store is not None
+        from_system = {
+            e.offset: e.msg_id
+            for e, _parked, _intent in entries
+            if e.msg_id not in self.parking_bodies and e.msg_id not in self.store
+        }
+        bodies = dict(self._bodies_from_system(from_system))
+        parts: list[list[bytes]] = [[]]
+        size = 0
+        for entry, parked, intent in entries:
+            message = self.parking_bodies.get(entry.msg_id)
+            if message is None:
+                message = bodies.get(entry.msg_id)
+            if message is None:
+                message = self._read_messages([entry])[0]
+            record = encode_carry(through, entry.msg_id, entry.due_ms, intent, parked, message)
+            if size + len(record) > CARRY_PART_BYTES and parts[-1]:
+                parts.append([])
+                size = 0
+            parts[-1].append(record)
+            size += len(record)
+        return [p for p in parts if p]
 
     def _pull_blocking(self) -> None:
         """Pull every parked hour that reached the frontier into the working set."""
@@ -513,4 +628,6 @@ class Scheduler:
             "failed": self.failed,
             "deposed": self.deposed,
             "working_dir": os.path.abspath(self.working_dir),
+            "checkpoint_through": s.checkpoint_through,
+            "finished_since_checkpoint": len(s.finished),
         }

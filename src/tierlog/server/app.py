@@ -179,6 +179,7 @@ class Server:
             tier_prefix=self.config.tier.prefix,
             epoch=self.config.tier.epoch,
             schedule_deletion=None if self.tiering is None else self.tiering.deletions.schedule,
+            tiering=self.tiering,
         )
         await self.delayed.start()
         self._register_stream_metrics(self.broker)

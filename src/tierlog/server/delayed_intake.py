@@ -9,6 +9,7 @@ and appends to both (docs/delayed.md).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,14 +18,21 @@ from tierlog.delayed.records import encode_schedule
 from tierlog.formats.chunk import simple_entry
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
+from tierlog.log.errors import InvalidStreamNameError
+from tierlog.log.names import stream_dir_name
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.remote.errors import StreamNotFoundError
 from tierlog.server.broker import Broker, StreamHandle
+from tierlog.server.tiered_source import StreamChunkSource
 
 if TYPE_CHECKING:
     from tierlog.server.delayed_service import DelayedService
 
 SYSTEM_PREFIX = "__tierlog_delayed."
+HASHED_SYSTEM_PREFIX = "__tierlog_delayed#"
+"""System streams of streams whose name is too long for ``SYSTEM_PREFIX + name``."""
+_CREATED_NS_WIDTH = 10**19 - 1
+"""A creation timestamp as wide as any until the year 2286 (directory-name budget)."""
 DISPATCHER_REFERENCE = "__tierlog_delayed_dispatcher"
 """The internal named producer that appends due messages to their stream."""
 READ_BATCH_RECORDS = 20_000
@@ -33,12 +41,37 @@ Settle = Callable[[Sequence[int], Sequence[tuple[int, int]]], None]
 """(confirmed publishing ids, (publishing id, error code) pairs) of one Publish frame."""
 
 
-def system_stream_name(name: str) -> str:
-    return SYSTEM_PREFIX + name
+def system_stream_name(name: str, vhost: str = "/") -> str:
+    """The hidden system stream of delayed stream ``name``: ``SYSTEM_PREFIX + name`` when
+    that is a legal stream name (its directory name included) in ``vhost`` — the name every
+    existing system stream has — else ``HASHED_SYSTEM_PREFIX`` + 32 hex digits of
+    blake2b-128 of the name, so that every legal stream name has one."""
+    plain = SYSTEM_PREFIX + name
+    try:
+        stream_dir_name(vhost, plain, _CREATED_NS_WIDTH)
+    except InvalidStreamNameError:
+        digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16)
+        return HASHED_SYSTEM_PREFIX + digest.hexdigest()
+    return plain
 
 
 def is_system_stream(name: str) -> bool:
-    return name.startswith(SYSTEM_PREFIX)
+    return name.startswith((SYSTEM_PREFIX, HASHED_SYSTEM_PREFIX))
+
+
+def parent_stream_name(broker: Broker, vhost: str, system_name: str) -> str | None:
+    """The delayed stream whose system stream is ``system_name`` (None: not a system stream,
+    or a hashed one whose stream is neither open nor opening here)."""
+    if system_name.startswith(SYSTEM_PREFIX):
+        return system_name[len(SYSTEM_PREFIX) :]
+    if not system_name.startswith(HASHED_SYSTEM_PREFIX):
+        return None
+    names = {h.name for h in broker.streams() if h.vhost == vhost}
+    names |= {o.record.name for o in broker.opening_streams() if o.record.vhost == vhost}
+    for name in names:
+        if not is_system_stream(name) and system_stream_name(name, vhost) == system_name:
+            return name
+    return None
 
 
 def _sub_batch(batch: PublishBatch, indexes: list[int], entries: list[Any]) -> PublishBatch:
@@ -97,21 +130,27 @@ class HandlePort:
         return handle
 
     def _system(self) -> StreamHandle:
-        handle = self.broker.get(self.vhost, system_stream_name(self.name))
+        handle = self.broker.get(self.vhost, system_stream_name(self.name, self.vhost))
         if handle is None:
             raise StreamNotFoundError(f"system stream of {self.name!r} is not open")
         return handle
 
+    def _system_source(self) -> StreamChunkSource:
+        source = self._system().source
+        assert isinstance(source, StreamChunkSource)
+        return source
+
     def first_system_offset(self) -> int:
-        return self._system().log.first_offset
+        """The first offset across tiers: after the node's disk was lost, the local log
+        starts at the remote tail, and every record below it is in the remote tier only."""
+        return self._system_source().first_offset()
 
     def read_system(self, from_offset: int) -> tuple[list[tuple[int, bytes]], int]:
-        stream_log = self._system().log
-        if from_offset >= stream_log.commit_point().next_offset:
-            return [], from_offset
+        """Committed records from ``from_offset``, read across tiers (the cross-tier reader
+        every subscription uses), at most ``READ_BATCH_RECORDS``."""
         out: list[tuple[int, bytes]] = []
         next_offset = from_offset
-        with stream_log.reader(OffsetSpec.offset(from_offset)) as reader:
+        with self._system_source().reader(OffsetSpec.offset(from_offset)) as reader:
             for offset, record in reader.records():
                 if offset < from_offset:
                     continue
@@ -122,10 +161,13 @@ class HandlePort:
         return out, next_offset
 
     def read_system_at(self, offset: int) -> bytes:
-        records, _ = self.read_system(offset)
-        if not records or records[0][0] != offset:
-            raise StreamNotFoundError(f"no record at offset {offset} of the system stream")
-        return records[0][1]
+        with self._system_source().reader(OffsetSpec.offset(offset)) as reader:
+            for at, record in reader.records():
+                if at == offset:
+                    return bytes(record)
+                if at > offset:
+                    break
+        raise StreamNotFoundError(f"no record at offset {offset} of the system stream")
 
     async def append_system(self, records: list[bytes]) -> bool:
         try:

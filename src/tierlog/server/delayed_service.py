@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -44,12 +45,13 @@ from tierlog.server.admin_security import AdminGuard
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.delayed_intake import (
-    SYSTEM_PREFIX,
     DelayedIntake,
     HandlePort,
     is_system_stream,
+    parent_stream_name,
     system_stream_name,
 )
+from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 
@@ -60,6 +62,18 @@ RECONCILE_SECONDS = 0.5
 
 def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _free_below(system: StreamHandle, floor: int) -> list[int]:
+    """Delete the sealed local segments of ``system`` wholly below ``floor``, oldest first
+    (on its writer thread)."""
+    freed = []
+    for segment in system.log.list_segments():
+        if not segment.sealed or segment.next_offset > floor:
+            break
+        system.log.delete_segment(segment.first_offset)
+        freed.append(segment.first_offset)
+    return freed
 
 
 def system_settings(parent: StreamSettings) -> StreamSettings:
@@ -88,8 +102,11 @@ class DelayedService:
         epoch: int = 1,
         schedule_deletion: Callable[[list[str]], None] | None = None,
         config: SchedulerConfig | None = None,
+        tiering: TieringService | None = None,
     ) -> None:
         self.broker = broker
+        self.tiering = tiering
+        self._floors: dict[tuple[str, str], int] = {}
         self.metrics = metrics
         self.meta = meta
         self.objects = objects
@@ -135,7 +152,9 @@ class DelayedService:
         scheduler needs both on one node."""
         if not is_system_stream(record.name):
             return True
-        parent = record.name[len(SYSTEM_PREFIX) :]
+        parent = parent_stream_name(self.broker, record.vhost, record.name)
+        if parent is None:
+            return True  # its stream is unknown here: an orphan, to be deleted
         if self.broker.get(record.vhost, parent) is not None:
             return True
         return self.broker.opening(record.vhost, parent) is None
@@ -144,9 +163,11 @@ class DelayedService:
         """This node no longer leads ``handle`` (a delayed stream or a system stream):
         its scheduler's rounds stop now, before the stream is released; the working set
         closes in the background."""
-        name = handle.name
-        if is_system_stream(name):
-            name = name[len(SYSTEM_PREFIX) :]
+        name: str | None = handle.name
+        if is_system_stream(handle.name):
+            name = parent_stream_name(self.broker, handle.vhost, handle.name)
+        if name is None:
+            return
         scheduler = self.schedulers.get((handle.vhost, name))
         if scheduler is None:
             return
@@ -202,6 +223,7 @@ class DelayedService:
                     await self._start_scheduler(handle)
         for key, scheduler in list(self.schedulers.items()):
             if key in handles:
+                await self._apply_floor(handles[key], scheduler)
                 continue
             if self.broker.opening(*key) is None:
                 await self._retire(key, scheduler)
@@ -210,12 +232,38 @@ class DelayedService:
         for handle in handles.values():  # system streams whose stream is gone
             if not is_system_stream(handle.name):
                 continue
-            parent_key = (handle.vhost, handle.name[len(SYSTEM_PREFIX) :])
+            parent_name = parent_stream_name(self.broker, handle.vhost, handle.name)
+            if parent_name is None:
+                await self._delete_system(handle.vhost, handle.name)
+                continue
+            parent_key = (handle.vhost, parent_name)
             parent = handles.get(parent_key)
             if parent is None and self.broker.opening(*parent_key) is None:
                 await self._delete_system(handle.vhost, handle.name)
             elif parent is not None and handle.record.created_ns < parent.record.created_ns:
                 await self._delete_system(handle.vhost, handle.name)  # of an older stream
+
+    async def _apply_floor(self, handle: StreamHandle, scheduler: Scheduler) -> None:
+        """Let the system stream's retention drop what the scheduler's last checkpoint
+        summarized: through the tiering service (whole fragments below the floor, then the
+        local segments below the new remote start), or, without a remote tier on a single
+        node, the sealed local segments wholly below it. In a cluster without a remote tier
+        the local copies are kept (a lagging member may still need them)."""
+        floor = scheduler.floor
+        key = (handle.vhost, handle.name)
+        if floor is None or floor <= self._floors.get(key, -1):
+            return
+        system = self.open_system_stream(handle)
+        if system is None:
+            return
+        if self.tiering is not None:
+            self.tiering.set_retention_floor(system, floor)
+        elif system.confirm_gate is None:
+            loop = asyncio.get_running_loop()
+            freed = await loop.run_in_executor(system.executor, _free_below, system, floor)
+            if freed:
+                log.info("delayed_system_segments_freed", stream=handle.name, segments=freed)
+        self._floors[key] = floor
 
     async def _sweep_deleted(self) -> None:
         """Working sets, timer manifests and timer objects of streams deleted while the
@@ -255,12 +303,8 @@ class DelayedService:
                 settings=handle.settings,
             )
         base = self.config or SchedulerConfig()
-        config = SchedulerConfig(
-            horizon_ms=int(handle.settings.delayed_horizon_seconds * 1000),
-            batch_limit=base.batch_limit,
-            tick_seconds=base.tick_seconds,
-            park_interval_seconds=base.park_interval_seconds,
-            housekeeping_seconds=base.housekeeping_seconds,
+        config = dataclasses.replace(
+            base, horizon_ms=int(handle.settings.delayed_horizon_seconds * 1000)
         )
         scheduler = Scheduler(
             handle.vhost,
@@ -309,7 +353,7 @@ class DelayedService:
 
     def open_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The stream's system stream when it is open and available now."""
-        system = self.broker.get(handle.vhost, system_stream_name(handle.name))
+        system = self.broker.get(handle.vhost, system_stream_name(handle.name, handle.vhost))
         if system is None or system.unavailable is not None:
             return None
         return system if system.record.created_ns >= handle.record.created_ns else None
@@ -317,7 +361,7 @@ class DelayedService:
     async def ensure_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The open system stream of a delayed stream, created when missing; None while it
         is not available (opening after a restart, or creation failed)."""
-        name = system_stream_name(handle.name)
+        name = system_stream_name(handle.name, handle.vhost)
         system = self.broker.get(handle.vhost, name)
         if system is not None:
             if system.record.created_ns >= handle.record.created_ns:

@@ -93,6 +93,14 @@ class StreamChunkSource:
     def strategy(self) -> ReadStrategy:
         return ReadStrategy.parse(self._strategy())
 
+    def reader(self, spec: OffsetSpec) -> TieredReader:
+        """A blocking reader of the whole stream from ``spec``: across tiers once tiering
+        started (the stream's read strategy), the local log alone before; through the
+        limited view of an ``ack = remote`` stream, as for any subscription."""
+        if self._manifest is None:
+            return TieredReader(self._log, None, spec)
+        return self.new_reader(spec)
+
     def new_reader(self, spec: OffsetSpec) -> TieredReader:
         assert self._manifest is not None
         return TieredReader(
