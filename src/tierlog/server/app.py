@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 import tierlog
+from tierlog.delayed.port import SchedulerConfig
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.log.segments import ACTIVE_FILES
 from tierlog.logs import get_logger, redact_uri, setup_logging
@@ -180,6 +181,9 @@ class Server:
             epoch=self.config.tier.epoch,
             schedule_deletion=None if self.tiering is None else self.tiering.deletions.schedule,
             tiering=self.tiering,
+            config=SchedulerConfig(
+                checkpoint_records=self.config.server.delayed_checkpoint_records
+            ),
         )
         await self.delayed.start()
         self._register_stream_metrics(self.broker)

@@ -24,6 +24,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.remote.errors import StreamNotFoundError
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.tiered_source import StreamChunkSource
+from tierlog.storage.object_store import MAX_SEGMENT_BYTES
 
 if TYPE_CHECKING:
     from tierlog.server.delayed_service import DelayedService
@@ -43,16 +44,33 @@ Settle = Callable[[Sequence[int], Sequence[tuple[int, int]]], None]
 
 def system_stream_name(name: str, vhost: str = "/") -> str:
     """The hidden system stream of delayed stream ``name``: ``SYSTEM_PREFIX + name`` when
-    that is a legal stream name (its directory name included) in ``vhost`` — the name every
-    existing system stream has — else ``HASHED_SYSTEM_PREFIX`` + 32 hex digits of
-    blake2b-128 of the name, so that every legal stream name has one."""
+    that is a legal stream name in ``vhost`` whose directory name is also a legal object
+    key segment (so it can be tiered) — the name every existing system stream has — else
+    ``HASHED_SYSTEM_PREFIX`` + 32 hex digits of blake2b-128 of the name, so that every
+    legal stream name has one (``resolve_system_name`` keeps a plain-named one that exists)."""
     plain = SYSTEM_PREFIX + name
     try:
-        stream_dir_name(vhost, plain, _CREATED_NS_WIDTH)
+        dir_name = stream_dir_name(vhost, plain, _CREATED_NS_WIDTH)
+        fits = len(dir_name.encode("utf-8", "surrogatepass")) <= MAX_SEGMENT_BYTES
     except InvalidStreamNameError:
-        digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16)
-        return HASHED_SYSTEM_PREFIX + digest.hexdigest()
-    return plain
+        fits = False
+    if fits:
+        return plain
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16)
+    return HASHED_SYSTEM_PREFIX + digest.hexdigest()
+
+
+def resolve_system_name(broker: Broker, vhost: str, name: str) -> str:
+    """``system_stream_name``, unless a plain-named system stream of ``name`` exists already
+    (created before hashed names, with a name that makes a legal directory but too long a
+    key segment for a remote tier): that one keeps its name and its data."""
+    derived = system_stream_name(name, vhost)
+    plain = SYSTEM_PREFIX + name
+    if derived != plain and (
+        broker.get(vhost, plain) is not None or broker.opening(vhost, plain) is not None
+    ):
+        return plain
+    return derived
 
 
 def is_system_stream(name: str) -> bool:
@@ -130,7 +148,9 @@ class HandlePort:
         return handle
 
     def _system(self) -> StreamHandle:
-        handle = self.broker.get(self.vhost, system_stream_name(self.name, self.vhost))
+        handle = self.broker.get(
+            self.vhost, resolve_system_name(self.broker, self.vhost, self.name)
+        )
         if handle is None:
             raise StreamNotFoundError(f"system stream of {self.name!r} is not open")
         return handle

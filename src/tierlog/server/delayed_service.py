@@ -49,7 +49,7 @@ from tierlog.server.delayed_intake import (
     HandlePort,
     is_system_stream,
     parent_stream_name,
-    system_stream_name,
+    resolve_system_name,
 )
 from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore
@@ -353,7 +353,9 @@ class DelayedService:
 
     def open_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The stream's system stream when it is open and available now."""
-        system = self.broker.get(handle.vhost, system_stream_name(handle.name, handle.vhost))
+        system = self.broker.get(
+            handle.vhost, resolve_system_name(self.broker, handle.vhost, handle.name)
+        )
         if system is None or system.unavailable is not None:
             return None
         return system if system.record.created_ns >= handle.record.created_ns else None
@@ -361,7 +363,7 @@ class DelayedService:
     async def ensure_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The open system stream of a delayed stream, created when missing; None while it
         is not available (opening after a restart, or creation failed)."""
-        name = system_stream_name(handle.name, handle.vhost)
+        name = resolve_system_name(self.broker, handle.vhost, handle.name)
         system = self.broker.get(handle.vhost, name)
         if system is not None:
             if system.record.created_ns >= handle.record.created_ns:
