@@ -149,7 +149,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if isinstance(record, Carry):
                 self.state.relocate(record.msg_id, offset)
             elif isinstance(record, Checkpoint):
-                self.state.checkpointed(record.through)
+                self.state.checkpointed(record.through, offset)
 
     @rule(complete=st.booleans(), part=st.integers(0, 8))
     def checkpoint(self, complete: bool, part: int) -> None:
@@ -163,17 +163,25 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.system.append(Checkpoint(through, self.state.next_pid, len(entries)))
         self._scan(through)
 
-    @rule()
-    def retention(self) -> None:
-        """Drop every record below the last checkpoint (what the floor allows at most)."""
+    @rule(data=st.data())
+    def retention(self, data: st.DataObject) -> None:
+        """Drop the records below a cut at or below the last checkpoint's ``through``
+        (the floor; real retention cuts at fragment or segment boundaries below it, maybe
+        inside an older checkpoint's carries)."""
         floor = self.state.checkpoint_through
-        for offset in range(self.first, floor):
+        if floor <= self.first:
+            return
+        inside = [  # cuts inside an older checkpoint's carries: the hard case
+            o + 1 for o in range(self.first, floor) if isinstance(self.system[o], Carry)
+        ]
+        cut = data.draw(st.sampled_from([floor, *inside]) if inside else st.just(floor))
+        for offset in range(self.first, cut):
             self.system[offset] = None
-        self.first = max(self.first, floor)
+        self.first = cut
 
     @rule()
     def crash(self) -> None:
-        replay = Replay(INC)
+        replay = Replay(INC, start=self.first)
         for offset in range(self.first, len(self.system)):
             record = self.system[offset]
             assert record is not None

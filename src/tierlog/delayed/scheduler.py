@@ -209,8 +209,8 @@ class Scheduler:
             self.store = None
         manifest = self._load_manifest()
         store = self._open_store()
-        replay = Replay(self.incarnation)
         offset = self.port.first_system_offset()
+        replay = Replay(self.incarnation, start=offset)
         while True:
             records, next_offset = self.port.read_system(offset)
             for at, data in records:
@@ -340,7 +340,7 @@ class Scheduler:
                 self.state.relocate(record.msg_id, offset)
                 continue
             if isinstance(record, Checkpoint):
-                self.state.checkpointed(record.through)
+                self.state.checkpointed(record.through, offset)
                 self.floor = self.state.checkpoint_through
                 continue
             if not isinstance(record, Schedule):

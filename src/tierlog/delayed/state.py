@@ -87,6 +87,9 @@ class SchedulerState:
     checkpoint_through: int = 0
     """The scan position the last checkpoint summarized (where a restart's replay keeps
     everything from); 0 before the first."""
+    checkpoint_next: int = 0
+    """The offset after the last checkpoint record: the records appended since count
+    towards the next one (its own carries do not)."""
     _heap: list[tuple[int, int, bytes]] = field(default_factory=list)
 
     # ----------------------------------------------------------------- placing
@@ -269,9 +272,10 @@ class SchedulerState:
 
     def should_checkpoint(self, scan_next: int, min_records: int) -> bool:
         """Time for a checkpoint: at least ``min_records`` records and at least as many
-        records as are pending were appended since the last one (so carrying the pending
-        messages forward costs at most one record per record appended)."""
-        return scan_next - self.checkpoint_through >= max(min_records, self.count(), 1)
+        records as are pending were appended since the last one's record (so carrying the
+        pending messages forward costs at most one record per record appended, and a
+        checkpoint's own carries never call for the next one)."""
+        return scan_next - self.checkpoint_next >= max(min_records, self.count(), 1)
 
     def checkpoint_entries(self) -> list[tuple[Scheduled, bool, int]]:
         """Every pending message as a checkpoint carries it: (entry, parked, latest intent
@@ -296,10 +300,12 @@ class SchedulerState:
             self.retry = [moved if e is entry else e for e in self.retry]
             return
 
-    def checkpointed(self, through: int) -> None:
-        """A checkpoint record was scanned: ids finished before it are implied by it."""
+    def checkpointed(self, through: int, at: int) -> None:
+        """The checkpoint record at offset ``at`` was scanned: ids finished before it are
+        implied by it."""
         self.finished.clear()
         self.checkpoint_through = max(self.checkpoint_through, through)
+        self.checkpoint_next = max(self.checkpoint_next, at + 1)
 
     # ----------------------------------------------------------------- status
 
@@ -329,6 +335,10 @@ class Replay:
     checkpoint, never the stream's history."""
 
     incarnation: str
+    start: int = 0
+    """The first offset read (retention may have dropped what was below): a checkpoint
+    whose ``through`` is below it may have lost carries and is not checked; the last
+    checkpoint always has ``through >= start`` (retention never passes it)."""
     schedules: dict[bytes, Scheduled] = field(default_factory=dict)
     cancelled: set[bytes] = field(default_factory=set)
     latest_intent: dict[bytes, int] = field(default_factory=dict)
@@ -337,6 +347,7 @@ class Replay:
     """Messages whose latest copy is a CARRY: the checkpoint (``through``) that wrote it."""
     carried_parked: set[bytes] = field(default_factory=set)
     checkpoint_through: int = 0
+    checkpoint_next: int = 0
     checkpoints: int = 0
 
     def feed(self, offset: int, record: SystemRecord) -> None:
@@ -354,7 +365,7 @@ class Replay:
         elif isinstance(record, Carry):
             self._carry(offset, record)
         elif isinstance(record, Checkpoint):
-            self._checkpoint(record)
+            self._checkpoint(offset, record)
 
     def _carry(self, offset: int, record: Carry) -> None:
         msg_id = record.msg_id
@@ -370,10 +381,10 @@ class Replay:
         else:
             self.latest_intent.pop(msg_id, None)
 
-    def _checkpoint(self, record: Checkpoint) -> None:
+    def _checkpoint(self, offset: int, record: Checkpoint) -> None:
         through = record.through
         carried = {m for m, t in self.carried_by.items() if t == through}
-        if len(carried) != record.count:
+        if through >= self.start and len(carried) != record.count:
             raise SystemRecordError(
                 f"checkpoint through {through} names {record.count} carried messages, "
                 f"{len(carried)} were found before it"
@@ -390,6 +401,7 @@ class Replay:
         self.carried_parked = {m for m in self.carried_parked if m in keep}
         self.max_pid = max(self.max_pid, record.next_pid - 1)
         self.checkpoint_through = max(self.checkpoint_through, through)
+        self.checkpoint_next = max(self.checkpoint_next, offset + 1)
         self.checkpoints += 1
 
     def live(self, producer_sequence: int) -> dict[bytes, Scheduled]:
@@ -433,6 +445,7 @@ def rebuild_state(
     state.next_pid = replay.next_pid(producer_sequence)
     state.finished = replay.finished(producer_sequence)
     state.checkpoint_through = replay.checkpoint_through
+    state.checkpoint_next = replay.checkpoint_next
     frontier = state.frontier(now_ms)
     live = replay.live(producer_sequence)
     for entry in sorted(live.values(), key=lambda e: e.offset):

@@ -56,13 +56,15 @@ def remote_trim_offset(
 
 def floor_trim_offset(tree: ManifestTree, load: Loader, floor: int) -> int | None:
     """The offset to trim the remote tier to so that nothing at or above ``floor`` goes:
-    the end of the last whole fragment below it (None: no fragment is wholly below).
-    A delayed stream's system stream sets its floor at its last checkpoint."""
+    the end of the last whole fragment below it, never the stream's last fragment (None:
+    nothing to trim). A delayed stream's system stream sets its floor at its last
+    checkpoint. The last fragment stays because a node that lost its disk resumes from the
+    remote tail: its last chunk (and tracking) must stay readable."""
     if tree.is_empty:
         return None
     trim_to: int | None = None
     for loc in tree.iter_fragments(load):
-        if loc.next_offset > floor:
+        if loc.next_offset > floor or loc.next_offset >= tree.next_offset:
             break
         trim_to = loc.next_offset
     return trim_to

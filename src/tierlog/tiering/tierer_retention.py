@@ -113,6 +113,7 @@ class RetentionMixin:
             tree = self.committer.tree
             trim_to = remote_trim_offset(tree, self.remote.load, self.retention, now_ms)
             if floor is not None:
+                floor = min(floor, self._tail_segment_start(tree.next_offset, tree.first_offset))
                 below = floor_trim_offset(tree, self.remote.load, floor)
                 if below is not None and (trim_to is None or below > trim_to):
                     trim_to = below
@@ -127,6 +128,17 @@ class RetentionMixin:
                     first_offset=trimmed,
                 )
         return trimmed
+
+    def _tail_segment_start(self, remote_next: int, remote_first: int) -> int:
+        """Where the local segment holding the remote tail starts: a floor never trims
+        into it, because a node that lost its disk rebuilds the stream's tracking
+        (producer sequences, consumer offsets) by replaying that segment's fragments from
+        its first one. When that segment is not local, nothing is trimmed."""
+        tail = remote_next - 1
+        for ref in reversed(self.log.segment_refs()):
+            if ref.first_offset <= tail:
+                return ref.first_offset
+        return remote_first
 
     def local_segments_to_free(
         self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
