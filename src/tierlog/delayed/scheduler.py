@@ -25,6 +25,7 @@ from tierlog.delayed.errors import (
     SystemRecordError,
     TimerManifestError,
 )
+from tierlog.delayed.pointer import CheckpointPointer
 from tierlog.delayed.port import SchedulerConfig, StreamPort
 from tierlog.delayed.records import (
     Carry,
@@ -71,8 +72,11 @@ class Scheduler:
         clock: Clock | None = None,
         reference: ReferenceClock | None = None,
         schedule_deletion: Callable[[list[str]], None] | None = None,
+        pointer: CheckpointPointer | None = None,
     ) -> None:
         self.vhost, self.name, self.incarnation = vhost, name, incarnation
+        self.pointer = pointer
+        """Where the last checkpoint is (a MetaStore hint): the rebuild starts there."""
         self.port = port
         self.working_dir = working_dir
         self.metrics = metrics
@@ -209,7 +213,7 @@ class Scheduler:
             self.store = None
         manifest = self._load_manifest()
         store = self._open_store()
-        offset = self.port.first_system_offset()
+        offset = self._replay_start()
         replay = Replay(self.incarnation, start=offset)
         while True:
             records, next_offset = self.port.read_system(offset)
@@ -263,6 +267,50 @@ class Scheduler:
             system_next_offset=offset,
             checkpoint_through=state.checkpoint_through,
         )
+
+    def _replay_start(self) -> int:
+        """The first offset of the system stream, or the ``through`` of the last
+        checkpoint when the pointer names one that is there (retention leaves up to a
+        segment of older records before it, which a rebuild then does not read)."""
+        first = self.port.first_system_offset()
+        if self.pointer is None:
+            return first
+        try:
+            known = self.pointer.load()
+            if known is None or known[0] < first:
+                return first
+            through, at = known
+            record = decode_system_record(self.port.read_system_at(at))
+        except (TierlogError, OSError) as exc:
+            log.warning(
+                "delayed_checkpoint_pointer_ignored",
+                vhost=self.vhost,
+                stream=self.name,
+                error=repr(exc),
+            )
+            return first
+        if not isinstance(record, Checkpoint) or record.through != through:
+            log.warning(
+                "delayed_checkpoint_pointer_ignored",
+                vhost=self.vhost,
+                stream=self.name,
+                error=f"offset {at} holds no checkpoint through {through}",
+            )
+            return first
+        return through
+
+    def _store_pointer(self, through: int, at: int) -> None:
+        if self.pointer is None:
+            return
+        try:
+            self.pointer.store(through, at)
+        except (TierlogError, OSError) as exc:  # a hint only: the rebuild reads more
+            log.warning(
+                "delayed_checkpoint_pointer_failed",
+                vhost=self.vhost,
+                stream=self.name,
+                error=repr(exc),
+            )
 
     def _bodies_from_system(self, need: dict[int, bytes]) -> Iterator[tuple[bytes, bytes]]:
         """(msg id, message) for each ``offset -> msg id`` of ``need``, read in one pass
@@ -341,6 +389,7 @@ class Scheduler:
                 continue
             if isinstance(record, Checkpoint):
                 self.state.checkpointed(record.through, offset)
+                self._store_pointer(record.through, offset)
                 self.floor = self.state.checkpoint_through
                 continue
             if not isinstance(record, Schedule):

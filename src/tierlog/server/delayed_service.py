@@ -33,6 +33,7 @@ from aiohttp import web
 
 from tierlog.delayed.clock import MetaStoreClock, ReferencedClock
 from tierlog.delayed.errors import DelayedError, NotScheduledError
+from tierlog.delayed.pointer import CheckpointPointer
 from tierlog.delayed.scheduler import Scheduler, SchedulerConfig
 from tierlog.delayed.timers import TimerStore
 from tierlog.errors import TierlogError
@@ -276,6 +277,7 @@ class DelayedService:
                 continue
             path = self._working_dir(incarnation)
             await loop.run_in_executor(None, _remove_tree, path)
+            await loop.run_in_executor(None, CheckpointPointer(self.meta, incarnation).delete)
             if self.objects is not None:
                 timers = TimerStore(
                     self.objects, self.meta, self.tier_prefix, incarnation, self.epoch
@@ -317,6 +319,7 @@ class DelayedService:
             timers=timers,
             reference=self.reference,
             schedule_deletion=self.schedule_deletion,
+            pointer=CheckpointPointer(self.meta, incarnation),
         )
         await scheduler.rebuild()
         scheduler.start()
@@ -338,6 +341,7 @@ class DelayedService:
         await loop.run_in_executor(
             None, lambda: shutil.rmtree(scheduler.working_dir, ignore_errors=True)
         )
+        await loop.run_in_executor(None, CheckpointPointer(self.meta, scheduler.incarnation).delete)
         if scheduler.timers is not None:
             timers = scheduler.timers
             keys = await loop.run_in_executor(None, timers.all_keys)
