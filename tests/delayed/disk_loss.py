@@ -148,6 +148,8 @@ async def run_disk_loss(
     due_of: dict[bytes, int] = {}
     pid = 0
     for _round in range(wipes):
+        if due_of:  # the previous round's messages are all due first: none around this wipe
+            await asyncio.sleep(max(0.0, (max(due_of.values()) - time.time() * 1000) / 1000 + 1))
         now = int(time.time() * 1000)
         early = {pid + k: now + rng.randint(200, 2000) for k in range(1, early_messages + 1)}
         pid += early_messages
