@@ -1,12 +1,13 @@
 """Delayed delivery in the server: the publish path of delayed streams, their hidden system
 streams, one scheduler per delayed stream, admin routes and metrics (docs/delayed.md).
 
-A stream created with ``x-tierlog-delayed=true`` gets a hidden system stream named
-``SYSTEM_PREFIX + name`` in its vhost, with the stream's settings (same ack / sync mode,
-same tiering) minus retention: it is the durable copy of every scheduled message until it
-is delivered. It is created on the first need, not listed, not creatable or deletable by
-users, and deleted when its stream is (the service's reconcile pass, every
-``RECONCILE_SECONDS``, notices).
+A stream created with ``x-tierlog-delayed=true`` gets a hidden system stream
+(``delayed_intake.system_stream_name``: ``SYSTEM_PREFIX + name``, or a hashed name when
+that is too long) in its vhost, with the stream's settings (same ack / sync mode, same
+tiering) minus retention: it is the durable copy of every scheduled message until it is
+delivered. Its retention is the scheduler's last checkpoint: records below it go. It is
+created on the first need, not listed, not creatable or deletable by users, and deleted
+when its stream is (the service's reconcile pass, every ``RECONCILE_SECONDS``, notices).
 
 The scheduler of a stream runs on the node that leads both the stream and its system
 stream (single node: this one). In a cluster the system stream gets the stream's voters
@@ -78,8 +79,9 @@ def _free_below(system: StreamHandle, floor: int) -> list[int]:
 
 
 def system_settings(parent: StreamSettings) -> StreamSettings:
-    """The parent's settings (ack mode, tiering) without retention: nothing scheduled may
-    be removed before it is delivered."""
+    """The parent's settings (ack mode, tiering) without the parent's retention: nothing
+    scheduled may be removed before it is delivered. The system stream's retention is its
+    checkpoints' floor (``_apply_floor``)."""
     return parent.updated(
         delayed=False,
         max_bytes=None,
