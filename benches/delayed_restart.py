@@ -295,6 +295,7 @@ def main() -> int:
     parser.add_argument("--pending", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the data and server logs")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tierlog-delayed-restart-"))
     print(f"load average at start: {os.getloadavg()}, cpus: {os.cpu_count()}", flush=True)
@@ -322,7 +323,8 @@ def main() -> int:
                     flush=True,
                 )
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     print(f"load average at end: {os.getloadavg()}", flush=True)
     ready = statistics.median(r for r, _ in results["tierlog"])
     rss = statistics.median(g for _, g in results["tierlog"])

@@ -34,6 +34,7 @@ import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tierlog.delayed.errors import SystemRecordError
 
@@ -89,9 +90,9 @@ class Cancel:
     msg_id: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Carry:
-    """A pending message copied forward by the checkpoint ``through``."""
+class Carry(NamedTuple):
+    """A pending message copied forward by the checkpoint ``through`` (a named tuple: a
+    rebuild decodes one per pending message)."""
 
     through: int
     msg_id: bytes
@@ -101,13 +102,12 @@ class Carry:
     message: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """Every record below ``through`` is summarized by the ``count`` carries before it."""
+class Checkpoint(NamedTuple):
+    """Every record below ``through`` is summarized by the ``carried`` carries before it."""
 
     through: int
     next_pid: int
-    count: int
+    carried: int
 
 
 SystemRecord = Schedule | Dispatch | Cancel | Carry | Checkpoint
@@ -154,7 +154,7 @@ def encode_checkpoint(through: int, next_pid: int, count: int) -> bytes:
     return _CHECKPOINT.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, through, next_pid, count)
 
 
-def _decode_carry(buf: bytes) -> Carry:
+def _decode_carry(buf: bytes | memoryview) -> Carry:
     if len(buf) < _CARRY_HEAD.size:
         raise SystemRecordError("carry record shorter than its header")
     _, version, through, msg_id, due, intent, flags = _CARRY_HEAD.unpack_from(buf, 0)
@@ -162,10 +162,11 @@ def _decode_carry(buf: bytes) -> Carry:
         raise SystemRecordError(f"carry record of unknown version {version}")
     if flags & ~CARRY_PARKED:
         raise SystemRecordError(f"carry record with unknown flags {flags:#x}")
-    return Carry(through, msg_id, due, intent, bool(flags & CARRY_PARKED), buf[_CARRY_HEAD.size :])
+    message = bytes(buf[_CARRY_HEAD.size :])
+    return Carry(through, msg_id, due, intent, bool(flags & CARRY_PARKED), message)
 
 
-def _decode_checkpoint(buf: bytes) -> Checkpoint:
+def _decode_checkpoint(buf: bytes | memoryview) -> Checkpoint:
     if len(buf) != _CHECKPOINT.size:
         raise SystemRecordError(f"checkpoint record of {len(buf)} bytes, not {_CHECKPOINT.size}")
     _, version, through, next_pid, count = _CHECKPOINT.unpack(buf)
@@ -177,12 +178,13 @@ def _decode_checkpoint(buf: bytes) -> Checkpoint:
 
 
 def decode_system_record(data: bytes | memoryview) -> SystemRecord:
+    head = bytes(data[:4])
+    if head == CARRY_MAGIC:
+        return _decode_carry(data)
+    if head == CHECKPOINT_MAGIC:
+        return _decode_checkpoint(data)
     buf = bytes(data)
     magic = buf[:4]
-    if magic == CARRY_MAGIC:
-        return _decode_carry(buf)
-    if magic == CHECKPOINT_MAGIC:
-        return _decode_checkpoint(buf)
     try:
         if magic == SCHEDULE_MAGIC:
             _, due, ref_len = _SCHEDULE_HEAD.unpack_from(buf, 0)

@@ -384,9 +384,9 @@ class Replay:
     def _checkpoint(self, offset: int, record: Checkpoint) -> None:
         through = record.through
         carried = {m for m, t in self.carried_by.items() if t == through}
-        if through >= self.start and len(carried) != record.count:
+        if through >= self.start and len(carried) != record.carried:
             raise SystemRecordError(
-                f"checkpoint through {through} names {record.count} carried messages, "
+                f"checkpoint through {through} names {record.carried} carried messages, "
                 f"{len(carried)} were found before it"
             )
         keep = {
@@ -443,24 +443,26 @@ def rebuild_state(
     into the next batch (``retry``)."""
     state = SchedulerState(horizon_ms, pulled_through=pulled_through)
     state.next_pid = replay.next_pid(producer_sequence)
-    state.finished = replay.finished(producer_sequence)
+    live = replay.live(producer_sequence)
+    state.finished = set(replay.schedules) - set(live)
     state.checkpoint_through = replay.checkpoint_through
     state.checkpoint_next = replay.checkpoint_next
     frontier = state.frontier(now_ms)
-    live = replay.live(producer_sequence)
-    for entry in sorted(live.values(), key=lambda e: e.offset):
+    carried_parked = replay.carried_parked
+    working, parking = state.working, state.parking
+    for msg_id, entry in live.items():  # one pass, no per-entry lookups: a fresh state
         hour = hour_of(entry.due_ms)
-        if (
-            hour > frontier
-            and hour in parked_hours
-            and (entry.offset < parked_through or entry.msg_id in replay.carried_parked)
-        ):
+        if hour <= frontier:
+            working[msg_id] = entry
+        elif hour in parked_hours and (entry.offset < parked_through or msg_id in carried_parked):
             state.restore_parked(entry)
-            continue
-        state.accept(entry, now_ms)
+        else:
+            parking[msg_id] = entry
+    state._heap = [(e.due_ms, e.offset, m) for m, e in working.items()]
+    heapq.heapify(state._heap)
     state.intent_of = {m: p for m, p in replay.latest_intent.items() if m in live}
     state.retry = sorted(
-        (e for m, e in state.working.items() if m in replay.latest_intent),
+        (e for m, e in working.items() if m in replay.latest_intent),
         key=lambda e: (e.due_ms, e.offset),
     )
     return state
