@@ -21,6 +21,7 @@ from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.errors import InvalidStreamNameError
 from tierlog.log.names import stream_dir_name
 from tierlog.log.offset_spec import OffsetSpec
+from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.errors import StreamNotFoundError
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.tiered_source import StreamChunkSource
@@ -155,22 +156,26 @@ class HandlePort:
             raise StreamNotFoundError(f"system stream of {self.name!r} is not open")
         return handle
 
-    def _system_source(self) -> StreamChunkSource:
-        source = self._system().source
+    def _system_reader(self, from_offset: int) -> TieredReader:
+        """The cross-tier reader (every subscription's) over the system stream's whole
+        local log: everything committed here, also what a cluster leader's consumers do not
+        see yet (a new leader's rebuild must see every dispatch intent its log holds)."""
+        handle = self._system()
+        source = handle.source
         assert isinstance(source, StreamChunkSource)
-        return source
+        return source.reader(OffsetSpec.offset(from_offset), handle.log)
 
     def first_system_offset(self) -> int:
         """The first offset across tiers: after the node's disk was lost, the local log
         starts at the remote tail, and every record below it is in the remote tier only."""
-        return self._system_source().first_offset()
+        return self._system().first_offset()
 
     def read_system(self, from_offset: int) -> tuple[list[tuple[int, bytes]], int]:
-        """Committed records from ``from_offset``, read across tiers (the cross-tier reader
-        every subscription uses), at most ``READ_BATCH_RECORDS``."""
+        """Committed records from ``from_offset``, read across tiers, at most
+        ``READ_BATCH_RECORDS``."""
         out: list[tuple[int, bytes]] = []
         next_offset = from_offset
-        with self._system_source().reader(OffsetSpec.offset(from_offset)) as reader:
+        with self._system_reader(from_offset) as reader:
             for offset, record in reader.records():
                 if offset < from_offset:
                     continue
@@ -181,7 +186,7 @@ class HandlePort:
         return out, next_offset
 
     def read_system_at(self, offset: int) -> bytes:
-        with self._system_source().reader(OffsetSpec.offset(offset)) as reader:
+        with self._system_reader(offset) as reader:
             for at, record in reader.records():
                 if at == offset:
                     return bytes(record)

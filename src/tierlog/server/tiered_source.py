@@ -93,13 +93,21 @@ class StreamChunkSource:
     def strategy(self) -> ReadStrategy:
         return ReadStrategy.parse(self._strategy())
 
-    def reader(self, spec: OffsetSpec) -> TieredReader:
-        """A blocking reader of the whole stream from ``spec``: across tiers once tiering
-        started (the stream's read strategy), the local log alone before; through the
-        limited view of an ``ack = remote`` stream, as for any subscription."""
+    def reader(self, spec: OffsetSpec, local: LogSource) -> TieredReader:
+        """A blocking reader of the whole stream from ``spec`` over ``local`` (the stream's
+        full local log: an internal reader such as a delayed stream's scheduler reads
+        everything committed locally, not the consumers' view, which on a cluster leader
+        or an ``ack = remote`` stream ends earlier) and, once tiering started, the remote
+        tier (the stream's read strategy)."""
         if self._manifest is None:
-            return TieredReader(self._log, None, spec)
-        return self.new_reader(spec)
+            return TieredReader(local, None, spec)
+        return TieredReader(
+            local,
+            self._manifest,
+            spec,
+            strategy=self.strategy(),
+            prefetcher=default_prefetcher(),
+        )
 
     def new_reader(self, spec: OffsetSpec) -> TieredReader:
         assert self._manifest is not None
