@@ -40,6 +40,8 @@ class Result:
     early: int = 0
     lateness_ms: list[int] = field(default_factory=list, repr=False)
     timer_objects: int = 0
+    checkpoints: int = 0
+    freed_segments: int = 0
     seconds: float = 0.0
 
     def lateness_p99_ms(self) -> int:
@@ -91,6 +93,7 @@ async def run(root: str, messages: int, seed: int, crash_rate: float = 0.03) -> 
         except Crash:
             result.crashes += 1
             await restart()
+        world.apply_floor()  # retention below the last checkpoint
         if rng.random() < crash_rate / 3:  # killed at a random moment between rounds
             result.crashes += 1
             await restart()
@@ -112,6 +115,8 @@ async def run(root: str, messages: int, seed: int, crash_rate: float = 0.03) -> 
             result.early += 1
         result.lateness_ms.append(at - due_of[body])
     result.timer_objects = int(world.metrics.value("tierlog_delayed_timer_objects_total"))
+    result.checkpoints = int(world.metrics.value("tierlog_delayed_checkpoints_total"))
+    result.freed_segments = world.freed_segments
     result.seconds = time.monotonic() - started
     world.close()
     return result

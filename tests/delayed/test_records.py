@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from tierlog.delayed.errors import DelayPropertyError, SystemRecordError
+from tierlog.delayed.pointer import decode_pointer, encode_pointer
 from tierlog.delayed.properties import MAX_DELAY_MS, due_time_ms, split_entries
 from tierlog.delayed.records import (
     Cancel,
+    Carry,
+    Checkpoint,
     Dispatch,
     Schedule,
     TimerEntry,
@@ -15,6 +18,8 @@ from tierlog.delayed.records import (
     decode_timer_object,
     decode_working,
     encode_cancel,
+    encode_carry,
+    encode_checkpoint,
     encode_dispatch,
     encode_schedule,
     encode_timer_object,
@@ -101,3 +106,49 @@ def test_split_entries() -> None:
     assert split.immediate == [0]
     assert [(i, due) for i, due, _m in split.scheduled] == [(1, NOW + 10)]
     assert [i for i, _r in split.refused] == [2]
+
+
+def test_checkpoint_records_golden_bytes_and_strict_decoding() -> None:
+    msg_id = bytes(range(16))
+    carry = encode_carry(0x0102, msg_id, NOW, 7, True, b"msg")
+    assert carry == (
+        b"TLDR\x01"
+        + (0x0102).to_bytes(8, "big")
+        + msg_id
+        + NOW.to_bytes(8, "big")
+        + (7).to_bytes(8, "big")
+        + b"\x01"
+        + b"msg"
+    )
+    assert decode_system_record(carry) == Carry(0x0102, msg_id, NOW, 7, True, b"msg")
+    plain = encode_carry(5, msg_id, NOW, 0, False, b"")
+    assert decode_system_record(plain) == Carry(5, msg_id, NOW, 0, False, b"")
+    checkpoint = encode_checkpoint(0x0102, 9, 3)
+    assert checkpoint == b"TLDK\x01" + (0x0102).to_bytes(8, "big") + (9).to_bytes(8, "big") + (
+        3
+    ).to_bytes(4, "big")
+    assert decode_system_record(checkpoint) == Checkpoint(0x0102, 9, 3)
+    for bad in (
+        carry[:20],  # shorter than its header
+        carry[:4] + b"\x02" + carry[5:],  # unknown version
+        carry[:45] + b"\x03" + carry[46:],  # unknown flag bit
+        checkpoint + b"\x00",  # trailing byte
+        checkpoint[:-1],
+        checkpoint[:4] + b"\x02" + checkpoint[5:],
+        encode_checkpoint(1, 0, 0),  # next publishing id 0
+    ):
+        with pytest.raises(SystemRecordError):
+            decode_system_record(bad)
+    with pytest.raises(SystemRecordError):
+        encode_carry(1, b"short", NOW, 0, False, b"")
+
+
+def test_checkpoint_pointer_encoding_is_a_checked_hint() -> None:
+    value = encode_pointer(10, 25)
+    assert value == b"TLDP\x01" + (10).to_bytes(8, "big") + (25).to_bytes(8, "big")
+    assert decode_pointer(value) == (10, 25)
+    assert decode_pointer(value[:-1]) is None
+    assert decode_pointer(b"XXXX" + value[4:]) is None
+    assert (
+        decode_pointer(encode_pointer(30, 25)) is None
+    )  # a checkpoint lies at or after its through

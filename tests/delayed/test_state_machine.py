@@ -1,11 +1,14 @@
 """The scheduler's pure decisions under hypothesis: publishing, time passing (forwards and
 backwards), parking and pulling (committed or failed), dispatching (whole, partial, failed
-before or after the intent), cancelling, and crashes (state rebuilt from the system stream,
-the stream's producer sequence and the last committed manifest).
+before or after the intent), cancelling, checkpoints (complete, or abandoned half way),
+retention dropping every record below the last checkpoint, and crashes (state rebuilt from
+what is left of the system stream, the stream's producer sequence and the last committed
+manifest).
 
 Invariants: a message is in one place at a time; nothing is appended before its due time;
-no message is appended twice; once time has passed every due time, every accepted message
-not cancelled has been appended exactly once."""
+no message is appended twice; the delivered-id set holds only ids named since the last
+checkpoint; once time has passed every due time, every accepted message not cancelled has
+been appended exactly once."""
 
 from __future__ import annotations
 
@@ -19,7 +22,15 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tierlog.delayed.records import Cancel, Dispatch, Schedule, SystemRecord, msg_id_of
+from tierlog.delayed.records import (
+    Cancel,
+    Carry,
+    Checkpoint,
+    Dispatch,
+    Schedule,
+    SystemRecord,
+    msg_id_of,
+)
 from tierlog.delayed.state import (
     HOUR_MS,
     Replay,
@@ -38,7 +49,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = T0
-        self.system: list[SystemRecord] = []  # the durable system stream
+        self.system: list[SystemRecord | None] = []  # the durable system stream
+        self.first = 0  # retention dropped every record below (None in ``system``)
         self.target: dict[int, bytes] = {}  # the stream: dispatcher publishing id -> msg id
         self.appended_at: dict[bytes, int] = {}
         self.due: dict[bytes, int] = {}
@@ -129,12 +141,52 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.state.cancel(msg_id)
             self.cancelled.add(msg_id)
 
+    def _scan(self, start: int) -> None:
+        """The live scheduler's scan of its own checkpoint records (carries relocate,
+        the checkpoint clears ``finished``)."""
+        for offset in range(start, len(self.system)):
+            record = self.system[offset]
+            if isinstance(record, Carry):
+                self.state.relocate(record.msg_id, offset)
+            elif isinstance(record, Checkpoint):
+                self.state.checkpointed(record.through, offset)
+
+    @rule(complete=st.booleans(), part=st.integers(0, 8))
+    def checkpoint(self, complete: bool, part: int) -> None:
+        through = len(self.system)
+        entries = self.state.checkpoint_entries()
+        if not complete:
+            entries = entries[:part]  # the process died after some carries
+        for entry, parked, intent in entries:
+            self.system.append(Carry(through, entry.msg_id, entry.due_ms, intent, parked, b"m"))
+        if complete:
+            self.system.append(Checkpoint(through, self.state.next_pid, len(entries)))
+        self._scan(through)
+
+    @rule(data=st.data())
+    def retention(self, data: st.DataObject) -> None:
+        """Drop the records below a cut at or below the last checkpoint's ``through``
+        (the floor; real retention cuts at fragment or segment boundaries below it, maybe
+        inside an older checkpoint's carries)."""
+        floor = self.state.checkpoint_through
+        if floor <= self.first:
+            return
+        inside = [  # cuts inside an older checkpoint's carries: the hard case
+            o + 1 for o in range(self.first, floor) if isinstance(self.system[o], Carry)
+        ]
+        cut = data.draw(st.sampled_from([floor, *inside]) if inside else st.just(floor))
+        for offset in range(self.first, cut):
+            self.system[offset] = None
+        self.first = cut
+
     @rule()
     def crash(self) -> None:
-        replay = Replay(INC)
-        for offset, record in enumerate(self.system):
+        replay = Replay(INC, start=self.first)
+        for offset in range(self.first, len(self.system)):
+            record = self.system[offset]
+            assert record is not None
             replay.feed(offset, record)
-        self.state, _bodies = rebuild_state(
+        self.state = rebuild_state(
             replay,
             self.sequence,
             HORIZON,
@@ -156,6 +208,27 @@ class SchedulerMachine(RuleBasedStateMachine):
             seen |= t
         assert not (seen & set(self.appended_at))
         assert not (seen & self.cancelled)
+
+    @invariant()
+    def finished_bounded(self) -> None:
+        """Delivered / cancelled ids are kept only while a record since the last checkpoint
+        names them: the set never grows with the stream's history."""
+        named: set[bytes] = set()
+        for record in self.system[self.state.checkpoint_through :]:
+            if isinstance(record, Dispatch):
+                named.update(record.msg_ids)
+            elif isinstance(record, Cancel):
+                named.add(record.msg_id)
+        assert self.state.finished <= named
+
+    @invariant()
+    def pending_readable(self) -> None:
+        """Every pending message's bytes are at an offset retention has not dropped."""
+        s = self.state
+        for table in (s.working, s.parking, s.parked, s.in_flight):
+            for entry in table.values():
+                assert entry.offset >= self.first
+                assert isinstance(self.system[entry.offset], Schedule | Carry)
 
     def teardown(self) -> None:
         self.drain()

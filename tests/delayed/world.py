@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tierlog.delayed.pointer import CheckpointPointer
 from tierlog.delayed.records import encode_schedule
 from tierlog.delayed.scheduler import Scheduler, SchedulerConfig
 from tierlog.delayed.timers import TimerManifest, TimerStore
@@ -63,7 +64,7 @@ class LogPort:
         self.world = world
 
     def first_system_offset(self) -> int:
-        return self.world.system.first_offset
+        return self.world.system.segment_refs()[0].first_offset
 
     def read_system(self, from_offset: int) -> tuple[list[tuple[int, bytes]], int]:
         log = self.world.system
@@ -130,14 +131,22 @@ class CrashingTimers(TimerStore):
 
 
 class World:
-    def __init__(self, root: str, now_ms: int, horizon_ms: int = 3_600_000) -> None:
+    def __init__(
+        self, root: str, now_ms: int, horizon_ms: int = 3_600_000, checkpoint_records: int = 500
+    ) -> None:
         self.root = root
+        self.checkpoint_records = checkpoint_records
         self.clock = SteppedClock(now_ms)
         config = LogConfig(fsync="never")
         self.target = StreamLog.create(os.path.join(root, "streams"), "/", "orders", config, 1)
         self.system = StreamLog.create(
-            os.path.join(root, "streams"), "/", "__tierlog_delayed.orders", config, 2
+            os.path.join(root, "streams"),
+            "/",
+            "__tierlog_delayed.orders",
+            LogConfig(fsync="never", max_segment_bytes=64 * 1024),
+            2,
         )
+        self.freed_segments = 0
         self.objects = FsObjectStore(os.path.join(root, "objects"))
         self.meta = SqliteMetaStore(os.path.join(root, "meta.db"))
         self.metrics = Metrics()
@@ -167,13 +176,27 @@ class World:
                 batch_limit=200,
                 park_interval_seconds=0,
                 housekeeping_seconds=0,
+                checkpoint_records=self.checkpoint_records,
             ),
             timers=self.timers(),
             clock=self.clock,
             reference=self.clock,
             schedule_deletion=self.deleted.extend,
+            pointer=CheckpointPointer(self.meta, INCARNATION),
         )
         return self.scheduler
+
+    def apply_floor(self) -> None:
+        """The system stream's retention: sealed segments wholly below the scheduler's
+        floor (its last checkpoint) go, as the server's does without a remote tier."""
+        floor = self.scheduler.floor if self.scheduler is not None else None
+        if floor is None:
+            return
+        for segment in self.system.list_segments():
+            if not segment.sealed or segment.next_offset > floor:
+                break
+            self.system.delete_segment(segment.first_offset)
+            self.freed_segments += 1
 
     def crash(self) -> None:
         """Drop the scheduler as a killed process would: nothing closed or flushed."""

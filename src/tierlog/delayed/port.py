@@ -15,7 +15,9 @@ class StreamPort(Protocol):
         pairs and the next offset to read."""
         ...
 
-    def first_system_offset(self) -> int: ...
+    def first_system_offset(self) -> int:
+        """The system stream's first offset across its tiers (retention moves it)."""
+        ...
 
     def read_system_at(self, offset: int) -> bytes:
         """The system-stream record at ``offset`` (blocking)."""
@@ -43,3 +45,7 @@ class SchedulerConfig:
     tick_seconds: float = 0.05
     park_interval_seconds: float = 1.0
     housekeeping_seconds: float = 5.0
+    checkpoint_records: int = 100_000
+    """A checkpoint is written once this many system-stream records (and at least as many
+    as are pending) were appended since the last one (``SchedulerState.should_checkpoint``)."""
+    checkpoint_retry_seconds: float = 5.0

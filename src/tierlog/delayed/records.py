@@ -9,6 +9,14 @@ System stream records (one simple entry each):
   message ``k`` will be appended with the internal producer's publishing id ``FirstPid + k``.
   Written (and committed) before that append.
 * ``CANCEL``: ``b"TLDC" MsgId:16``.
+* ``CARRY``: ``b"TLDR" Version:u8=1 Through:u64 MsgId:16 Due:i64 Intent:u64 Flags:u8 Message``
+  — a message still pending when a checkpoint was taken, copied forward so that nothing
+  below the checkpoint is needed any more. ``Through`` names the checkpoint (its scan
+  position), ``Intent`` the message's latest dispatch intent (0: none), ``Flags`` bit 0:
+  the message is in a committed timer object (parked). Other flag bits must be 0.
+* ``CHECKPOINT``: ``b"TLDK" Version:u8=1 Through:u64 NextPid:u64 Count:u32`` — written after
+  its ``Count`` carries (all committed): every record below offset ``Through`` is summarized
+  by them; ``NextPid`` is the dispatcher's next publishing id at the checkpoint.
 
 Working-set body (the value stored under the msg id in the message store):
 ``Due:i64 Offset:u64 Message`` (``Offset``: the SCHEDULE record's offset in the system stream).
@@ -26,12 +34,17 @@ import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tierlog.delayed.errors import ForeignRecordError, SystemRecordError
 
 SCHEDULE_MAGIC = b"TLDS"
 DISPATCH_MAGIC = b"TLDD"
 CANCEL_MAGIC = b"TLDC"
+CARRY_MAGIC = b"TLDR"
+CHECKPOINT_MAGIC = b"TLDK"
+CHECKPOINT_VERSION = 1
+CARRY_PARKED = 0x01
 TIMER_MAGIC = b"TLTO"
 TIMER_VERSION = 1
 MSG_ID_SIZE = 16
@@ -43,6 +56,8 @@ _WORKING_HEAD = struct.Struct(">qQ")
 _TIMER_HEAD = struct.Struct(">4sBQI")
 _TIMER_ENTRY = struct.Struct(">16sqQI")
 _CRC = struct.Struct(">I")
+_CARRY_HEAD = struct.Struct(">4sBQ16sqQB")
+_CHECKPOINT = struct.Struct(">4sBQQI")
 
 
 def msg_id_of(incarnation: str, reference: str, sequence: int) -> bytes:
@@ -75,7 +90,27 @@ class Cancel:
     msg_id: bytes
 
 
-SystemRecord = Schedule | Dispatch | Cancel
+class Carry(NamedTuple):
+    """A pending message copied forward by the checkpoint ``through`` (a named tuple: a
+    rebuild decodes one per pending message)."""
+
+    through: int
+    msg_id: bytes
+    due_ms: int
+    intent: int  # its latest dispatch intent's publishing id (0: none)
+    parked: bool
+    message: bytes
+
+
+class Checkpoint(NamedTuple):
+    """Every record below ``through`` is summarized by the ``carried`` carries before it."""
+
+    through: int
+    next_pid: int
+    carried: int
+
+
+SystemRecord = Schedule | Dispatch | Cancel | Carry | Checkpoint
 
 
 def encode_schedule(
@@ -100,8 +135,55 @@ def encode_cancel(msg_id: bytes) -> bytes:
     return CANCEL_MAGIC + msg_id
 
 
+def encode_carry(
+    through: int,
+    msg_id: bytes,
+    due_ms: int,
+    intent: int,
+    parked: bool,
+    message: bytes | memoryview,
+) -> bytes:
+    if len(msg_id) != MSG_ID_SIZE:
+        raise SystemRecordError(f"a msg id has {MSG_ID_SIZE} bytes, not {len(msg_id)}")
+    flags = CARRY_PARKED if parked else 0
+    head = _CARRY_HEAD.pack(CARRY_MAGIC, CHECKPOINT_VERSION, through, msg_id, due_ms, intent, flags)
+    return head + bytes(message)
+
+
+def encode_checkpoint(through: int, next_pid: int, count: int) -> bytes:
+    return _CHECKPOINT.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, through, next_pid, count)
+
+
+def _decode_carry(buf: bytes | memoryview) -> Carry:
+    if len(buf) < _CARRY_HEAD.size:
+        raise SystemRecordError("carry record shorter than its header")
+    _, version, through, msg_id, due, intent, flags = _CARRY_HEAD.unpack_from(buf, 0)
+    if version != CHECKPOINT_VERSION:
+        raise SystemRecordError(f"carry record of unknown version {version}")
+    if flags & ~CARRY_PARKED:
+        raise SystemRecordError(f"carry record with unknown flags {flags:#x}")
+    message = bytes(buf[_CARRY_HEAD.size :])
+    return Carry(through, msg_id, due, intent, bool(flags & CARRY_PARKED), message)
+
+
+def _decode_checkpoint(buf: bytes | memoryview) -> Checkpoint:
+    if len(buf) != _CHECKPOINT.size:
+        raise SystemRecordError(f"checkpoint record of {len(buf)} bytes, not {_CHECKPOINT.size}")
+    _, version, through, next_pid, count = _CHECKPOINT.unpack(buf)
+    if version != CHECKPOINT_VERSION:
+        raise SystemRecordError(f"checkpoint record of unknown version {version}")
+    if next_pid < 1:
+        raise SystemRecordError("checkpoint record with next publishing id 0")
+    return Checkpoint(through, next_pid, count)
+
+
 def decode_system_record(data: bytes | memoryview) -> SystemRecord:
     """The record; ``ForeignRecordError`` when it is not one a system stream holds."""
+    head = bytes(data[:4])
+    if head == CARRY_MAGIC:
+        return _decode_carry(data)
+    if head == CHECKPOINT_MAGIC:
+        return _decode_checkpoint(data)
     buf = bytes(data)
     magic = buf[:4]
     try:

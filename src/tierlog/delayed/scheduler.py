@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tierlog.delayed.checkpointing import CheckpointMixin
 from tierlog.delayed.clock import MAX_SKEW_MS, Clock, ReferenceClock, WallClock
 from tierlog.delayed.errors import (
     ForeignRecordError,
@@ -26,8 +27,11 @@ from tierlog.delayed.errors import (
     SystemRecordError,
     TimerManifestError,
 )
+from tierlog.delayed.pointer import CheckpointPointer
 from tierlog.delayed.port import SchedulerConfig, StreamPort
 from tierlog.delayed.records import (
+    Carry,
+    Checkpoint,
     Schedule,
     SystemRecord,
     TimerEntry,
@@ -52,7 +56,7 @@ NO_OBJECT_STORE_HORIZON_MS = 100 * 366 * 86400 * 1000
 """Without a remote tier nothing is parked: every message stays in the working set."""
 
 
-class Scheduler:
+class Scheduler(CheckpointMixin):
     def __init__(
         self,
         vhost: str,
@@ -67,8 +71,11 @@ class Scheduler:
         clock: Clock | None = None,
         reference: ReferenceClock | None = None,
         schedule_deletion: Callable[[list[str]], None] | None = None,
+        pointer: CheckpointPointer | None = None,
     ) -> None:
         self.vhost, self.name, self.incarnation = vhost, name, incarnation
+        self.pointer = pointer
+        """Where the last checkpoint is (a MetaStore hint): the rebuild starts there."""
         self.port = port
         self.working_dir = working_dir
         self.metrics = metrics
@@ -88,6 +95,11 @@ class Scheduler:
         self.deposed: str | None = None
         """Set when a timer-manifest commit or load was fenced by a newer epoch: a leader of
         a newer epoch owns the stream's delayed state, so this scheduler's rounds end."""
+        self.floor: int | None = None
+        """The last checkpoint's ``through``: no system-stream record below it is needed
+        any more (the service lets the system stream's retention drop them)."""
+        self.checkpoints_written = 0
+        self._next_checkpoint_try = 0.0
         self._task: asyncio.Task[None] | None = None
         self._last_park = 0.0
         self._last_housekeeping = 0.0
@@ -200,8 +212,8 @@ class Scheduler:
             self.store = None
         manifest = self._load_manifest()
         store = self._open_store()
-        replay = Replay(self.incarnation)
-        offset = self.port.first_system_offset()
+        offset = self._replay_start()
+        replay = Replay(self.incarnation, start=offset)
         while True:
             records, next_offset = self.port.read_system(offset)
             for at, data in records:
@@ -212,7 +224,7 @@ class Scheduler:
                 break
             offset = next_offset
         sequence = self.port.producer_sequence()
-        state, bodies = rebuild_state(
+        state = rebuild_state(
             replay,
             sequence,
             self.state.horizon_ms,
@@ -221,13 +233,19 @@ class Scheduler:
             parked_through=manifest.parked_through,
             now_ms=self.clock.now_ms(),
         )
+        # the bytes of working messages the store lacks and of those waiting to be parked,
+        # in one pass over the system stream from the lowest offset needed
+        need = {e.offset: m for m, e in state.working.items() if m not in store}
+        need.update((e.offset, m) for m, e in state.parking.items())
+        bodies: dict[bytes, bytes] = {}
         repaired = 0
-        for msg_id, entry in state.working.items():
-            if msg_id not in store:
-                message = bodies.pop(msg_id)
-                store.write(msg_id, encode_working(entry.due_ms, entry.offset, message))
-                repaired += 1
-        bodies = {m: b for m, b in bodies.items() if m in state.parking}
+        for msg_id, message in self._bodies_from_system(need):
+            entry = state.working.get(msg_id)
+            if entry is None:
+                bodies[msg_id] = message
+                continue
+            store.write(msg_id, encode_working(entry.due_ms, entry.offset, message))
+            repaired += 1
         for msg_id in list(store.msg_ids()):
             if msg_id not in state.working:
                 store.remove(msg_id)
@@ -235,6 +253,7 @@ class Scheduler:
         self.store, self.manifest, self.state = store, manifest, state
         self.parking_bodies = bodies
         self.scan_next = offset
+        self.floor = replay.checkpoint_through if replay.checkpoints else None
         if self.timers is not None:
             self._delete_orphans()
         log.info(
@@ -247,6 +266,7 @@ class Scheduler:
             working_set_written=repaired,
             next_publishing_id=state.next_pid,
             system_next_offset=offset,
+            checkpoint_through=state.checkpoint_through,
         )
 
     def _decode(self, offset: int, data: bytes) -> SystemRecord | None:
@@ -293,6 +313,11 @@ class Scheduler:
                     await self._io(self._park_blocking)
             while await self._dispatch_once():
                 pass
+            if (
+                self.state.should_checkpoint(self.scan_next, self.config.checkpoint_records)
+                and time.monotonic() >= self._next_checkpoint_try
+            ):
+                await self._checkpoint()
             if time.monotonic() - self._last_housekeeping >= self.config.housekeeping_seconds:
                 self._last_housekeeping = time.monotonic()
                 await self._io(self._housekeeping_blocking)
@@ -306,6 +331,14 @@ class Scheduler:
         wrote = False
         for offset, data in records:
             record = self._decode(offset, data)
+            if isinstance(record, Carry):
+                self.state.relocate(record.msg_id, offset)
+                continue
+            if isinstance(record, Checkpoint):
+                self.state.checkpointed(record.through, offset)
+                self._store_pointer(record.through, offset)
+                self.floor = self.state.checkpoint_through
+                continue
             if not isinstance(record, Schedule):
                 continue
             sequence = record.publishing_id if record.reference else offset
@@ -331,8 +364,8 @@ class Scheduler:
 
     def _message_from_system(self, entry: Scheduled) -> bytes:
         record = decode_system_record(self.port.read_system_at(entry.offset))
-        if not isinstance(record, Schedule):
-            raise SystemRecordError(f"system record at {entry.offset} is not a schedule")
+        if not isinstance(record, Schedule | Carry):
+            raise SystemRecordError(f"system record at {entry.offset} holds no message")
         return record.message
 
     def _pull_blocking(self) -> None:
@@ -534,4 +567,6 @@ class Scheduler:
             "failed": self.failed,
             "deposed": self.deposed,
             "working_dir": os.path.abspath(self.working_dir),
+            "checkpoint_through": s.checkpoint_through,
+            "finished_since_checkpoint": len(s.finished),
         }

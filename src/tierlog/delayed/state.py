@@ -6,7 +6,7 @@ Where a scheduled message is:
 * ``parking`` — due later, waiting to be written into a timer object of its hour;
 * ``parked`` — in a committed timer object of its hour (the timer manifest lists it);
 * ``in_flight`` — its dispatch intent was recorded; the append to the stream is running;
-* ``finished`` — delivered or cancelled: never placed again in this scheduler's life.
+* ``finished`` — delivered or cancelled since the last checkpoint (see below).
 
 Hour ``h`` covers due times ``[h, h+1) * HOUR_MS``. The pull frontier is the hour of
 ``now + horizon``: every hour up to it is pulled into the working set (one horizon ahead),
@@ -20,6 +20,17 @@ id is at or below it is finished, any other goes back to the working set and get
 in a later batch. ``replay`` applies the same rule to the system stream after a crash: the
 latest intent of a message decides, and it was delivered iff its id is at or below the
 producer's sequence in the stream.
+
+Checkpoints bound what a restart costs: a checkpoint copies every pending message forward
+(``CARRY`` records, then one ``CHECKPOINT`` record naming the scan position ``through`` it
+summarizes). ``Replay`` forgets, at a checkpoint, everything below ``through`` that the
+checkpoint did not carry, so its tables hold what is pending plus what came since the last
+checkpoint; retention may then drop every record below ``through``. The live state follows
+the same rule: ``finished`` is cleared when its checkpoint is scanned (a restart would not
+know those ids either: they lie below the checkpoint, where the scan never returns, and the
+system stream's producer deduplication gives a (reference, publishing id) one SCHEDULE
+record). ``should_checkpoint`` spaces checkpoints so that each costs at most as many
+records as were appended since the previous one: write amplification at most two.
 """
 
 from __future__ import annotations
@@ -29,7 +40,16 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tierlog.delayed.records import Cancel, Dispatch, Schedule, SystemRecord, msg_id_of
+from tierlog.delayed.errors import SystemRecordError
+from tierlog.delayed.records import (
+    Cancel,
+    Carry,
+    Checkpoint,
+    Dispatch,
+    Schedule,
+    SystemRecord,
+    msg_id_of,
+)
 
 HOUR_MS = 3_600_000
 
@@ -61,6 +81,15 @@ class SchedulerState:
     retry: list[Scheduled] = field(default_factory=list)
     """Returned by a failed append: the next batch starts with all of them, so no higher
     publishing id is written while their stale intents could be read as delivered."""
+    intent_of: dict[bytes, int] = field(default_factory=dict)
+    """The latest dispatch intent of each pending message that has one (in flight, or
+    returned by a failed append): a checkpoint carries it."""
+    checkpoint_through: int = 0
+    """The scan position the last checkpoint summarized (where a restart's replay keeps
+    everything from); 0 before the first."""
+    checkpoint_next: int = 0
+    """The offset after the last checkpoint record: the records appended since count
+    towards the next one (its own carries do not)."""
     _heap: list[tuple[int, int, bytes]] = field(default_factory=list)
 
     # ----------------------------------------------------------------- placing
@@ -190,9 +219,10 @@ class SchedulerState:
         """Move a batch in flight; returns the publishing id of its first message."""
         first = self.next_pid
         self.retry = []
-        for entry in entries:
+        for k, entry in enumerate(entries):
             del self.working[entry.msg_id]
             self.in_flight[entry.msg_id] = entry
+            self.intent_of[entry.msg_id] = first + k
         self.next_pid += len(entries)
         return first
 
@@ -206,6 +236,7 @@ class SchedulerState:
             self.in_flight.pop(entry.msg_id, None)
             if first_pid + k <= producer_sequence:
                 self.finished.add(entry.msg_id)
+                self.intent_of.pop(entry.msg_id, None)
                 delivered.append(entry)
             else:
                 self._to_working(entry)
@@ -233,8 +264,48 @@ class SchedulerState:
             entry = self.parked.pop(msg_id, None)
             if entry is not None:
                 self.parked_hours.get(hour_of(entry.due_ms), set()).discard(msg_id)
+            self.intent_of.pop(msg_id, None)
             self.finished.add(msg_id)
         return place
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def should_checkpoint(self, scan_next: int, min_records: int) -> bool:
+        """Time for a checkpoint: at least ``min_records`` records and at least as many
+        records as are pending were appended since the last one's record (so carrying the
+        pending messages forward costs at most one record per record appended, and a
+        checkpoint's own carries never call for the next one)."""
+        return scan_next - self.checkpoint_next >= max(min_records, self.count(), 1)
+
+    def checkpoint_entries(self) -> list[tuple[Scheduled, bool, int]]:
+        """Every pending message as a checkpoint carries it: (entry, parked, latest intent
+        or 0), earliest due first. Nothing may be in flight (the caller holds the round)."""
+        if self.in_flight:
+            raise SystemRecordError("a checkpoint cannot be taken while a batch is in flight")
+        out = [(e, False, self.intent_of.get(m, 0)) for m, e in self.working.items()]
+        out += [(e, False, self.intent_of.get(m, 0)) for m, e in self.parking.items()]
+        out += [(e, True, self.intent_of.get(m, 0)) for m, e in self.parked.items()]
+        out.sort(key=lambda item: (item[0].due_ms, item[0].offset))
+        return out
+
+    def relocate(self, msg_id: bytes, offset: int) -> None:
+        """A checkpoint's copy of a pending message was scanned at ``offset``: its bytes
+        are read from there from now on (retention may drop the older record)."""
+        for table in (self.working, self.parking, self.parked):
+            entry = table.get(msg_id)
+            if entry is None:
+                continue
+            moved = Scheduled(msg_id, entry.due_ms, offset)
+            table[msg_id] = moved
+            self.retry = [moved if e is entry else e for e in self.retry]
+            return
+
+    def checkpointed(self, through: int, at: int) -> None:
+        """The checkpoint record at offset ``at`` was scanned: ids finished before it are
+        implied by it."""
+        self.finished.clear()
+        self.checkpoint_through = max(self.checkpoint_through, through)
+        self.checkpoint_next = max(self.checkpoint_next, at + 1)
 
     # ----------------------------------------------------------------- status
 
@@ -252,40 +323,96 @@ class SchedulerState:
 
 @dataclass
 class Replay:
-    """The system stream read from its start: which scheduled messages are still waiting.
+    """The system stream read from its first offset: which scheduled messages are still
+    waiting.
 
     ``feed`` takes records in offset order; ``live(producer_sequence)`` applies the exactly-
     once rule (a message is delivered iff its latest intent's publishing id is at or below
-    the stream's producer sequence)."""
+    the stream's producer sequence). No message bytes are held: an entry's ``offset`` is
+    where its bytes are (its SCHEDULE record, or its latest CARRY). At a checkpoint the
+    tables keep only the messages it carried and those scheduled at or after its
+    ``through``: memory follows what is pending plus the records since the last
+    checkpoint, never the stream's history."""
 
     incarnation: str
-    schedules: dict[bytes, tuple[Scheduled, bytes]] = field(default_factory=dict)
+    start: int = 0
+    """The first offset read (retention may have dropped what was below): a checkpoint
+    whose ``through`` is below it may have lost carries and is not checked; the last
+    checkpoint always has ``through >= start`` (retention never passes it)."""
+    schedules: dict[bytes, Scheduled] = field(default_factory=dict)
     cancelled: set[bytes] = field(default_factory=set)
     latest_intent: dict[bytes, int] = field(default_factory=dict)
     max_pid: int = 0
+    carried_by: dict[bytes, int] = field(default_factory=dict)
+    """Messages whose latest copy is a CARRY: the checkpoint (``through``) that wrote it."""
+    carried_parked: set[bytes] = field(default_factory=set)
+    checkpoint_through: int = 0
+    checkpoint_next: int = 0
+    checkpoints: int = 0
 
     def feed(self, offset: int, record: SystemRecord) -> None:
         if isinstance(record, Schedule):
             sequence = record.publishing_id if record.reference else offset
             msg_id = msg_id_of(self.incarnation, record.reference, sequence)
             if msg_id not in self.schedules:
-                self.schedules[msg_id] = (Scheduled(msg_id, record.due_ms, offset), record.message)
+                self.schedules[msg_id] = Scheduled(msg_id, record.due_ms, offset)
         elif isinstance(record, Dispatch):
             for k, msg_id in enumerate(record.msg_ids):
                 self.latest_intent[msg_id] = record.first_pid + k
             self.max_pid = max(self.max_pid, record.first_pid + len(record.msg_ids) - 1)
         elif isinstance(record, Cancel):
             self.cancelled.add(record.msg_id)
+        elif isinstance(record, Carry):
+            self._carry(offset, record)
+        elif isinstance(record, Checkpoint):
+            self._checkpoint(offset, record)
 
-    def live(self, producer_sequence: int) -> dict[bytes, tuple[Scheduled, bytes]]:
+    def _carry(self, offset: int, record: Carry) -> None:
+        msg_id = record.msg_id
+        self.schedules[msg_id] = Scheduled(msg_id, record.due_ms, offset)
+        self.carried_by[msg_id] = record.through
+        if record.parked:
+            self.carried_parked.add(msg_id)
+        else:
+            self.carried_parked.discard(msg_id)
+        if record.intent:
+            self.latest_intent[msg_id] = record.intent
+            self.max_pid = max(self.max_pid, record.intent)
+        else:
+            self.latest_intent.pop(msg_id, None)
+
+    def _checkpoint(self, offset: int, record: Checkpoint) -> None:
+        through = record.through
+        carried = {m for m, t in self.carried_by.items() if t == through}
+        if through >= self.start and len(carried) != record.carried:
+            raise SystemRecordError(
+                f"checkpoint through {through} names {record.carried} carried messages, "
+                f"{len(carried)} were found before it"
+            )
+        keep = {
+            m: e
+            for m, e in self.schedules.items()
+            if m in carried or (m not in self.carried_by and e.offset >= through)
+        }
+        self.schedules = keep
+        self.cancelled = {m for m in self.cancelled if m in keep}
+        self.latest_intent = {m: p for m, p in self.latest_intent.items() if m in keep}
+        self.carried_by = {m: t for m, t in self.carried_by.items() if m in keep}
+        self.carried_parked = {m for m in self.carried_parked if m in keep}
+        self.max_pid = max(self.max_pid, record.next_pid - 1)
+        self.checkpoint_through = max(self.checkpoint_through, through)
+        self.checkpoint_next = max(self.checkpoint_next, offset + 1)
+        self.checkpoints += 1
+
+    def live(self, producer_sequence: int) -> dict[bytes, Scheduled]:
         out = {}
-        for msg_id, item in self.schedules.items():
+        for msg_id, entry in self.schedules.items():
             if msg_id in self.cancelled:
                 continue
             intent = self.latest_intent.get(msg_id)
             if intent is not None and intent <= producer_sequence:
                 continue
-            out[msg_id] = item
+            out[msg_id] = entry
         return out
 
     def finished(self, producer_sequence: int) -> set[bytes]:
@@ -304,31 +431,38 @@ def rebuild_state(
     parked_hours: Container[int],
     parked_through: int,
     now_ms: int,
-) -> tuple[SchedulerState, dict[bytes, bytes]]:
+) -> SchedulerState:
     """The state after a restart or takeover, from the replayed system stream, the stream's
-    producer sequence and the committed timer manifest; and the message bytes of every
-    message in the working set or waiting to be parked (the caller writes the working ones
-    that the message store lacks).
+    producer sequence and the committed timer manifest (the caller reads, from each entry's
+    ``offset``, the bytes of the working messages the message store lacks and of those
+    waiting to be parked).
 
     A message due after the pulled hours counts as parked only when the manifest lists its
-    hour and it lies below ``parked_through``; any other is parked again. A message whose
-    intent was recorded but not appended goes first into the next batch (``retry``)."""
+    hour and it lies below ``parked_through`` or its checkpoint carried it as parked; any
+    other is parked again. A message whose intent was recorded but not appended goes first
+    into the next batch (``retry``)."""
     state = SchedulerState(horizon_ms, pulled_through=pulled_through)
     state.next_pid = replay.next_pid(producer_sequence)
-    state.finished = replay.finished(producer_sequence)
+    live = replay.live(producer_sequence)
+    state.finished = set(replay.schedules) - set(live)
+    state.checkpoint_through = replay.checkpoint_through
+    state.checkpoint_next = replay.checkpoint_next
     frontier = state.frontier(now_ms)
-    bodies: dict[bytes, bytes] = {}
-    for entry, message in sorted(
-        replay.live(producer_sequence).values(), key=lambda item: item[0].offset
-    ):
+    carried_parked = replay.carried_parked
+    working, parking = state.working, state.parking
+    for msg_id, entry in live.items():  # one pass, no per-entry lookups: a fresh state
         hour = hour_of(entry.due_ms)
-        if hour > frontier and hour in parked_hours and entry.offset < parked_through:
+        if hour <= frontier:
+            working[msg_id] = entry
+        elif hour in parked_hours and (entry.offset < parked_through or msg_id in carried_parked):
             state.restore_parked(entry)
-            continue
-        state.accept(entry, now_ms)
-        bodies[entry.msg_id] = message
+        else:
+            parking[msg_id] = entry
+    state._heap = [(e.due_ms, e.offset, m) for m, e in working.items()]
+    heapq.heapify(state._heap)
+    state.intent_of = {m: p for m, p in replay.latest_intent.items() if m in live}
     state.retry = sorted(
-        (e for m, e in state.working.items() if m in replay.latest_intent),
+        (e for m, e in working.items() if m in replay.latest_intent),
         key=lambda e: (e.due_ms, e.offset),
     )
-    return state, bodies
+    return state

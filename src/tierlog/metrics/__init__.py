@@ -405,6 +405,12 @@ class Metrics:
             "Dispatch rounds skipped because the node's clock was skewed.",
             registry=r,
         )
+        self.delayed_checkpoints = Counter(
+            "tierlog_delayed_checkpoints",
+            "Checkpoints written to delayed streams' system streams (pending messages carried "
+            "forward so that older records may go).",
+            registry=r,
+        )
         self.delayed_timer_objects = Counter(
             "tierlog_delayed_timer_objects",
             "Timer objects written to the remote tier.",

@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 import tierlog
+from tierlog.delayed.port import SchedulerConfig
 from tierlog.errors import ConfigError, TierlogError
 from tierlog.log.segments import ACTIVE_FILES
 from tierlog.logs import get_logger, redact_uri, setup_logging
@@ -179,6 +180,10 @@ class Server:
             tier_prefix=self.config.tier.prefix,
             epoch=self.config.tier.epoch,
             schedule_deletion=None if self.tiering is None else self.tiering.deletions.schedule,
+            tiering=self.tiering,
+            config=SchedulerConfig(
+                checkpoint_records=self.config.server.delayed_checkpoint_records
+            ),
         )
         await self.delayed.start()
         self._register_stream_metrics(self.broker)

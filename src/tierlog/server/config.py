@@ -67,6 +67,7 @@ class ServerSection:
     open_concurrency: int = 16
     """Streams opened (recovered and resolved) at once after a restart."""
     max_open_segments: int = 4096
+    delayed_checkpoint_records: int = 100_000  # delayed streams: docs/delayed.md, Checkpoints
     """Active segments whose files stay open (two files each; least recently used close)."""
 
 
@@ -535,6 +536,7 @@ class ServerConfig:
             ("server", "writer_threads", s.writer_threads, 1, 256),
             ("server", "open_concurrency", s.open_concurrency, 1, 1024),
             ("server", "max_open_segments", s.max_open_segments, 16, 1 << 20),
+            ("server", "delayed_checkpoint_records", s.delayed_checkpoint_records, 1, 1 << 40),
             ("tier", "event_threads", self.tier.event_threads, 1, 256),
             ("tier", "upload_threads", self.tier.upload_threads, 1, 256),
             ("tier", "resolution_reads", self.tier.resolution_reads, 1, 256),

@@ -9,6 +9,7 @@ and appends to both (docs/delayed.md).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +19,15 @@ from tierlog.delayed.records import check_system_record, encode_schedule
 from tierlog.formats.chunk import simple_entry
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
-from tierlog.log.names import RESERVED_PREFIX, is_reserved
+from tierlog.log.errors import InvalidStreamNameError
+from tierlog.log.names import RESERVED_PREFIX, is_reserved, stream_dir_name
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
+from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.errors import StreamNotFoundError
 from tierlog.server.broker import Broker, StreamHandle
+from tierlog.server.tiered_source import StreamChunkSource
+from tierlog.storage.object_store import MAX_SEGMENT_BYTES
 
 if TYPE_CHECKING:
     from tierlog.server.delayed_service import DelayedService
@@ -31,6 +36,10 @@ log = get_logger("tierlog.server.delayed")
 
 SYSTEM_PREFIX = RESERVED_PREFIX + "_delayed."
 """A delayed stream's system stream is ``SYSTEM_PREFIX + name``: a reserved name."""
+HASHED_SYSTEM_PREFIX = RESERVED_PREFIX + "_delayed#"
+"""System streams of streams whose name is too long for ``SYSTEM_PREFIX + name``."""
+_CREATED_NS_WIDTH = 10**19 - 1
+"""A creation timestamp as wide as any until the year 2286 (directory-name budget)."""
 DISPATCHER_REFERENCE = RESERVED_PREFIX + "_delayed_dispatcher"
 """The internal named producer that appends due messages to their stream (reserved: no
 client may declare it, so no client can move the sequence the dispatch is judged by)."""
@@ -40,12 +49,54 @@ Settle = Callable[[Sequence[int], Sequence[tuple[int, int]]], None]
 """(confirmed publishing ids, (publishing id, error code) pairs) of one Publish frame."""
 
 
-def system_stream_name(name: str) -> str:
-    return SYSTEM_PREFIX + name
+def system_stream_name(name: str, vhost: str = "/") -> str:
+    """The hidden system stream of delayed stream ``name``: ``SYSTEM_PREFIX + name`` when
+    that is a legal stream name in ``vhost`` whose directory name is also a legal object
+    key segment (so it can be tiered) — the name every existing system stream has — else
+    ``HASHED_SYSTEM_PREFIX`` + 32 hex digits of blake2b-128 of the name, so that every
+    legal stream name has one (``resolve_system_name`` keeps a plain-named one that exists)."""
+    plain = SYSTEM_PREFIX + name
+    try:
+        dir_name = stream_dir_name(vhost, plain, _CREATED_NS_WIDTH)
+        fits = len(dir_name.encode("utf-8", "surrogatepass")) <= MAX_SEGMENT_BYTES
+    except InvalidStreamNameError:
+        fits = False
+    if fits:
+        return plain
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16)
+    return HASHED_SYSTEM_PREFIX + digest.hexdigest()
+
+
+def resolve_system_name(broker: Broker, vhost: str, name: str) -> str:
+    """``system_stream_name``, unless a plain-named system stream of ``name`` exists already
+    (created before hashed names, with a name that makes a legal directory but too long a
+    key segment for a remote tier): that one keeps its name and its data."""
+    derived = system_stream_name(name, vhost)
+    plain = SYSTEM_PREFIX + name
+    if derived != plain and (
+        broker.get(vhost, plain) is not None or broker.opening(vhost, plain) is not None
+    ):
+        return plain
+    return derived
 
 
 def is_system_stream(name: str) -> bool:
-    return name.startswith(SYSTEM_PREFIX)
+    return name.startswith((SYSTEM_PREFIX, HASHED_SYSTEM_PREFIX))
+
+
+def parent_stream_name(broker: Broker, vhost: str, system_name: str) -> str | None:
+    """The delayed stream whose system stream is ``system_name`` (None: not a system stream,
+    or a hashed one whose stream is neither open nor opening here)."""
+    if system_name.startswith(SYSTEM_PREFIX):
+        return system_name[len(SYSTEM_PREFIX) :]
+    if not system_name.startswith(HASHED_SYSTEM_PREFIX):
+        return None
+    names = {h.name for h in broker.streams() if h.vhost == vhost}
+    names |= {o.record.name for o in broker.opening_streams() if o.record.vhost == vhost}
+    for name in names:
+        if not is_system_stream(name) and system_stream_name(name, vhost) == system_name:
+            return name
+    return None
 
 
 def publisher_sequence(broker: Broker, handle: StreamHandle, reference: str) -> int | None:
@@ -58,7 +109,7 @@ def publisher_sequence(broker: Broker, handle: StreamHandle, reference: str) -> 
     sequence = handle.log.producer_sequence(reference)
     if handle.delayed is None:
         return sequence
-    system = broker.get(handle.vhost, system_stream_name(handle.name))
+    system = broker.get(handle.vhost, resolve_system_name(broker, handle.vhost, handle.name))
     scheduled = None if system is None else system.log.producer_sequence(reference)
     if sequence is None or (scheduled is not None and scheduled > sequence):
         return scheduled
@@ -134,21 +185,33 @@ class HandlePort:
         return handle
 
     def _system(self) -> StreamHandle:
-        handle = self.broker.get(self.vhost, system_stream_name(self.name))
+        handle = self.broker.get(
+            self.vhost, resolve_system_name(self.broker, self.vhost, self.name)
+        )
         if handle is None:
             raise StreamNotFoundError(f"system stream of {self.name!r} is not open")
         return handle
 
+    def _system_reader(self, from_offset: int) -> TieredReader:
+        """The cross-tier reader (every subscription's) over the system stream's whole
+        local log: everything committed here, also what a cluster leader's consumers do not
+        see yet (a new leader's rebuild must see every dispatch intent its log holds)."""
+        handle = self._system()
+        source = handle.source
+        assert isinstance(source, StreamChunkSource)
+        return source.reader(OffsetSpec.offset(from_offset), handle.log)
+
     def first_system_offset(self) -> int:
-        return self._system().log.first_offset
+        """The first offset across tiers: after the node's disk was lost, the local log
+        starts at the remote tail, and every record below it is in the remote tier only."""
+        return self._system().first_offset()
 
     def read_system(self, from_offset: int) -> tuple[list[tuple[int, bytes]], int]:
-        stream_log = self._system().log
-        if from_offset >= stream_log.commit_point().next_offset:
-            return [], from_offset
+        """Committed records from ``from_offset``, read across tiers, at most
+        ``READ_BATCH_RECORDS``."""
         out: list[tuple[int, bytes]] = []
         next_offset = from_offset
-        with stream_log.reader(OffsetSpec.offset(from_offset)) as reader:
+        with self._system_reader(from_offset) as reader:
             for offset, record in reader.records():
                 if offset < from_offset:
                     continue
@@ -159,10 +222,13 @@ class HandlePort:
         return out, next_offset
 
     def read_system_at(self, offset: int) -> bytes:
-        records, _ = self.read_system(offset)
-        if not records or records[0][0] != offset:
-            raise StreamNotFoundError(f"no record at offset {offset} of the system stream")
-        return records[0][1]
+        with self._system_reader(offset) as reader:
+            for at, record in reader.records():
+                if at == offset:
+                    return bytes(record)
+                if at > offset:
+                    break
+        raise StreamNotFoundError(f"no record at offset {offset} of the system stream")
 
     async def append_system(self, records: list[bytes]) -> bool:
         try:

@@ -1,12 +1,13 @@
 """Delayed delivery in the server: the publish path of delayed streams, their hidden system
 streams, one scheduler per delayed stream, admin routes and metrics (docs/delayed.md).
 
-A stream created with ``x-tierlog-delayed=true`` gets a hidden system stream named
-``SYSTEM_PREFIX + name`` in its vhost, with the stream's settings (same ack / sync mode,
-same tiering) minus retention: it is the durable copy of every scheduled message until it
-is delivered. It is created on the first need, not listed, not creatable or deletable by
-users, and deleted when its stream is (the service's reconcile pass, every
-``RECONCILE_SECONDS``, notices).
+A stream created with ``x-tierlog-delayed=true`` gets a hidden system stream
+(``delayed_intake.system_stream_name``: ``SYSTEM_PREFIX + name``, or a hashed name when
+that is too long) in its vhost, with the stream's settings (same ack / sync mode, same
+tiering) minus retention: it is the durable copy of every scheduled message until it is
+delivered. Its retention is the scheduler's last checkpoint: records below it go. It is
+created on the first need, not listed, not creatable or deletable by users, and deleted
+when its stream is (the service's reconcile pass, every ``RECONCILE_SECONDS``, notices).
 
 The scheduler of a stream runs on the node that leads both the stream and its system
 stream (single node: this one). In a cluster the system stream gets the stream's voters
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -32,6 +34,7 @@ from aiohttp import web
 
 from tierlog.delayed.clock import MetaStoreClock, ReferencedClock
 from tierlog.delayed.errors import DelayedError, NotScheduledError
+from tierlog.delayed.pointer import CheckpointPointer
 from tierlog.delayed.scheduler import Scheduler, SchedulerConfig
 from tierlog.delayed.timers import TimerStore
 from tierlog.errors import TierlogError
@@ -44,12 +47,13 @@ from tierlog.server.admin_security import AdminGuard
 from tierlog.server.broker import Broker, StreamHandle
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.delayed_intake import (
-    SYSTEM_PREFIX,
     DelayedIntake,
     HandlePort,
     is_system_stream,
-    system_stream_name,
+    parent_stream_name,
+    resolve_system_name,
 )
+from tierlog.server.tiering_service import TieringService
 from tierlog.storage.meta_store import MetaStore
 from tierlog.storage.object_store import ObjectStore
 
@@ -62,9 +66,22 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _free_below(system: StreamHandle, floor: int) -> list[int]:
+    """Delete the sealed local segments of ``system`` wholly below ``floor``, oldest first
+    (on its writer thread)."""
+    freed = []
+    for segment in system.log.list_segments():
+        if not segment.sealed or segment.next_offset > floor:
+            break
+        system.log.delete_segment(segment.first_offset)
+        freed.append(segment.first_offset)
+    return freed
+
+
 def system_settings(parent: StreamSettings) -> StreamSettings:
-    """The parent's settings (ack mode, tiering) without retention: nothing scheduled may
-    be removed before it is delivered."""
+    """The parent's settings (ack mode, tiering) without the parent's retention: nothing
+    scheduled may be removed before it is delivered. The system stream's retention is its
+    checkpoints' floor (``_apply_floor``)."""
     return parent.updated(
         delayed=False,
         max_bytes=None,
@@ -88,8 +105,11 @@ class DelayedService:
         epoch: int = 1,
         schedule_deletion: Callable[[list[str]], None] | None = None,
         config: SchedulerConfig | None = None,
+        tiering: TieringService | None = None,
     ) -> None:
         self.broker = broker
+        self.tiering = tiering
+        self._floors: dict[tuple[str, str], int] = {}
         self.metrics = metrics
         self.meta = meta
         self.objects = objects
@@ -135,7 +155,9 @@ class DelayedService:
         scheduler needs both on one node."""
         if not is_system_stream(record.name):
             return True
-        parent = record.name[len(SYSTEM_PREFIX) :]
+        parent = parent_stream_name(self.broker, record.vhost, record.name)
+        if parent is None:
+            return True  # its stream is unknown here: an orphan, to be deleted
         if self.broker.get(record.vhost, parent) is not None:
             return True
         return self.broker.opening(record.vhost, parent) is None
@@ -144,9 +166,11 @@ class DelayedService:
         """This node no longer leads ``handle`` (a delayed stream or a system stream):
         its scheduler's rounds stop now, before the stream is released; the working set
         closes in the background."""
-        name = handle.name
-        if is_system_stream(name):
-            name = name[len(SYSTEM_PREFIX) :]
+        name: str | None = handle.name
+        if is_system_stream(handle.name):
+            name = parent_stream_name(self.broker, handle.vhost, handle.name)
+        if name is None:
+            return
         scheduler = self.schedulers.get((handle.vhost, name))
         if scheduler is None:
             return
@@ -202,6 +226,7 @@ class DelayedService:
                     await self._start_scheduler(handle)
         for key, scheduler in list(self.schedulers.items()):
             if key in handles:
+                await self._apply_floor(handles[key], scheduler)
                 continue
             if self.broker.opening(*key) is None:
                 await self._retire(key, scheduler)
@@ -210,12 +235,38 @@ class DelayedService:
         for handle in handles.values():  # system streams whose stream is gone
             if not is_system_stream(handle.name):
                 continue
-            parent_key = (handle.vhost, handle.name[len(SYSTEM_PREFIX) :])
+            parent_name = parent_stream_name(self.broker, handle.vhost, handle.name)
+            if parent_name is None:
+                await self._delete_system(handle.vhost, handle.name)
+                continue
+            parent_key = (handle.vhost, parent_name)
             parent = handles.get(parent_key)
             if parent is None and self.broker.opening(*parent_key) is None:
                 await self._delete_system(handle.vhost, handle.name)
             elif parent is not None and handle.record.created_ns < parent.record.created_ns:
                 await self._delete_system(handle.vhost, handle.name)  # of an older stream
+
+    async def _apply_floor(self, handle: StreamHandle, scheduler: Scheduler) -> None:
+        """Let the system stream's retention drop what the scheduler's last checkpoint
+        summarized: through the tiering service (whole fragments below the floor, then the
+        local segments below the new remote start), or, without a remote tier on a single
+        node, the sealed local segments wholly below it. In a cluster without a remote tier
+        the local copies are kept (a lagging member may still need them)."""
+        floor = scheduler.floor
+        key = (handle.vhost, handle.name)
+        if floor is None or floor <= self._floors.get(key, -1):
+            return
+        system = self.open_system_stream(handle)
+        if system is None:
+            return
+        if self.tiering is not None:
+            self.tiering.set_retention_floor(system, floor)
+        elif system.confirm_gate is None:
+            loop = asyncio.get_running_loop()
+            freed = await loop.run_in_executor(system.executor, _free_below, system, floor)
+            if freed:
+                log.info("delayed_system_segments_freed", stream=handle.name, segments=freed)
+        self._floors[key] = floor
 
     async def _sweep_deleted(self) -> None:
         """Working sets, timer manifests and timer objects of streams deleted while the
@@ -228,6 +279,7 @@ class DelayedService:
                 continue
             path = self._working_dir(incarnation)
             await loop.run_in_executor(None, _remove_tree, path)
+            await loop.run_in_executor(None, CheckpointPointer(self.meta, incarnation).delete)
             if self.objects is not None:
                 timers = TimerStore(
                     self.objects, self.meta, self.tier_prefix, incarnation, self.epoch
@@ -255,12 +307,8 @@ class DelayedService:
                 settings=handle.settings,
             )
         base = self.config or SchedulerConfig()
-        config = SchedulerConfig(
-            horizon_ms=int(handle.settings.delayed_horizon_seconds * 1000),
-            batch_limit=base.batch_limit,
-            tick_seconds=base.tick_seconds,
-            park_interval_seconds=base.park_interval_seconds,
-            housekeeping_seconds=base.housekeeping_seconds,
+        config = dataclasses.replace(
+            base, horizon_ms=int(handle.settings.delayed_horizon_seconds * 1000)
         )
         scheduler = Scheduler(
             handle.vhost,
@@ -273,6 +321,7 @@ class DelayedService:
             timers=timers,
             reference=self.reference,
             schedule_deletion=self.schedule_deletion,
+            pointer=CheckpointPointer(self.meta, incarnation),
         )
         await scheduler.rebuild()
         scheduler.start()
@@ -294,6 +343,7 @@ class DelayedService:
         await loop.run_in_executor(
             None, lambda: shutil.rmtree(scheduler.working_dir, ignore_errors=True)
         )
+        await loop.run_in_executor(None, CheckpointPointer(self.meta, scheduler.incarnation).delete)
         if scheduler.timers is not None:
             timers = scheduler.timers
             keys = await loop.run_in_executor(None, timers.all_keys)
@@ -309,7 +359,9 @@ class DelayedService:
 
     def open_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The stream's system stream when it is open and available now."""
-        system = self.broker.get(handle.vhost, system_stream_name(handle.name))
+        system = self.broker.get(
+            handle.vhost, resolve_system_name(self.broker, handle.vhost, handle.name)
+        )
         if system is None or system.unavailable is not None:
             return None
         return system if system.record.created_ns >= handle.record.created_ns else None
@@ -317,7 +369,7 @@ class DelayedService:
     async def ensure_system_stream(self, handle: StreamHandle) -> StreamHandle | None:
         """The open system stream of a delayed stream, created when missing; None while it
         is not available (opening after a restart, or creation failed)."""
-        name = system_stream_name(handle.name)
+        name = resolve_system_name(self.broker, handle.vhost, handle.name)
         system = self.broker.get(handle.vhost, name)
         if system is not None:
             if system.record.created_ns >= handle.record.created_ns:

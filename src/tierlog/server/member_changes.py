@@ -51,7 +51,7 @@ from tierlog.cluster.state import MembersChanged, Phase, PromoteLearner
 from tierlog.errors import TierlogError
 from tierlog.logs import get_logger
 from tierlog.server.cluster_gates import MemberEvents
-from tierlog.server.delayed_intake import SYSTEM_PREFIX, is_system_stream
+from tierlog.server.delayed_intake import is_system_stream, parent_stream_name
 
 if TYPE_CHECKING:
     from tierlog.server.cluster_service import ClusterService
@@ -149,7 +149,9 @@ class MemberChanges:
         broker = self.service.broker
         if handle is None or broker is None or not is_system_stream(handle.name):
             return frozenset()
-        parent = handle.name[len(SYSTEM_PREFIX) :]
+        parent = parent_stream_name(broker, handle.vhost, handle.name)
+        if parent is None:
+            return frozenset()
         parent_handle = broker.get(handle.vhost, parent)
         opening = broker.opening(handle.vhost, parent)
         record = parent_handle.record if parent_handle is not None else None

@@ -93,6 +93,22 @@ class StreamChunkSource:
     def strategy(self) -> ReadStrategy:
         return ReadStrategy.parse(self._strategy())
 
+    def reader(self, spec: OffsetSpec, local: LogSource) -> TieredReader:
+        """A blocking reader of the whole stream from ``spec`` over ``local`` (the stream's
+        full local log: an internal reader such as a delayed stream's scheduler reads
+        everything committed locally, not the consumers' view, which on a cluster leader
+        or an ``ack = remote`` stream ends earlier) and, once tiering started, the remote
+        tier (the stream's read strategy)."""
+        if self._manifest is None:
+            return TieredReader(local, None, spec)
+        return TieredReader(
+            local,
+            self._manifest,
+            spec,
+            strategy=self.strategy(),
+            prefetcher=default_prefetcher(),
+        )
+
     def new_reader(self, spec: OffsetSpec) -> TieredReader:
         assert self._manifest is not None
         return TieredReader(

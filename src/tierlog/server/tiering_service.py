@@ -41,7 +41,7 @@ from tierlog.tiering.config import tiering_config
 from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.memory_budget import ByteBudget
 from tierlog.tiering.remote_ack import tiering_overrides
-from tierlog.tiering.retention import RetentionPolicy, remote_trim_offset
+from tierlog.tiering.retention import RetentionPolicy, floor_trim_offset, remote_trim_offset
 from tierlog.tiering.runtime import RuntimeSizes, TieringRuntime
 from tierlog.tiering.segment_repair import repair_from_remote
 from tierlog.tiering.tierer import StreamTierer
@@ -77,6 +77,7 @@ class TieringService:
         self.offloads: dict[str, SegmentOffloadService] = {}  # segment-mode streams
         self._handles: dict[str, StreamHandle] = {}
         self._not_started: dict[str, StreamHandle] = {}
+        self._floors: dict[str, int] = {}  # retention floors by incarnation
         self._retry_at: dict[str, tuple[float, float]] = {}  # incarnation: (due, delay)
         self._tasks: list[asyncio.Task[None]] = []
         # one budget for every stream's fragments in flight (an upload backlog across
@@ -143,6 +144,9 @@ class TieringService:
             task_stall_seconds=self.config.store.task_stall_seconds,
         )
         tierer.committer.on_commit_seconds = self.metrics.manifest_commit_seconds.observe
+        floor = self._floors.get(handle.record.incarnation)
+        if floor is not None:
+            tierer.set_retention_floor(floor)
         if handle.commit_fence is not None:
             tierer.committer.fence = handle.commit_fence
         if handle.cluster_commit is not None:
@@ -210,7 +214,12 @@ class TieringService:
         def trim(tree: ManifestTree) -> int | None:
             current = handle.record.settings
             policy = RetentionPolicy(current.max_bytes, current.max_age_seconds)
-            return remote_trim_offset(tree, self.store.get, policy, int(time.time() * 1000))
+            trim_to = remote_trim_offset(tree, self.store.get, policy, int(time.time() * 1000))
+            floor = self._floors.get(incarnation)
+            below = None if floor is None else floor_trim_offset(tree, self.store.get, floor)
+            if below is not None and (trim_to is None or below > trim_to):
+                trim_to = below
+            return trim_to
 
         service = SegmentOffloadService(
             handle.log,
@@ -340,6 +349,18 @@ class TieringService:
             "manifest_depth": status["manifest_height"],
             **status,
         }
+
+    def set_retention_floor(self, handle: StreamHandle, floor: int) -> None:
+        """Let retention drop every whole fragment of ``handle`` below ``floor`` (and the
+        local segments below the new remote start, as for any trim), whatever its policy:
+        how a delayed stream's system stream sheds what its last checkpoint summarized."""
+        incarnation = handle.record.incarnation
+        if floor <= self._floors.get(incarnation, -1):
+            return
+        self._floors[incarnation] = floor
+        tierer = self.tierers.get(incarnation)
+        if tierer is not None:
+            tierer.set_retention_floor(floor)
 
     # -- background work ----------------------------------------------------------------
     def run_cleanups(self) -> None:

@@ -6,6 +6,8 @@ the local segment list), so they can be evaluated often and tested exhaustively.
 * Remote retention (the stream's ``max_bytes`` / ``max_age``) trims whole fragments from
   the front of the manifest; ``max_age`` compares a fragment's *max* timestamp with the
   cut-off, so a fragment goes only when all of its data is too old.
+* A retention *floor* (``floor_trim_offset``; the system streams of delayed streams set it
+  at their last checkpoint) trims every fragment wholly below it, whatever the policy.
 * Local retention (``local_max_bytes`` / ``local_max_age``) frees the oldest sealed local
   segments, but only those whose data is safe elsewhere: every offset in the segment is below the
   durably committed manifest's next offset, or below the remote first offset (already
@@ -48,6 +50,22 @@ def remote_trim_offset(
         if not (too_big or too_old):
             break
         removed += loc.entry.data_size
+        trim_to = loc.next_offset
+    return trim_to
+
+
+def floor_trim_offset(tree: ManifestTree, load: Loader, floor: int) -> int | None:
+    """The offset to trim the remote tier to so that nothing at or above ``floor`` goes:
+    the end of the last whole fragment below it, never the stream's last fragment (None:
+    nothing to trim). A delayed stream's system stream sets its floor at its last
+    checkpoint. The last fragment stays because a node that lost its disk resumes from the
+    remote tail: its last chunk (and tracking) must stay readable."""
+    if tree.is_empty:
+        return None
+    trim_to: int | None = None
+    for loc in tree.iter_fragments(load):
+        if loc.next_offset > floor or loc.next_offset >= tree.next_offset:
+            break
         trim_to = loc.next_offset
     return trim_to
 

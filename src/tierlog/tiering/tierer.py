@@ -157,6 +157,7 @@ class StreamTierer(RetentionMixin):
         self.gate_appends = gate_appends
         self._limiter = RateLimiter(upload_bytes_per_second) if upload_bytes_per_second else None
         self.retention = retention or RetentionPolicy()
+        self.retention_floor: int | None = None
         self.retention_interval = retention_interval
         self._next_retention = 0.0
         self._retention_running = threading.Lock()

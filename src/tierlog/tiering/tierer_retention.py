@@ -21,6 +21,7 @@ from tierlog.tiering.deletion import DeletionQueue
 from tierlog.tiering.retention import (
     RetentionPolicy,
     describe_segments,
+    floor_trim_offset,
     local_segments_to_free,
     remote_trim_offset,
 )
@@ -42,6 +43,9 @@ class RetentionMixin:
     clock: Callable[[], float]
     halted: str | None
     retention: RetentionPolicy
+    retention_floor: int | None
+    """Every whole fragment below this offset may go, whatever the policy (a delayed
+    stream's system stream: its last checkpoint); None: no floor."""
     retention_interval: float
     retention_trims: int
     _next_retention: float
@@ -64,13 +68,18 @@ class RetentionMixin:
         if policy != self.retention:
             self.set_retention(policy)
 
+    def set_retention_floor(self, floor: int) -> None:
+        """Raise the floor (never lowers it); the next retention pass trims below it."""
+        if self.retention_floor is None or floor > self.retention_floor:
+            self.retention_floor = floor
+            self._next_retention = 0.0
+
     def _maybe_retention(self) -> None:
         now = self.clock()
         if now < self._next_retention or self._stopping:
             return
-        if not self.retention.active and not self.deletions.shared_pass_due(
-            self.retention_interval
-        ):
+        active = self.retention.active or self.retention_floor is not None
+        if not active and not self.deletions.shared_pass_due(self.retention_interval):
             return  # nothing to trim and the node's deletion pass is not due
         self._next_retention = now + self.retention_interval
         if self._retention_running.acquire(blocking=False) and not self._submit(
@@ -99,9 +108,15 @@ class RetentionMixin:
         """Trim the remote tier by the stream's retention; the new first offset if it did."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         trimmed = None
-        if self.retention.active and not self.halted:
+        floor = self.retention_floor
+        if (self.retention.active or floor is not None) and not self.halted:
             tree = self.committer.tree
             trim_to = remote_trim_offset(tree, self.remote.load, self.retention, now_ms)
+            if floor is not None:
+                floor = min(floor, self._tail_segment_start(tree.next_offset, tree.first_offset))
+                below = floor_trim_offset(tree, self.remote.load, floor)
+                if below is not None and (trim_to is None or below > trim_to):
+                    trim_to = below
             if trim_to is not None and trim_to > tree.first_offset:
                 self.committer.commit([], trim_to=trim_to)
                 self.retention_trims += 1
@@ -113,6 +128,17 @@ class RetentionMixin:
                     first_offset=trimmed,
                 )
         return trimmed
+
+    def _tail_segment_start(self, remote_next: int, remote_first: int) -> int:
+        """Where the local segment holding the remote tail starts: a floor never trims
+        into it, because a node that lost its disk rebuilds the stream's tracking
+        (producer sequences, consumer offsets) by replaying that segment's fragments from
+        its first one. When that segment is not local, nothing is trimmed."""
+        tail = remote_next - 1
+        for ref in reversed(self.log.segment_refs()):
+            if ref.first_offset <= tail:
+                return ref.first_offset
+        return remote_first
 
     def local_segments_to_free(
         self, max_bytes: int | None, max_age_seconds: float | None, now_ms: int | None = None
