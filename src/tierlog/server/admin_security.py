@@ -25,6 +25,11 @@ from tierlog.server.limits import Gatekeeper
 log = get_logger("tierlog.server.admin")
 
 DEFAULT_ADMIN_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+HEALTH_LIVE = "/api/health/live"
+HEALTH_READY = "/api/health/ready"
+PROBES = frozenset({HEALTH_LIVE, HEALTH_READY})
+"""Served to anyone (systemd, Kubernetes probes call them by the pod's address, with no
+credentials): ``GET`` only, they change nothing and name no stream."""
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 USER_KEY = web.RequestKey("user", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -88,6 +93,8 @@ class AdminGuard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in PROBES and request.method in ("GET", "HEAD"):
+            return await handler(request)
         host = request.headers.get("Host", "")
         if not self.host_allowed(host):
             self.gate.refused("admin", "host")

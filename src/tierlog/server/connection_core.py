@@ -233,6 +233,15 @@ class ConnectionCore(asyncio.Protocol):
             self.transport.close()
         self.state = "closed"
 
+    def close_for_reload(self) -> None:
+        """Close this connection: its user was removed by a configuration reload."""
+        if self.transport is not None and self.state != "closed":
+            self.transport.write(
+                CloseRequest(1, ResponseCode.AUTHENTICATION_FAILURE, "user removed").encode()
+            )
+            self.transport.close()
+        self.state = "closed"
+
     def _spawn(self, handler: Callable[[Any], Any]) -> Callable[[Any], None]:
         def start(command: Any) -> None:
             task = asyncio.ensure_future(handler(command))

@@ -18,6 +18,12 @@ from tierlog.server.auth import Authenticator
 from tierlog.server.config import LimitsSection, ServerConfig
 
 
+def authenticator_for(config: ServerConfig) -> Authenticator:
+    """The ``Authenticator`` of a configuration's ``[auth]`` (at start and on reload)."""
+    a = config.auth
+    return Authenticator(a.users, a.tokens, a.permissions, a.loopback_users)
+
+
 class MemoryWaiter(Protocol):
     """A connection that stopped reading because the node-wide budget was spent."""
 
@@ -59,8 +65,7 @@ class Gatekeeper:
     """Authentication and connection accounting shared by the stream and admin listeners."""
 
     def __init__(self, config: ServerConfig, metrics: Metrics) -> None:
-        a = config.auth
-        self.auth = Authenticator(a.users, a.tokens, a.permissions, a.loopback_users)
+        self.auth = authenticator_for(config)
         self.limits: LimitsSection = config.limits
         self.metrics = metrics
         self.connections = 0
