@@ -14,14 +14,20 @@ started here on free loopback ports and stopped at the end):
   confirm. The stream cuts and commits a fragment every ``tier.remote_ack_interval_seconds``
   (default 0.2 s), so the floor is about that interval plus one fragment PUT and one
   manifest commit (root PUT + etcd conditional put).
+* ``catchup_chunks_per_s``: the rate a member (restarted after being killed) catches up
+  ``--catchup-chunks`` (100,000) one-message chunks the leader wrote while it was away
+  (target ≥ 0.5 of ``catchup_leader_chunks_per_s``, the rate the leader wrote them at,
+  one message in flight per producer, 32 producers). Needs a three-node cluster.
 
 The cluster parts run on the multi-node test harness (``tests/cluster/nodes.py``, see
 ``benches/cluster_parts.py``); when the build has no harness or will not create a
 replicated stream they are refused with a message (exit code 3), never estimated, and the
 last line carries only what was measured. With every part measured the last line is
-exactly ``rf3_ratio=<x> failover_s=<y> ttl_s=<t> remote_ack_p99_ms=<z>``.
+exactly ``rf3_ratio=<x> failover_s=<y> ttl_s=<t> remote_ack_p99_ms=<z>
+catchup_chunks_per_s=<c> catchup_leader_chunks_per_s=<w>``.
 
     .venv/bin/python benches/cluster.py [--seconds 10] [--in-flight 200] [--only remote_ack]
+        [--catchup-chunks 100000]
 """
 
 from __future__ import annotations
@@ -36,14 +42,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benches.cluster_parts import Refused, failover_s, rf3_ratio
+from benches.cluster_parts import Refused, catchup_chunks_per_s, failover_s, rf3_ratio
 from tests.plugins.etcd import find_or_install_etcd, start_etcd, stop_process
 from tests.plugins.seaweed import SeaweedServer, start_seaweed, stop_seaweed
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tests.server.remote_ack_run import create, publish_for
 from tests.server.test_remote_ack_disk_loss import remote_config, s3_env
 
-PARTS = ("rf3", "failover", "remote_ack")
+PARTS = ("rf3", "failover", "remote_ack", "catchup")
 EXIT_INCOMPLETE = 3
 
 
@@ -85,6 +91,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="publish time per part")
     parser.add_argument("--in-flight", type=int, default=200, help="unconfirmed messages at most")
     parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts")
+    parser.add_argument(
+        "--catchup-chunks", type=int, default=100_000, help="chunks the member is behind"
+    )
     args = parser.parse_args()
     parts = args.only or list(PARTS)
     results: dict[str, str] = {}
@@ -128,11 +137,30 @@ def main() -> int:
                 f"{args.in_flight} in flight, p99 confirm latency {p99:.0f} ms"
             )
             results["remote_ack_p99_ms"] = f"{p99:.0f}"
+        if "catchup" in parts:
+            try:
+                rate, leader_rate, notes = asyncio.run(
+                    catchup_chunks_per_s(workdir, etcd, seaweed, args.catchup_chunks)
+                )
+            except Refused as exc:
+                print(f"catchup: refused: {exc}; nothing is estimated", file=sys.stderr)
+                incomplete = True
+            else:
+                print("\n".join(notes))
+                results["catchup_chunks_per_s"] = f"{rate:.0f}"
+                results["catchup_leader_chunks_per_s"] = f"{leader_rate:.0f}"
     finally:
         stop_process(etcd_proc)
         stop_seaweed(seaweed)
         shutil.rmtree(workdir, ignore_errors=True)
-    order = ("rf3_ratio", "failover_s", "ttl_s", "remote_ack_p99_ms")
+    order = (
+        "rf3_ratio",
+        "failover_s",
+        "ttl_s",
+        "remote_ack_p99_ms",
+        "catchup_chunks_per_s",
+        "catchup_leader_chunks_per_s",
+    )
     print(" ".join(f"{k}={results[k]}" for k in order if k in results))
     return EXIT_INCOMPLETE if incomplete else 0
 

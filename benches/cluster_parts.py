@@ -201,3 +201,73 @@ async def failover_s(
         return first - killed_at, float(nodes.TTL), notes
     finally:
         cluster.close()
+
+
+def _stream_bytes(directory: Path) -> int:
+    """Bytes of a stream directory's segment and index files (0 when it has none)."""
+    if not directory.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in directory.iterdir() if p.suffix in (".segment", ".index"))
+
+
+async def catchup_chunks_per_s(
+    workdir: Path, etcd: str, seaweed: SeaweedServer, chunks: int
+) -> tuple[float, float, list[str]]:
+    """(chunks/s a restarted member caught up ``chunks`` one-message chunks at, chunks/s
+    the leader wrote them at, notes).
+
+    A three-voter stream; one member (not the leader) is killed; the leader writes
+    ``chunks`` one-message chunks (``tests/cluster/one_message_chunks.py``: producers
+    with one message in flight each, so the log grows by one chunk per message at the
+    leader's confirm rate); the member is restarted. Catch-up time runs from the
+    member's ``cluster_stream_following`` log line (its log is open and it fetches) to
+    the moment its segment and index files are as long as the leader's (checked every
+    20 ms; compared byte for byte afterwards)."""
+    from tests.cluster.one_message_chunks import publish_one_per_chunk
+
+    nodes = harness()
+    cluster = start_cluster(workdir / "catchup", etcd, seaweed)
+    try:
+        await nodes.create_replicated(cluster, "catchup", {"x-initial-cluster-size": "3"})
+        leader, _ = cluster.leader_of("catchup")
+        if leader is None:
+            raise Refused("the catch-up stream has no leader")
+        member = next(n for n in cluster.nodes if n != leader)
+        port = cluster.node(leader).process.stream_port
+        await publish_one_per_chunk(port, "catchup", 100, name="warm-up")
+        incarnation = cluster.incarnation("catchup")
+        theirs = cluster.node(leader).process.data_dir / "streams" / incarnation
+        mine = cluster.node(member).process.data_dir / "streams" / incarnation
+        deadline = time.monotonic() + 20
+        while _stream_bytes(mine) != _stream_bytes(theirs) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        cluster.node(member).process.kill()
+        written = await publish_one_per_chunk(port, "catchup", chunks, producers=32, name="away")
+        target = _stream_bytes(theirs)
+        cluster.node(member).process.start()
+        deadline = time.monotonic() + max(120.0, 10 * written.seconds)
+        while _stream_bytes(mine) < target and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        done = time.time()
+        if _stream_bytes(mine) < target:
+            raise Refused(f"the member did not catch up {chunks} chunks in time")
+        following = [
+            e
+            for e in cluster.node(member).log_events("cluster_stream_following")
+            if e.get("incarnation") == incarnation
+        ]
+        if not following:
+            raise Refused("the member logged no cluster_stream_following")
+        started = nodes.log_time(following[-1])
+        if not nodes.same_files_as_leader(cluster, "catchup", member):
+            raise Refused("the member's files differ from the leader's after catching up")
+        seconds = done - started
+        notes = [
+            f"catchup: leader {leader} wrote {written.confirmed} one-message chunks in "
+            f"{written.seconds:.1f} s ({written.per_second:.0f} chunks/s); member {member} "
+            f"caught them up in {seconds:.2f} s ({chunks / seconds:.0f} chunks/s), "
+            f"files byte-identical"
+        ]
+        return chunks / seconds, written.per_second, notes
+    finally:
+        cluster.close()

@@ -247,11 +247,16 @@ class Cluster:
         proxied_etcd: bool = False,
         replicated: bool = False,
         proxied_replication: bool = False,
+        meta_uri: Callable[[str, str], str] | None = None,
+        node_config: Callable[[str], str] | None = None,
     ) -> None:
+        """``meta_uri(endpoint, namespace)``: the MetaStore URI (default plain etcd);
+        ``node_config(name)``: more lines for a node's ``[cluster]`` table."""
         self.base = base
         etcd_host, etcd_port = etcd_endpoint.rsplit(":", 1)
         self.namespace = f"t-{uuid.uuid4().hex}"
-        self.meta_uri = f"etcd://{etcd_endpoint}/{self.namespace}"
+        uri_of = meta_uri or (lambda endpoint, namespace: f"etcd://{endpoint}/{namespace}")
+        self.meta_uri = uri_of(etcd_endpoint, self.namespace)
         prefix = f"t/{uuid.uuid4().hex}"
         self.object_uri = f"s3://{s3.bucket}/{prefix}?endpoint={s3.endpoint}&region={s3.region}"
         self.env = {
@@ -265,7 +270,7 @@ class Cluster:
             endpoint = f"{HOST}:{proxy.port}" if proxy else etcd_endpoint
             config = f"""
 [storage]
-meta_store = "etcd://{endpoint}/{self.namespace}"
+meta_store = "{uri_of(endpoint, self.namespace)}"
 object_store = "{self.object_uri}"
 
 [tier]
@@ -281,6 +286,8 @@ scan_interval_seconds = 0.3
 """
             if replicated or proxied_replication:
                 config += 'secret = "cluster-secret-for-the-tests"\n'
+            if node_config is not None:
+                config += node_config(name)
             replication_proxy = None
             if proxied_replication:
                 # peers dial the advertised address (the proxy), which forwards to the

@@ -268,7 +268,7 @@ def test_a_failed_write_refuses_more_until_reopened(leader, tmp_path, monkeypatc
     rest, _ = span_bytes(leader, after, 10**6)
     import tierlog.log.segments as segments
 
-    def no_space(fd, parts, total):
+    def no_space(fd, parts):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(segments, "write_all", no_space)
@@ -284,3 +284,45 @@ def test_a_failed_write_refuses_more_until_reopened(leader, tmp_path, monkeypatc
     leader.sync()
     assert stream_files(reopened.stream_dir) == stream_files(leader.stream_dir)
     reopened.close()
+
+
+def test_a_failed_fdatasync_is_recovered_in_place_from_what_the_disk_holds(
+    leader, tmp_path, monkeypatch
+):
+    write_leader_chunks(leader, 30)
+    follower = follower_log(tmp_path)
+    first, after = span_bytes(leader, 0, 200)
+    follower.accept_chunks(first)
+    follower.sync_to_disk()
+    durable = follower.durable_point()
+    rest, _ = span_bytes(leader, after, 700)  # the rest of the same segment
+    import tierlog.log.segments as segments
+
+    real_fdatasync = os.fdatasync
+    lost: list[int] = []
+
+    def lost_pages(fd):
+        # the writeback failed: the pages written since the last fdatasync never
+        # reached the disk (what power loss after this would show)
+        os.ftruncate(fd, durable.end_position)
+        lost.append(fd)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(segments.os, "fdatasync", lost_pages)
+    follower.accept_chunks(rest)
+    assert follower.next_offset > durable.next_offset  # written, not durable
+    with pytest.raises(SyncFailedError):
+        follower.sync_to_disk()
+    assert follower.write_failed
+    with pytest.raises(SyncFailedError):
+        follower.accept_chunks(rest)
+    monkeypatch.setattr(segments.os, "fdatasync", real_fdatasync)
+    # in place: the same object, writable again, at what the disk holds
+    assert follower.recover_after_failure() == durable.next_offset
+    assert not follower.write_failed
+    assert follower.durable_point().chunk_id == follower.last_chunk_id == durable.chunk_id
+    replicate(leader, follower)
+    leader.sync()
+    assert stream_files(follower.stream_dir) == stream_files(leader.stream_dir)
+    assert lost
+    follower.close()

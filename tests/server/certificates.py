@@ -37,6 +37,7 @@ def _issue(
     *,
     ca: bool = False,
     server: bool = False,
+    node: bool = False,
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (
@@ -49,13 +50,16 @@ def _issue(
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
-    if server:
+    if server or node:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+        if node:  # a cluster node both accepts and dials replication links
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = builder.add_extension(
             x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
             ),
             critical=False,
-        ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        ).add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     elif not ca:
         builder = builder.add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
@@ -115,4 +119,38 @@ def make_certificates(directory: Path, client_cn: str = "alice") -> CertFiles:
         client_key=directory / "client.key",
         stranger_cert=directory / "stranger.pem",
         stranger_key=directory / "stranger.key",
+    )
+
+
+@dataclass(frozen=True)
+class NodeCertFiles:
+    ca: Path
+    nodes: dict[str, tuple[Path, Path]]
+    """Certificate and key of each node, for both sides of a link."""
+    stranger: tuple[Path, Path]
+    """A node certificate from another CA (its links must be refused)."""
+
+
+def make_node_certificates(directory: Path, nodes: tuple[str, ...]) -> NodeCertFiles:
+    """A cluster CA, one certificate per node (server and client use), and a stranger."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = _issue("tierlog cluster CA", ca_key, "tierlog cluster CA", ca_key, ca=True)
+    _write(directory / "cluster-ca.pem", ca, None)
+    files: dict[str, tuple[Path, Path]] = {}
+    for node in nodes:
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write(
+            directory / f"{node}.pem",
+            _issue(node, key, "tierlog cluster CA", ca_key, node=True),
+            key,
+        )
+        files[node] = (directory / f"{node}.pem", directory / f"{node}.key")
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    key = ec.generate_private_key(ec.SECP256R1())
+    _write(directory / "stranger.pem", _issue("n9", key, "another CA", other_key, node=True), key)
+    return NodeCertFiles(
+        directory / "cluster-ca.pem",
+        files,
+        (directory / "stranger.pem", directory / "stranger.key"),
     )

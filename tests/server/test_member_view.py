@@ -179,3 +179,33 @@ async def test_member_handles_follow_the_follower(tmp_path: Path) -> None:
     follower.close()
     leader.close()
     meta.close()
+
+
+async def test_a_consumer_past_the_learned_commit_starts_at_the_chunk_holding_its_offset(
+    tmp_path: Path,
+) -> None:
+    """A consumer resuming at an offset the member has written but not yet learned as
+    committed waits at the view's end; once the commit moves past it, the first chunk it
+    gets is the one that holds its offset, not the chunks between the old commit and it
+    (clients skip records below their offset only inside the first chunk)."""
+    from tierlog.server.chunk_source import CommitNotifier, LocalChunkSource
+
+    leader = StreamLog.create(str(tmp_path / "leader"), "v", "s", SMALL, created_ns=1)
+    write_leader_chunks(leader, 40)
+    leader.sync()
+    follower = StreamLog.create_follower(str(tmp_path / "f" / "v_s_1"), SMALL)
+    replicate(leader, follower)
+    chunks = chunk_ids(leader)
+    view = MemberCommitView(follower)
+    view.set_limit(chunks[10][0])  # the learned commit lags what the member wrote
+    resume_at = chunks[20][0] + 1 if chunks[20][1] > chunks[20][0] + 1 else chunks[20][0]
+    source = LocalChunkSource(view, CommitNotifier())
+    cursor = source.attach(OffsetSpec.offset(resume_at))
+    assert await cursor.read() is None  # nothing committed at or after it yet
+    view.set_limit(chunks[-1][0])
+    first = await cursor.read()
+    assert first is not None
+    assert first.chunk_id <= resume_at < first.next_offset
+    cursor.close()
+    follower.close()
+    leader.close()

@@ -65,19 +65,41 @@ from tierlog.cluster.link import (
 )
 from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.offset_requests import OffsetAnswerer, OffsetRequests
-from tierlog.cluster.replica_runner import ByteBudget, CatchUpRun, FollowedStream, ReplicaCounts
+from tierlog.cluster.replica_runner import (
+    ByteBudget,
+    CatchUpRun,
+    FollowedStream,
+    ReplicaCounts,
+    ReplicaStatus,
+)
 from tierlog.cluster.tail_queries import TailAnswerer, TailQueries
 from tierlog.concurrency import SerialPool
 from tierlog.formats import replication as wire
-from tierlog.formats.errors import FormatError
+from tierlog.formats.errors import FormatError, InvalidSizeError
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 
 log = get_logger(__name__)
 
+DIAL_LOG_EVERY = 12
+"""A failing dial is logged at the first attempt of a streak, then every this many."""
+
 PeerResolver = Callable[[str], tuple[str, int]]
 _HANDSHAKE_ERRORS = (TimeoutError, LinkAuthError, FormatError, OSError, asyncio.IncompleteReadError)
 MAX_PENDING_FRAMES = 10_000  # per peer while its link is being dialed
+# Incoming connections open at once, authenticated links included. A cluster has a
+# handful of nodes, each keeping one link to us (two for a moment while both dial);
+# whoever reaches the port beyond this is refused at accept, before a byte is read.
+MAX_INCOMING_CONNECTIONS = 64
+# Why incoming connections were refused (``refusals`` counts each; exported by reason).
+REFUSAL_REASONS = (
+    "connection_cap",
+    "auth",
+    "oversized",
+    "malformed",
+    "timeout",
+    "closed",
+)
 
 __all__ = ["LeaderListener", "PeerResolver", "ReplicationHub"]
 
@@ -100,6 +122,8 @@ class ReplicationHub:
         retry_delay: float = 0.2,
         server_ssl: ssl.SSLContext | None = None,
         client_ssl: ssl.SSLContext | None = None,
+        max_incoming: int = MAX_INCOMING_CONNECTIONS,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         if not secret:
             raise ValueError("the cluster secret must not be empty")
@@ -116,6 +140,10 @@ class ReplicationHub:
         self.retry_delay = retry_delay
         self._server_ssl = server_ssl
         self._client_ssl = client_ssl
+        self.max_incoming = max_incoming
+        self.handshake_timeout = handshake_timeout
+        self.incoming = 0  # incoming connections open now (handshaking or linked)
+        self.refusals: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         self._server: asyncio.Server | None = None
         self.links: dict[str, Link] = {}
         self._pending: dict[str, deque[wire.Frame]] = {}
@@ -135,7 +163,17 @@ class ReplicationHub:
     # -- lifecycle -------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
         """Listen for other nodes' links; returns the bound port."""
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=self._server_ssl)
+        # With TLS, asyncio runs the TLS handshake (bounded by the same deadline) before
+        # ``_accept``; a failed one never becomes a connection here, so it is neither
+        # counted under the cap nor as a refusal. (Starting TLS inside ``_accept``
+        # instead races the peer's ClientHello into the plain stream's buffer.)
+        self._server = await asyncio.start_server(
+            self._accept,
+            host,
+            port,
+            ssl=self._server_ssl,
+            ssl_handshake_timeout=self.handshake_timeout if self._server_ssl else None,
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -208,6 +246,12 @@ class ReplicationHub:
         if followed is not None:
             followed.close()
             self._unfollowed.add(followed)
+
+    def replica_status(self, stream: str) -> ReplicaStatus | None:
+        """How this member replicates ``stream`` (state, last error, written and commit
+        offsets); None when it does not follow it."""
+        followed = self.followed.get(stream)
+        return None if followed is None else followed.status()
 
     def replica_counts(self) -> ReplicaCounts:
         """Every followed stream's counters summed, those no longer followed included."""
@@ -442,22 +486,41 @@ class ReplicationHub:
     async def _dial(self, peer: str) -> None:
         try:
             delay = self.retry_delay
+            failures = 0
             while not self._closing and self._pending.get(peer):
                 try:
                     host, port = self._peers(peer)
                     reader, writer = await asyncio.wait_for(
                         asyncio.open_connection(host, port, ssl=self._client_ssl),
-                        HANDSHAKE_TIMEOUT,
+                        self.handshake_timeout,
                     )
                 except (TimeoutError, OSError, KeyError) as exc:
-                    log.info("replication_dial_failed", peer=peer, error=repr(exc))
+                    # logged at the first failure of a streak, then every
+                    # ``DIAL_LOG_EVERY``th (about once a minute at the 5 s retry pause)
+                    if failures % DIAL_LOG_EVERY == 0:
+                        if isinstance(exc, KeyError):
+                            log.info(
+                                "replication_peer_unknown",
+                                peer=peer,
+                                reason="no registered replication address: its node lease "
+                                "is gone (down, cut from the MetaStore, or retired)",
+                                attempts=failures + 1,
+                            )
+                        else:
+                            log.info(
+                                "replication_dial_failed",
+                                peer=peer,
+                                error=repr(exc),
+                                attempts=failures + 1,
+                            )
+                    failures += 1
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
                 try:
                     name = await asyncio.wait_for(
                         handshake_dialer(reader, writer, self.node, self._secret, peer),
-                        HANDSHAKE_TIMEOUT,
+                        self.handshake_timeout,
                     )
                 except (
                     TimeoutError,
@@ -479,32 +542,51 @@ class ReplicationHub:
             self._dialing.pop(peer, None)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """An incoming connection: refused at once past the connection cap, else it must
+        finish the handshake (frames of at most ``MAX_HANDSHAKE_FRAME_BYTES``) within
+        ``handshake_timeout``; every refusal is counted by reason."""
+        if self._closing or self.incoming >= self.max_incoming:
+            self._refuse("closed" if self._closing else "connection_cap", writer, None)
+            return
+        self.incoming += 1
+        registered = False
         try:
-            peer = await asyncio.wait_for(
-                handshake_acceptor(reader, writer, self.node, self._secret), HANDSHAKE_TIMEOUT
-            )
-        except (
-            TimeoutError,
-            LinkAuthError,
-            FormatError,
-            OSError,
-            asyncio.IncompleteReadError,
-        ) as exc:
-            if isinstance(exc, LinkAuthError):
-                self.auth_failures += 1
-            if isinstance(exc, FormatError):
-                self.malformed_frames += 1
-            log.warning("replication_link_refused", error=repr(exc))
-            writer.close()
-            return
-        if self._closing:
-            writer.close()
-            return
-        self._register(peer, peer, reader, writer)
+            try:
+                peer = await asyncio.wait_for(
+                    handshake_acceptor(reader, writer, self.node, self._secret),
+                    self.handshake_timeout,
+                )
+            except _HANDSHAKE_ERRORS as exc:
+                self._refuse(_refusal_reason(exc), writer, exc)
+                return
+            if self._closing:
+                writer.close()
+                return
+            # an accepted link's close gives its place back (``_closed``)
+            registered = self._register(peer, peer, reader, writer) is not None
+        finally:
+            if not registered:
+                self.incoming -= 1
+
+    def _refuse(self, reason: str, writer: asyncio.StreamWriter, exc: BaseException | None) -> None:
+        self.refusals[reason] += 1
+        if reason == "auth":
+            self.auth_failures += 1
+        elif reason in ("malformed", "oversized"):
+            self.malformed_frames += 1
+        peer = writer.get_extra_info("peername")
+        # rate-limited by nature: one line per refused connection, and the cap bounds them
+        log.warning(
+            "replication_link_refused",
+            reason=reason,
+            peer_address=repr(peer),
+            error=repr(exc) if exc is not None else None,
+        )
+        writer.close()
 
     def _register(
         self, peer: str, dialer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    ) -> Link | None:
         existing = self.links.get(peer)
         if existing is not None and not existing.closed:
             # Both nodes dialed at once: keep the link dialed by the lower name (each side
@@ -512,7 +594,7 @@ class ReplicationHub:
             keep_new = dialer == min(self.node, peer)
             if not keep_new or existing.dialer == dialer:
                 writer.close()
-                return
+                return None
             existing.close()
         link = Link(
             peer,
@@ -529,8 +611,11 @@ class ReplicationHub:
         pending = self._pending.pop(peer, None)
         while pending:
             link.send(pending.popleft())
+        return link
 
     def _closed(self, link: Link) -> None:
+        if link.dialer != self.node:  # accepted by us: its place under the cap is free
+            self.incoming -= 1
         if isinstance(link.error, FormatError):
             self.malformed_frames += 1
         if link.failed_side == "send":
@@ -546,6 +631,18 @@ class ReplicationHub:
         for run in self._catch_ups.values():
             if run.leader == link.peer:
                 run.refetch()
+
+
+def _refusal_reason(exc: BaseException) -> str:
+    if isinstance(exc, LinkAuthError):
+        return "auth"
+    if isinstance(exc, InvalidSizeError):
+        return "oversized"
+    if isinstance(exc, FormatError):
+        return "malformed"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "closed"  # the peer went away (EOF, reset) before finishing
 
 
 _ = log_history  # re-exported for the server integration

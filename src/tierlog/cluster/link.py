@@ -42,7 +42,7 @@ from tierlog.logs import get_logger
 
 log = get_logger(__name__)
 
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from accept (or dial) to the last proof
 SPAN_PIECE = 256 * 1024  # bytes read and written at a time without sendfile
 
 
@@ -57,17 +57,20 @@ async def read_frame(reader: asyncio.StreamReader) -> wire.Frame:
     return frame
 
 
-async def read_sized_frame(reader: asyncio.StreamReader) -> tuple[wire.Frame, int]:
-    """One whole frame and its size in bytes on the wire."""
+async def read_sized_frame(
+    reader: asyncio.StreamReader, limit: int = wire.MAX_FRAME_BYTES
+) -> tuple[wire.Frame, int]:
+    """One whole frame and its size in bytes on the wire; a length above ``limit`` is
+    refused (``InvalidSizeError``) before any of the body is read."""
     head = await reader.readexactly(4)
-    size = wire.frame_size(head)
+    size = wire.frame_size(head, limit)
     assert size is not None
     rest = await reader.readexactly(size - 4)
     return wire.decode(head + rest), size
 
 
 async def _expect(reader: asyncio.StreamReader, kind: type[wire.Frame]) -> wire.Frame:
-    frame = await read_frame(reader)
+    frame, _size = await read_sized_frame(reader, wire.MAX_HANDSHAKE_FRAME_BYTES)
     if not isinstance(frame, kind):
         raise LinkAuthError(f"expected {kind.__name__} during the handshake, got {frame!r:.80}")
     return frame

@@ -8,6 +8,15 @@ follows it is sent), ``Truncate`` (``StreamLog.truncate_after``), ``AppendChunks
 (``accept_chunks`` then ``sync_to_disk``: ``WRITTEN`` is only sent for fsynced chunks),
 ``SetCommit`` (the stream's ``on_commit`` callback) and ``Send``.
 
+What a member reports is what is on its disk: ``WRITTEN`` and the tail of every fetch
+come from the log's fsynced (durable) point, and chunks written before a refused one
+are fsynced before anything is reported. A write or fdatasync that fails (a full
+disk, an I/O error) does not stop the member for good: the log is recovered in place
+(``StreamLog.recover_after_failure``: what the files hold, fsynced), the session is
+rebuilt from it, and replication resumes from there, retried with a growing pause (up
+to ``MAX_FAILURE_DELAY``) while the disk keeps refusing. The last failure stays in
+``status()`` until a write succeeds again.
+
 A fetch that gets no answer within ``fetch_timeout`` (a cut link, a lost frame) is sent
 again (logged as ``replica_fetch_timed_out`` and counted); only an answer to the fetch
 in flight disarms that timer, never a ``COMMIT`` or a late answer to an earlier fetch,
@@ -24,15 +33,16 @@ member with the most up-to-date tail, until the log ends at that tail.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tierlog.cluster.errors import CatchUpError, StaleEpochError
 from tierlog.cluster.fetch_server import log_history
-from tierlog.cluster.log_history import History, Tail
+from tierlog.cluster.log_history import NO_CHUNK, History, Tail, truncate_history
 from tierlog.cluster.replication import (
     Action,
     AppendChunks,
@@ -43,13 +53,44 @@ from tierlog.cluster.replication import (
     Truncate,
 )
 from tierlog.formats import replication as wire
-from tierlog.log.errors import AcceptError
+from tierlog.log.errors import AcceptError, SyncFailedError
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 
 log = get_logger(__name__)
 
 SendFn = Callable[[str, wire.Frame], None]
+
+MAX_FAILURE_DELAY = 5.0
+"""Seconds between attempts at most while the member's log keeps failing (full disk)."""
+
+ReplicaState = Literal["idle", "following", "catching-up", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    """What a member knows about its replication of one stream, for the operator view.
+
+    ``state``: ``idle`` (no leader known yet), ``following`` (its log holds what the
+    leader announced as committed), ``catching-up`` (``behind`` offsets short of the
+    commit the leader announced), ``failed`` (its log failed under the last action:
+    ``last_error`` says how, since ``failed_since`` (Unix seconds), ``failures`` in a
+    row; it recovers and retries by itself). ``written_chunk_id``: the last chunk on its
+    disk (fsynced), the one it reports; ``commit_chunk_id``: the commit it may show its
+    consumers; ``leader_commit_chunk_id``: the highest commit the leader announced."""
+
+    leader: str | None
+    epoch: int | None
+    state: ReplicaState
+    written_chunk_id: int
+    next_offset: int
+    commit_chunk_id: int
+    leader_commit_chunk_id: int
+    behind: int
+    last_error: str | None
+    failed_since: float | None
+    failures: int
+    recoveries: int
 
 
 class ByteBudget:
@@ -145,10 +186,22 @@ class FollowedStream:
         self._timer: asyncio.TimerHandle | None = None
         self._outstanding: wire.Fetch | None = None  # the last fetch sent
         self.fetch_timeouts = 0  # fetches sent again for want of an answer
+        self.last_error: str | None = None  # the log's last failure, until a write succeeds
+        self.failed_since: float | None = None
+        self.failures = 0  # failures in a row (the retry pause grows with them)
+        self.recoveries = 0  # in-place recoveries of the log after a failed write
+        self._recover = False  # the log failed under a write: recover it first
         self._loop = asyncio.get_running_loop()
+        # when a frame of the leader followed (anything but a refusal) was last taken
+        # up, on the loop clock: a member whose log work is stuck takes up nothing. A
+        # new follower or leader counts from when it was told to follow, so its
+        # readers get a grace period (``server.member_reads`` bounds it)
+        self.heard_at = self._loop.time()
 
     # -- input -----------------------------------------------------------------------
     def follow(self, leader: str, epoch: int) -> None:
+        if leader != self.leader:
+            self.heard_at = self._loop.time()
         self._put(None, _Follow(leader, epoch))
 
     def deliver(self, peer: str, frame: wire.Frame) -> None:
@@ -204,7 +257,14 @@ class FollowedStream:
         return await self._loop.run_in_executor(self.executor, fn, *args)
 
     def _state(self) -> tuple[History, int]:
-        return log_history(self.log), self.log.next_offset
+        """The log as the member may report it: up to its fsynced chunk only. Written
+        and durable differ only after a failure, which recovery resolves before the
+        next report; this keeps a report from ever naming a chunk not on the disk."""
+        durable = self.log.durable_point()
+        history = log_history(self.log)
+        if durable.chunk_id == self.log.last_chunk_id:
+            return history, self.log.next_offset
+        return truncate_history(history, durable.chunk_id), durable.next_offset
 
     async def _start_session(self) -> ReplicaSession:
         highest = await self._run(self.log.read_member_epoch)
@@ -224,17 +284,76 @@ class FollowedStream:
         except Exception as exc:
             # the log failed under an action (disk, closed): start again from what is
             # on disk, in the epoch we followed
-            log.exception("replica_stream_failed", stream=self.stream, error=repr(exc))
-            if self.session is not None and self.session.leader_epoch is not None:
-                self._epoch = self.session.leader_epoch
-            self.session = None
-            self._arm(self.retry_delay)
+            self._failed(exc)
         finally:
             self._task = None
             if self._inbox and not self.closed:
                 self._task = asyncio.create_task(self._drain(), name=f"replica-{self.stream}")
 
+    def _failed(self, exc: Exception) -> None:
+        """The log failed under an action: forget the session (it is rebuilt from the
+        disk) and try again after a pause that grows while failures repeat. A failed
+        write or fdatasync (``OSError``, ``SyncFailedError``) has the log recovered in
+        place first; logged once, then every 50th time, without a traceback."""
+        self.failures += 1
+        self.last_error = repr(exc)
+        if self.failed_since is None:
+            self.failed_since = time.time()
+        io_failure = isinstance(exc, OSError | SyncFailedError) or self.log.write_failed
+        if io_failure and not self.log.closed:
+            self._recover = True
+        delay = min(MAX_FAILURE_DELAY, self.retry_delay * 2 ** min(self.failures - 1, 16))
+        if self.failures == 1 or self.failures % 50 == 0:
+            fields = {
+                "stream": self.stream,
+                "error": repr(exc),
+                "failures": self.failures,
+                "retry_in": round(delay, 3),
+            }
+            if io_failure:
+                log.error("replica_write_failed", **fields)
+            else:
+                log.exception("replica_stream_failed", **fields)
+        if self.session is not None and self.session.leader_epoch is not None:
+            self._epoch = self.session.leader_epoch
+        self.session = None
+        self._arm(delay)
+
+    def _succeeded(self) -> None:
+        """A write reached the disk: the member replicates again."""
+        if self.failures:
+            log.warning(
+                "replica_write_resumed",
+                stream=self.stream,
+                failures=self.failures,
+                failed_for=round(time.time() - (self.failed_since or time.time()), 3),
+            )
+        self.failures = 0
+        self.last_error = None
+        self.failed_since = None
+
+    async def _recover_log(self) -> None:
+        """Recover the failed log in place (what the disk holds, fsynced); readers of
+        the member are told if that cut chunks they may have been shown."""
+        before = self.log.last_chunk_id
+        next_offset = await self._run(self.log.recover_after_failure)
+        self._recover = False
+        self.recoveries += 1
+        after = self.log.last_chunk_id
+        log.warning(
+            "replica_log_recovered",
+            stream=self.stream,
+            next_offset=next_offset,
+            cut_chunks_after=after if after < before else None,
+        )
+        if after < before and self.on_truncate is not None:
+            self.on_truncate(after)
+
     async def _handle(self, peer: str | None, item: object) -> None:
+        if peer is not None and peer == self.leader and not isinstance(item, wire.Refused):
+            self.heard_at = self._loop.time()
+        if self._recover:
+            await self._recover_log()
         session = self.session or await self._start_session()
         actions: list[Action]
         if isinstance(item, _Follow):
@@ -310,6 +429,7 @@ class FollowedStream:
                 await self._run(self.log.persist_member_epoch, action.epoch)
             elif isinstance(action, Truncate):
                 await self._run(self.log.truncate_after, action.keep_through)
+                self._succeeded()
                 if self.on_truncate is not None:
                     self.on_truncate(action.keep_through)
                 history, next_offset = await self._run(self._state)
@@ -322,6 +442,8 @@ class FollowedStream:
                     self.errors += 1
                     refused = True
                     log.warning("replica_chunks_refused", stream=self.stream, error=str(exc))
+                else:
+                    self._succeeded()
                 history, next_offset = await self._run(self._state)
                 follow_up = session.written(history, next_offset)
                 if refused:
@@ -349,7 +471,13 @@ class FollowedStream:
                     self._arm(self.fetch_timeout)
 
     def _append(self, chunks: wire.Chunks) -> None:
-        self.log.accept_chunks(chunks.data, segment_start=chunks.segment_start)
+        try:
+            self.log.accept_chunks(chunks.data, segment_start=chunks.segment_start)
+        except AcceptError:
+            # the chunks before the refused one are written: on the disk before they
+            # are reported (a failed fdatasync here is a failed write, recovered)
+            self.log.sync_to_disk()
+            raise
         self.log.sync_to_disk()
 
     def after_written(self, session: ReplicaSession) -> None:
@@ -376,6 +504,36 @@ class FollowedStream:
         self._inbox.clear()
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
+
+    def status(self) -> ReplicaStatus:
+        """This member's replication of the stream as it stands (event loop thread)."""
+        session = self.session
+        durable = self.log.durable_point()
+        leader_commit = session.leader_commit if session is not None else NO_CHUNK
+        behind = max(0, leader_commit + 1 - durable.next_offset) if leader_commit >= 0 else 0
+        state: ReplicaState
+        if self.last_error is not None:
+            state = "failed"
+        elif self.leader is None:
+            state = "idle"
+        elif behind:
+            state = "catching-up"
+        else:
+            state = "following"
+        return ReplicaStatus(
+            leader=self.leader,
+            epoch=session.leader_epoch if session is not None else self._epoch,
+            state=state,
+            written_chunk_id=durable.chunk_id,
+            next_offset=durable.next_offset,
+            commit_chunk_id=session.commit if session is not None else NO_CHUNK,
+            leader_commit_chunk_id=leader_commit,
+            behind=behind,
+            last_error=self.last_error,
+            failed_since=self.failed_since,
+            failures=self.failures,
+            recoveries=self.recoveries,
+        )
 
     def serving_epoch(self) -> int | None:
         """The epoch this member adopted, in which it answers its leader's catch-up."""

@@ -104,6 +104,11 @@ class ReplicaSession:
     def tail(self) -> Tail:
         return tail_of(self.history)
 
+    @property
+    def leader_commit(self) -> int:
+        """The highest commit (chunk id) the followed leader announced."""
+        return self._leader_commit
+
     def _refuse(self, epoch: int, actions: list[Action]) -> None:
         actions.append(
             Send(

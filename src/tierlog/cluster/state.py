@@ -282,6 +282,10 @@ class LeaderState:
     def written(self, member: str) -> int:
         return self._written.get(member, NO_CHUNK)
 
+    def heard_at(self, member: str) -> float | None:
+        """When ``member`` was last heard in this epoch (None: not yet)."""
+        return self._heard.get(member)
+
     # -- transitions -----------------------------------------------------------------
     def start(self, now: float) -> list[Effect]:
         others = tuple(m for m in self.membership.members if m != self.node)

@@ -22,6 +22,12 @@ class SystemRecordError(DelayedError):
     decode (wrong magic, truncated, CRC mismatch)."""
 
 
+class ForeignRecordError(SystemRecordError):
+    """A record offered to (or found in) a system stream is not one a system stream holds
+    (SCHEDULE, DISPATCH or CANCEL): refused at intake; one found anyway (a restored or
+    damaged file) is skipped, logged and counted by the scheduler, never a stall."""
+
+
 class TimerManifestError(DelayedError):
     """The timer manifest in the MetaStore does not decode."""
 

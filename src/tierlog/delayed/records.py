@@ -27,7 +27,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from tierlog.delayed.errors import SystemRecordError
+from tierlog.delayed.errors import ForeignRecordError, SystemRecordError
 
 SCHEDULE_MAGIC = b"TLDS"
 DISPATCH_MAGIC = b"TLDD"
@@ -101,6 +101,7 @@ def encode_cancel(msg_id: bytes) -> bytes:
 
 
 def decode_system_record(data: bytes | memoryview) -> SystemRecord:
+    """The record; ``ForeignRecordError`` when it is not one a system stream holds."""
     buf = bytes(data)
     magic = buf[:4]
     try:
@@ -115,14 +116,39 @@ def decode_system_record(data: bytes | memoryview) -> SystemRecord:
             _, first, count = _DISPATCH_HEAD.unpack_from(buf, 0)
             pos = _DISPATCH_HEAD.size
             if len(buf) != pos + count * MSG_ID_SIZE:
-                raise SystemRecordError("dispatch record length does not match its count")
+                raise ForeignRecordError("dispatch record length does not match its count")
             ids = tuple(buf[pos + k * 16 : pos + k * 16 + 16] for k in range(count))
             return Dispatch(first, ids)
         if magic == CANCEL_MAGIC and len(buf) == 4 + MSG_ID_SIZE:
             return Cancel(buf[4:])
     except (struct.error, UnicodeDecodeError) as exc:
-        raise SystemRecordError(f"system record does not decode: {exc}") from exc
-    raise SystemRecordError(f"not a system record (starts with {buf[:4]!r})")
+        raise ForeignRecordError(f"system record does not decode: {exc}") from exc
+    raise ForeignRecordError(f"not a system record (starts with {buf[:4]!r})")
+
+
+def check_system_record(data: bytes | memoryview) -> None:
+    """Raise ``ForeignRecordError`` unless ``data`` is a whole SCHEDULE, DISPATCH or CANCEL
+    record: the gate of a system stream's intake (it copies no message bytes)."""
+    view = memoryview(data)
+    magic = bytes(view[:4])
+    try:
+        if magic == SCHEDULE_MAGIC:
+            _, _due, ref_len = _SCHEDULE_HEAD.unpack_from(view, 0)
+            pos = _SCHEDULE_HEAD.size
+            if len(view) < pos + ref_len + _U64.size:
+                raise ForeignRecordError("schedule record shorter than its header")
+            bytes(view[pos : pos + ref_len]).decode()
+            return
+        if magic == DISPATCH_MAGIC:
+            _, _first, count = _DISPATCH_HEAD.unpack_from(view, 0)
+            if len(view) == _DISPATCH_HEAD.size + count * MSG_ID_SIZE:
+                return
+            raise ForeignRecordError("dispatch record length does not match its count")
+        if magic == CANCEL_MAGIC and len(view) == 4 + MSG_ID_SIZE:
+            return
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise ForeignRecordError(f"system record does not decode: {exc}") from exc
+    raise ForeignRecordError(f"not a system record (starts with {magic!r})")
 
 
 def encode_working(due_ms: int, offset: int, message: bytes | memoryview) -> bytes:

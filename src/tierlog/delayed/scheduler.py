@@ -20,6 +20,7 @@ from typing import Any
 
 from tierlog.delayed.clock import MAX_SKEW_MS, Clock, ReferenceClock, WallClock
 from tierlog.delayed.errors import (
+    ForeignRecordError,
     NotScheduledError,
     SchedulerStoppedError,
     SystemRecordError,
@@ -28,6 +29,7 @@ from tierlog.delayed.errors import (
 from tierlog.delayed.port import SchedulerConfig, StreamPort
 from tierlog.delayed.records import (
     Schedule,
+    SystemRecord,
     TimerEntry,
     decode_system_record,
     decode_working,
@@ -203,7 +205,9 @@ class Scheduler:
         while True:
             records, next_offset = self.port.read_system(offset)
             for at, data in records:
-                replay.feed(at, decode_system_record(data))
+                record = self._decode(at, data)
+                if record is not None:
+                    replay.feed(at, record)
             if next_offset == offset:
                 break
             offset = next_offset
@@ -245,6 +249,23 @@ class Scheduler:
             system_next_offset=offset,
         )
 
+    def _decode(self, offset: int, data: bytes) -> SystemRecord | None:
+        """A system-stream record, or None for one that is not (clients cannot write system
+        streams, so only a restored or damaged file holds one): skipped, logged and
+        counted, never a stall of the stream's deliveries."""
+        try:
+            return decode_system_record(data)
+        except ForeignRecordError as exc:
+            self.metrics.delayed_foreign_records.inc()
+            log.error(
+                "delayed_foreign_record_skipped",
+                vhost=self.vhost,
+                stream=self.name,
+                offset=offset,
+                error=str(exc),
+            )
+            return None
+
     def _delete_orphans(self) -> None:
         """Objects no manifest names (a crash between their PUT and the commit)."""
         assert self.timers is not None
@@ -284,7 +305,7 @@ class Scheduler:
         now = self.clock.now_ms()
         wrote = False
         for offset, data in records:
-            record = decode_system_record(data)
+            record = self._decode(offset, data)
             if not isinstance(record, Schedule):
                 continue
             sequence = record.publishing_id if record.reference else offset

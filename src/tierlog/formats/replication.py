@@ -72,6 +72,10 @@ from tierlog.formats.errors import (
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 << 20  # a fetch answer is capped well below this by max bytes
+# Before a peer has proven the cluster secret it may send only HELLO, CHALLENGE and PROOF,
+# each well under this: a longer length header is refused before its body is read, so an
+# unauthenticated connection never makes the node allocate more than this.
+MAX_HANDSHAKE_FRAME_BYTES = 4096
 MAX_STREAM_ID_BYTES = 1024
 MAX_EPOCH = (1 << 64) - 1
 NO_CHUNK = -1
@@ -447,14 +451,15 @@ def _encode_offset_frame(frame: OffsetFrame) -> bytes:
 # --- decoding ---------------------------------------------------------------------------
 
 
-def frame_size(buf: bytes | memoryview) -> int | None:
+def frame_size(buf: bytes | memoryview, limit: int = MAX_FRAME_BYTES) -> int | None:
     """Total bytes of the frame starting at ``buf[0]`` (None until 4 bytes are there);
-    lets a reader know how much to wait for. Rejects impossible lengths at once."""
+    lets a reader know how much to wait for. Rejects impossible lengths, and lengths
+    above ``limit`` (``MAX_HANDSHAKE_FRAME_BYTES`` before authentication), at once."""
     if len(buf) < _LENGTH.size:
         return None
     (length,) = _LENGTH.unpack_from(buf)
-    if length < _HEADER.size or length > MAX_FRAME_BYTES:
-        raise InvalidSizeError(f"frame length {length} out of range")
+    if length < _HEADER.size or length > min(limit, MAX_FRAME_BYTES):
+        raise InvalidSizeError(f"frame length {length} out of range (limit {limit})")
     return _LENGTH.size + length
 
 

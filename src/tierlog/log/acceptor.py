@@ -24,6 +24,7 @@ reads only files and the atomically replaced written point).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING, NamedTuple
@@ -48,8 +49,10 @@ from tierlog.log.errors import (
     ChunkNotLocalError,
     ChunkOverlapError,
     LateJoinError,
+    LogClosedError,
     OlderEpochChunkError,
     StaleEpochError,
+    SyncFailedError,
     TruncateBelowTieredError,
 )
 from tierlog.log.recovery import recover
@@ -337,6 +340,53 @@ def _reload(log: StreamLog) -> None:
     log._span_cursors.clear()
 
 
+# --------------------------------------------------------------------- failed writes
+
+
+def recover_after_failure(log: StreamLog) -> int:
+    """Make a log whose write or fdatasync failed writable again, in place: what this
+    process believed it wrote is forgotten, recovery reads what the files hold (a torn
+    tail is cut, an index that disagrees is rebuilt), the active segment is fsynced, and
+    from then on written, committed and durable are that prefix. Returns the new next
+    offset. The ``StreamLog`` object stays the same, so everything holding it (the
+    member's readers, the replication hub) sees the recovered log, as after a cut.
+
+    Before recovery reads, the files' cached pages are dropped where the kernel allows:
+    after a failed writeback a page may stay in the cache, marked clean, with bytes the
+    disk never got; recovery must judge the disk, not the cache. Raises (``OSError``,
+    ``SyncFailedError``) while the disk still refuses; call again later."""
+    if log._closed:
+        raise LogClosedError(f"{log._dir} is closed")
+    old = log._segments
+    if old.sync_failed is None:  # any failed write: nothing more until recovered
+        old.sync_failed = OSError("recovering after a failed write")
+    with contextlib.suppress(OSError):  # the descriptors are gone either way
+        old.close(sync=False)
+    _drop_cached_pages(old.active.ref.segment_path, old.active.ref.index_path)
+    _reload(log)
+    segments = log._segments
+    try:
+        segments.sync_all()
+    except OSError as exc:
+        segments.sync_failed = exc
+        raise SyncFailedError(f"{log._dir}: fsync after recovery failed: {exc!r}") from exc
+    return log._next_offset
+
+
+def _drop_cached_pages(*paths: str) -> None:
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):
+            pass  # best effort: not every platform or filesystem drops pages
+        finally:
+            os.close(fd)
+
+
 # --------------------------------------------------------------------- fetch spans
 
 
@@ -428,6 +478,7 @@ __all__ = [
     "ChunkSpan",
     "accept_chunks",
     "chunk_span",
+    "recover_after_failure",
     "start_epoch",
     "truncate_after",
 ]

@@ -11,6 +11,18 @@ class InvalidStreamNameError(ConfigError):
     """A vhost, stream name or stream directory name could escape or is unusable."""
 
 
+class ReservedNameError(InvalidStreamNameError):
+    """A client named something with the server's internal prefix (``RESERVED_PREFIX`` in
+    ``log/names.py``): a stream, super stream, partition, producer reference or consumer
+    name. Such names belong to the server's own streams and producers; no permission grants
+    them to a client."""
+
+    def __init__(self, kind: str, name: str, prefix: str) -> None:
+        super().__init__(f"{kind} {name!r} starts with the reserved prefix {prefix!r}")
+        self.kind = kind
+        self.name = name
+
+
 class NotAStreamError(LogError):
     """A path is not a stream directory (no segment/index files, or not a directory)."""
 

@@ -5,14 +5,19 @@ RabbitMQ builds the string ``vhost_name_timestamp`` and maps it with Osiris's
 ``/`` gives directories like ``__orders_1700000000000000000``. tierlog does the same
 for the vhost; stream names themselves must be plain file-name material. The result
 must never escape the data directory.
+
+Also the one rule for names the server keeps for itself (``RESERVED_PREFIX``): it lives
+here, in the lowest layer that knows stream names, so the server's commands and admin
+routes and the delayed-delivery service all import the same rule.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 
-from tierlog.log.errors import InvalidStreamNameError
+from tierlog.log.errors import InvalidStreamNameError, ReservedNameError
 
 MAX_DIR_NAME_BYTES = 255
 _DIR_NAME = re.compile(r"^(?P<prefix>.+)_(?P<ts>[0-9]{1,20})$", re.DOTALL)
@@ -74,3 +79,45 @@ def created_ns_of(dir_name: str) -> int:
     match = _DIR_NAME.match(dir_name)
     assert match is not None
     return int(match.group("ts"))
+
+
+# ----------------------------------------------------------------- reserved names
+
+RESERVED_PREFIX = "__tierlog"
+"""Every name that starts with this belongs to the server: the hidden system streams of
+delayed delivery (``__tierlog_delayed.<name>``) and its dispatcher producer
+(``__tierlog_delayed_dispatcher``) today, whatever internal stream or producer comes next.
+A client may not name a stream, super stream, partition, producer reference or consumer
+with it (``check_client_name``); the server's own writes reach such streams and producers
+through an internal path no client command has (docs/security.md, "Reserved names")."""
+
+CLIENT_NAME_KINDS = (
+    "stream",
+    "super stream",
+    "partition",
+    "producer reference",
+    "consumer name",
+)
+"""What a client names, each checked by the one rule below."""
+
+
+def is_reserved(name: str | None) -> bool:
+    """True for a name with the internal prefix (None and "" are not reserved)."""
+    return name is not None and name.startswith(RESERVED_PREFIX)
+
+
+def check_client_name(kind: str, name: str | None) -> None:
+    """Raise ``ReservedNameError`` when a client names a ``kind`` (one of
+    ``CLIENT_NAME_KINDS``) with the reserved prefix."""
+    if kind not in CLIENT_NAME_KINDS:
+        raise ValueError(f"unknown kind of name {kind!r}")
+    if name is not None and is_reserved(name):
+        raise ReservedNameError(kind, name, RESERVED_PREFIX)
+
+
+def check_super_stream(name: str, partitions: Sequence[str]) -> None:
+    """The rule for CreateSuperStream / DeleteSuperStream (not served yet; Route and
+    Partitions answer for the super-stream name): the super stream and every partition."""
+    check_client_name("super stream", name)
+    for partition in partitions:
+        check_client_name("partition", partition)

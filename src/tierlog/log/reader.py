@@ -348,6 +348,11 @@ class LogReader:
             total = header.total_size
             self._pos = position + total
             self._next = header.next_offset
+            if self._user_only and header.next_offset <= self._skip_below:
+                # wholly below the offset asked for (attached past the commit, which
+                # then grew): as in RabbitMQ, the first chunk a consumer gets is the one
+                # that holds its offset; clients skip records only inside that chunk
+                continue
             if header.chunk_type != ChunkType.USER and (self._user_only or load):
                 tracking = self._verified_tracking(header, position)
                 if self._user_only:

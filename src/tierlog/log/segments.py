@@ -13,10 +13,12 @@ a descriptor opened later would not report an earlier writeback error).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,7 +27,6 @@ from tierlog.formats.crc import crc32
 from tierlog.formats.segment import (
     FILE_HEADER_SIZE,
     INDEX_FILE_HEADER,
-    INDEX_RECORD_SIZE,
     SEGMENT_HEADER,
     encode_index_record,
 )
@@ -220,7 +221,7 @@ class SegmentSet:
             )
             pwrite_all(self._seg_fd, [header.encode(), *tail], position)
         record = encode_index_record(chunk_id, timestamp, epoch, position, chunk_type)
-        write_all(self._idx_fd, [record], INDEX_RECORD_SIZE)
+        write_all(self._idx_fd, [record])
         self._dirty = True
         active.size += header.total_size
         active.num_chunks += 1
@@ -236,8 +237,8 @@ class SegmentSet:
             size = sum(map(len, chunks))
             self._dirty = True
             try:
-                pwrite_all(self._seg_fd, list(chunks), active.size)
-                write_all(self._idx_fd, list(records), INDEX_RECORD_SIZE * len(records))
+                pwrite_all(self._seg_fd, chunks, active.size)
+                write_all(self._idx_fd, records)
             except OSError as exc:
                 # part of it may be in the files: nothing more until recovery (reopen)
                 self.sync_failed = exc
@@ -393,24 +394,88 @@ def create_segment_files(ref: SegmentRef) -> None:
             os.close(fd)
 
 
-def write_all(fd: int, parts: list[bytes | memoryview], total: int) -> None:
-    written = os.writev(fd, parts)
-    if written == total:
-        return
-    rest = b"".join(parts)[written:]
-    while rest:
-        n = os.write(fd, rest)
-        rest = rest[n:]
+def _iov_max() -> int:
+    """The most buffers one ``writev``/``pwritev`` takes (Linux: 1024; more is EINVAL)."""
+    try:
+        limit = os.sysconf("SC_IOV_MAX")
+    except (ValueError, OSError):
+        limit = -1
+    return limit if limit > 0 else 1024
 
 
-def pwrite_all(fd: int, parts: list[bytes | memoryview], position: int) -> None:
-    written = os.pwritev(fd, parts, position)
-    total = sum(map(len, parts))
-    if written == total:
-        return
-    rest = memoryview(b"".join(parts))[written:]
-    position += written
-    while rest:
-        n = os.pwrite(fd, rest, position)
-        rest = rest[n:]
-        position += n
+IOV_MAX = _iov_max()
+"""Buffers per write call at most: a replica appends thousands of chunks in one go."""
+WRITE_CALL_BYTES = 64 << 20
+"""Bytes per write call at most (Linux writes at most ~2 GiB per call anyway; a bound
+keeps each call, and the bytes at stake in one short write, small)."""
+
+
+def write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """Write every byte of ``parts`` at the file position of ``fd``, in as few
+    ``writev`` calls as the iovec and byte limits allow, continuing after short writes."""
+    _write_parts(fd, parts, None)
+
+
+def pwrite_all(fd: int, parts: Sequence[bytes | memoryview], position: int) -> None:
+    """Write every byte of ``parts`` at ``position`` of ``fd``, in as few ``pwritev``
+    calls as the iovec and byte limits allow, continuing after short writes."""
+    _write_parts(fd, parts, position)
+
+
+def _write_parts(
+    fd: int,
+    parts: Sequence[bytes | memoryview],
+    position: int | None,
+    max_parts: int | None = None,
+    max_bytes: int | None = None,
+) -> int:
+    """The one vectored write loop: calls of at most ``max_parts`` buffers (IOV_MAX) and
+    about ``max_bytes`` bytes (WRITE_CALL_BYTES; one buffer larger than that is sliced);
+    a short write continues where the kernel stopped. Returns the bytes written. A call
+    that writes nothing raises ``OSError(EIO)`` rather than looping."""
+    max_parts = IOV_MAX if max_parts is None else max_parts
+    max_bytes = WRITE_CALL_BYTES if max_bytes is None else max_bytes
+    count = len(parts)
+    i = 0  # the first part not wholly written
+    head: bytes | memoryview | None = None  # what is left of part i after a short write
+    done = 0
+    while i < count:
+        batch: list[bytes | memoryview] = []
+        size = 0
+        j = i
+        while j < count and len(batch) < max_parts:
+            part = head if (j == i and head is not None) else parts[j]
+            n = len(part)
+            if batch and size + n > max_bytes:
+                break
+            if n > max_bytes:  # alone in its call, sliced
+                part = memoryview(part)[:max_bytes]
+                n = max_bytes
+            batch.append(part)
+            size += n
+            j += 1
+            if size >= max_bytes:
+                break
+        if not size:  # only empty parts left
+            return done
+        if position is None:
+            n = os.writev(fd, batch)
+        else:
+            n = os.pwritev(fd, batch, position)
+            position += n
+        if n <= 0:
+            raise OSError(errno.EIO, "a vectored write wrote nothing")
+        done += n
+        # step over the parts this call wrote; keep the rest of a part cut short
+        while n:
+            part = head if head is not None else parts[i]
+            if n >= len(part):
+                n -= len(part)
+                i += 1
+                head = None
+            else:
+                head = memoryview(part)[n:]
+                n = 0
+        while i < count and head is None and not len(parts[i]):
+            i += 1
+    return done

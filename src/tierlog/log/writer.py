@@ -630,6 +630,16 @@ class StreamLog:
         ``segment_start``: the first chunk starts one of the leader's segments."""
         return acceptor.accept_chunks(self, data, segment_start=segment_start)
 
+    def recover_after_failure(self) -> int:
+        """After a failed write or fdatasync: recover the files in place and accept writes
+        again (``acceptor.recover_after_failure``); returns the new next offset."""
+        return acceptor.recover_after_failure(self)
+
+    @property
+    def write_failed(self) -> bool:
+        """A write or fdatasync failed: nothing more is written until recovery."""
+        return self._segments.sync_failed is not None
+
     def truncate_after(self, keep_through_chunk_id: int) -> int:
         """Cut every chunk after ``keep_through_chunk_id`` (-1: all), crash-safely and
         fsynced; returns the new next offset (``acceptor.truncate_after``)."""

@@ -417,6 +417,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.delayed_foreign_records = Counter(
+            "tierlog_delayed_foreign_records",
+            "Records found in a system stream that are not delayed-delivery records (a "
+            "restored or damaged file): skipped by the scheduler each time it reads them.",
+            registry=r,
+        )
         self.cluster = ClusterFamilies(self._scrape)
         r.register(ScrapedCollector(self._scraped))
 

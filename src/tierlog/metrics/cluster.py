@@ -89,6 +89,13 @@ class ClusterFamilies:
             "Replication links closed for a malformed frame.",
             "counter",
         )
+        self.link_refusals = scrape(
+            "tierlog_cluster_link_refusals",
+            "Incoming replication connections refused, by reason (connection_cap, auth,"
+            " oversized, malformed, timeout, closed).",
+            "counter",
+            ("reason",),
+        )
         self.link_send_failures = scrape(
             "tierlog_cluster_link_send_failures",
             "Replication links closed because a write failed.",

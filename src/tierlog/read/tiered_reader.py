@@ -132,6 +132,11 @@ class TieredReader:
         return self._next
 
     @property
+    def skip_below(self) -> int:
+        """The offset asked for: records (and whole chunks) below it are not handed out."""
+        return self._skip_below
+
+    @property
     def strategy(self) -> ReadStrategy:
         return self._strategy
 
@@ -177,6 +182,11 @@ class TieredReader:
             else:
                 self.remote_chunks += 1
             if self._user_only and header.chunk_type != ChunkType.USER:
+                continue
+            if header.chunk_type == ChunkType.USER and header.next_offset <= self._skip_below:
+                # wholly below the offset asked for (attached at a tier's end, which then
+                # grew): the first chunk handed out is the one that holds the offset, as
+                # in RabbitMQ; clients skip records only inside that first chunk
                 continue
             return TieredChunk(header, path, position, raw, self._skip_below, tier)
 

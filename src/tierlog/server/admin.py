@@ -1,8 +1,9 @@
 """The admin HTTP API (aiohttp, JSON) and the Prometheus /metrics endpoint.
 
 Every request passes AdminGuard (Host / Origin checks, JSON writes, HTTP basic or
-bearer credentials); routes check the user's configure / read permission on the
-stream. Routes (``vhost`` is a query parameter, default ``/``):
+bearer credentials, then the route's declared permission, ``ROUTE_PERMISSIONS``:
+configure / read on the stream, reserved stream names refused); routes check the
+user's permission on the stream again. Routes (``vhost`` is a query parameter, default ``/``):
 
 * ``GET /api/health`` — ``{"status": "ok" | "degraded", "streams": n, "connections": n,
   "tiering_degraded": [{"vhost", "stream", "tiering": "degraded" | "halted" | "not started"}],
@@ -12,7 +13,8 @@ stream. Routes (``vhost`` is a query parameter, default ``/``):
 * ``GET /api/streams`` — every stream's status
 * ``POST /api/streams`` — ``{"name": ..., "vhost": "/", "arguments": {...}}`` (stream
   arguments as in Create) and/or ``"settings": {...}`` (StreamSettings fields)
-* ``GET /api/streams/{name}`` — one stream's status (local, remote, settings)
+* ``GET /api/streams/{name}`` — one stream's status (local, remote, settings; on a
+  cluster node its ``cluster`` section: leader, epoch, members, see ``cluster_view``)
 * ``PATCH /api/streams/{name}`` — ``{"arguments": {...}}`` / ``{"settings": {...}}``:
   change retention and tier settings
 * ``DELETE /api/streams/{name}``
@@ -36,6 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from tierlog.errors import ConfigError
+from tierlog.log.names import is_reserved
 from tierlog.metrics import Metrics
 from tierlog.offload.errors import OffloadRunningError
 from tierlog.offload.service import SegmentOffloadService
@@ -45,7 +48,8 @@ from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import HEALTH_LIVE, HEALTH_READY, AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
-from tierlog.server.delayed_intake import is_system_stream
+from tierlog.server.cluster_service import ClusterService
+from tierlog.server.cluster_view import cluster_status
 from tierlog.server.health import Health
 from tierlog.server.limits import Gatekeeper
 
@@ -130,16 +134,16 @@ def build_admin_app(
         visible = [
             h.status()
             for h in broker.streams()
-            if not is_system_stream(h.name)
+            if not is_reserved(h.name)
             and (
                 guard.may(request, h.vhost, "read", h.name)
                 or guard.may(request, h.vhost, "configure", h.name)
             )
         ]
-        visible += [  # not open yet after a restart: resolving, or failed with the error
-            o.status()
+        visible += [  # not open here: resolving, failed with the error, or led elsewhere
+            _with_cluster(o.status())
             for o in broker.opening_streams()
-            if not is_system_stream(o.record.name)
+            if not is_reserved(o.record.name)
             and (
                 guard.may(request, o.record.vhost, "read", o.record.name)
                 or guard.may(request, o.record.vhost, "configure", o.record.name)
@@ -153,9 +157,10 @@ def build_admin_app(
         vhost = data.get("vhost", "/")
         if not isinstance(name, str) or not isinstance(vhost, str):
             return _error(400, "'name' (and 'vhost') must be strings")
+        if is_reserved(name):  # the path's names are checked by the guard, this one here
+            guard.gate.refused("admin", "reserved_name")
+            return _error(403, f"stream name {name!r} is reserved for the server")
         guard.require(request, vhost, "configure", name)
-        if is_system_stream(name):
-            return _error(403, f"stream names starting with {name[:18]!r} are reserved")
         try:
             settings = StreamSettings().updated(**_changes(data))
             _check_log_limits(broker, settings)
@@ -177,11 +182,18 @@ def build_admin_app(
         if handle is None:
             opening = broker.opening(vhost, name)
             if opening is not None:
-                return web.json_response(opening.status())
+                return web.json_response(_with_cluster(opening.status()))
             if not broker.catalog_loaded.is_set():
                 return _error(503, "the server is starting: the stream catalog is loading")
             return _error(404, f"no stream {name!r} in vhost {vhost!r}")
-        return web.json_response(handle.status())
+        return web.json_response(_with_cluster(handle.status()))
+
+    def _with_cluster(status: dict[str, Any]) -> dict[str, Any]:
+        """On a cluster node: leader, epoch, members with their progress and state."""
+        placement = broker.placement
+        if isinstance(placement, ClusterService):
+            return cluster_status(placement, status)
+        return status
 
     async def patch_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
@@ -206,8 +218,6 @@ def build_admin_app(
     async def delete_stream(request: web.Request) -> web.Response:
         vhost, name = _handle(request)
         guard.require(request, vhost, "configure", name)
-        if is_system_stream(name):
-            return _error(403, "a delayed stream's system stream is deleted with its stream")
         try:
             record = await broker.delete_stream(vhost, name)
         except StreamNotFoundError as exc:

@@ -6,6 +6,13 @@ the attacker's name there) and, when a browser sends one, an allowed ``Origin``
 plain HTML form cannot send without a CORS preflight the server never grants. Then
 HTTP basic (the ``[auth]`` users) or a bearer token from ``auth.tokens``; failed
 attempts are rate-limited per peer and slow password hashes run off the event loop.
+
+Then the route's declared permission (``ROUTE_PERMISSIONS``, the one table of who may
+call what, which docs/security.md lists and a test compares with the router): a route
+that is not declared is refused (fail closed); node and cluster routes need the user
+tag ``administrator``, never a stream pattern; a stream route needs its permission on
+the stream named in the path, and a reserved stream name (``log/names.py``) is refused
+whatever the user may do.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from tierlog.log.names import is_reserved
 from tierlog.logs import get_logger
 from tierlog.server.config import AuthSection
 from tierlog.server.limits import Gatekeeper
@@ -27,12 +35,58 @@ log = get_logger("tierlog.server.admin")
 DEFAULT_ADMIN_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 HEALTH_LIVE = "/api/health/live"
 HEALTH_READY = "/api/health/ready"
-PROBES = frozenset({HEALTH_LIVE, HEALTH_READY})
-"""Served to anyone (systemd, Kubernetes probes call them by the pod's address, with no
-credentials): ``GET`` only, they change nothing and name no stream."""
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 USER_KEY = web.RequestKey("user", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PUBLIC = "public"
+"""No credentials, and no ``Host`` / ``Origin`` check (they guard requests that carry
+credentials or change something): the health probes, which systemd and Kubernetes call by
+the pod's address; ``GET`` only, they change nothing and name no stream."""
+METRICS = "public while auth.metrics_public"
+"""No credentials while ``auth.metrics_public`` (``/metrics``), else as ``USER``."""
+USER = "user"
+"""Any authenticated user (the route itself shows only what the user may see)."""
+ADMINISTRATOR = "administrator"
+"""The user tag ``administrator`` (``auth.tags``): nodes and the cluster."""
+CONFIGURE, READ, READ_OR_CONFIGURE = "configure", "read", "read or configure"
+"""Permissions on the stream the path names (``vhost`` query parameter, default ``/``);
+``POST /api/streams`` checks ``configure`` on the name in its body."""
+STREAM_ROUTE_PREFIX = "/api/streams/{name}"
+
+ROUTE_PERMISSIONS: dict[tuple[str, str], str] = {
+    ("GET", "/api/health"): USER,
+    ("GET", HEALTH_LIVE): PUBLIC,
+    ("GET", HEALTH_READY): PUBLIC,
+    ("GET", "/api/streams"): USER,
+    ("POST", "/api/streams"): CONFIGURE,
+    ("GET", "/api/streams/{name}"): READ_OR_CONFIGURE,
+    ("PATCH", "/api/streams/{name}"): CONFIGURE,
+    ("DELETE", "/api/streams/{name}"): CONFIGURE,
+    ("PUT", "/api/streams/{name}/offload"): CONFIGURE,
+    ("GET", "/api/streams/{name}/offload"): READ_OR_CONFIGURE,
+    ("GET", "/api/streams/{name}/messages"): READ,
+    ("GET", "/api/streams/{name}/delayed"): READ_OR_CONFIGURE,
+    ("POST", "/api/streams/{name}/delayed/cancel"): CONFIGURE,
+    ("POST", "/api/streams/{name}/members"): CONFIGURE,
+    ("GET", "/api/cluster"): ADMINISTRATOR,
+    ("GET", "/api/nodes"): ADMINISTRATOR,
+    ("GET", "/api/nodes/{name}"): ADMINISTRATOR,
+    ("POST", "/api/nodes/{name}/retire"): ADMINISTRATOR,
+    ("DELETE", "/api/nodes/{name}/retire"): ADMINISTRATOR,
+    ("GET", "/metrics"): METRICS,
+}
+"""Every admin route (method, path pattern) and what it needs (docs/security.md)."""
+
+
+def route_key(request: web.Request) -> tuple[str, str] | None:
+    """(method, path pattern) of the route the request matched; None when none did (the
+    router answers 404 / 405). HEAD is GET's."""
+    info = request.match_info
+    if info.http_exception is not None:
+        return None
+    method = "GET" if request.method == "HEAD" else request.method
+    return method, info.route.resource.canonical if info.route.resource else ""
 
 
 def _json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -93,7 +147,9 @@ class AdminGuard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PROBES and request.method in ("GET", "HEAD"):
+        key = route_key(request)
+        permission = ROUTE_PERMISSIONS.get(key) if key is not None else None
+        if permission == PUBLIC:
             return await handler(request)
         host = request.headers.get("Host", "")
         if not self.host_allowed(host):
@@ -105,7 +161,7 @@ class AdminGuard:
             return _json_error(403, "cross-origin requests are refused")
         if request.method in WRITE_METHODS and request.content_type != "application/json":
             return _json_error(415, "writes must be application/json")
-        if request.path == "/metrics" and self.auth_config.metrics_public:
+        if permission == METRICS and self.auth_config.metrics_public:
             return await handler(request)
         peer = request.remote or ""
         limiter = self.gate.auth.limiter
@@ -120,7 +176,37 @@ class AdminGuard:
             challenge = {"WWW-Authenticate": 'Basic realm="tierlog"'}
             return _json_error(401, "authentication required", challenge)
         request[USER_KEY] = user
+        if key is not None:
+            refused = self._route_refusal(request, key, permission)
+            if refused is not None:
+                return refused
         return await handler(request)
+
+    def _route_refusal(
+        self, request: web.Request, key: tuple[str, str], permission: str | None
+    ) -> web.Response | None:
+        """403 unless the user has the route's declared permission."""
+        user = request[USER_KEY]
+        if permission is None:  # a route nobody declared: refused until it is
+            log.error("admin_route_undeclared", method=key[0], path=key[1])
+            self.gate.refused("admin", "undeclared_route")
+            return _json_error(403, f"{key[0]} {key[1]} has no declared permission")
+        if permission == ADMINISTRATOR:
+            if self.gate.auth.is_administrator(user):
+                return None
+            self.gate.refused("admin", ADMINISTRATOR)
+            return _json_error(403, f"user {user!r} is not an administrator (auth.tags)")
+        if not key[1].startswith(STREAM_ROUTE_PREFIX):
+            return None  # USER / METRICS, or checked on the body's name (POST /api/streams)
+        vhost, name = request.query.get("vhost", "/"), request.match_info["name"]
+        if is_reserved(name):
+            self.gate.refused("admin", "reserved_name")
+            return _json_error(403, f"stream name {name!r} is reserved for the server")
+        actions = ("read", "configure") if permission == READ_OR_CONFIGURE else (permission,)
+        if any(self.may(request, vhost, a, name) for a in actions):
+            return None
+        self.gate.refused("admin", actions[0])
+        return _json_error(403, f"user {user!r} may not {' or '.join(actions)} {name!r}")
 
     def require(self, request: web.Request, vhost: str, action: str, stream: str) -> None:
         """Raise 403 unless the request's user may do ``action`` on ``stream``."""

@@ -136,3 +136,23 @@ def settings_from_arguments(
     base = base or StreamSettings()
     changes = settings_changes(arguments)
     return base.updated(**changes) if changes else base
+
+
+CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
+
+
+def initial_cluster_size(arguments: Mapping[str, str], default: int) -> int:
+    """The replication factor a Create asks for (``x-initial-cluster-size``, else
+    ``default``), validated from the arguments alone: a bad value is refused whether or
+    not the stream exists, as RabbitMQ validates a declaration's arguments before it
+    looks the stream up."""
+    size = default
+    for key in CLUSTER_SIZE_ARGUMENTS:
+        if key in arguments:
+            try:
+                size = int(arguments[key])
+            except ValueError:
+                raise ConfigError(f"{key} must be an integer, got {arguments[key]!r}") from None
+    if size < 1:
+        raise ConfigError(f"initial-cluster-size must be >= 1, got {size}")
+    return size

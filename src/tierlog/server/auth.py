@@ -10,6 +10,11 @@ Permissions have RabbitMQ's shape: per user and vhost, three regular expressions
 stream names — ``configure`` (create / delete / change a stream), ``write`` (publish)
 and ``read`` (subscribe, offsets, stats). A user without a ``permissions`` entry has
 full access to the default vhost ``/`` only, the way RabbitMQ sets up ``guest``.
+
+Node and cluster administration (the admin API's ``/api/nodes`` and ``/api/cluster``
+routes) is no stream's business: it needs the user tag ``administrator`` (RabbitMQ's
+tag of the same name), never a stream pattern. Without an ``auth.tags`` table, ``guest``
+(when it is a user) is the administrator, as in RabbitMQ's default set-up.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ from dataclasses import dataclass
 from tierlog.errors import ConfigError
 
 ACTIONS = ("configure", "write", "read")
+ADMINISTRATOR = "administrator"
+TAGS = (ADMINISTRATOR,)
+"""The user tags tierlog acts on (another RabbitMQ tag would be accepted and do nothing:
+it is refused at load instead)."""
+DEFAULT_ADMINISTRATOR = "guest"
 DEFAULT_VHOST = "/"
 SCRYPT_PREFIX = "scrypt$"
 SHA256_PREFIX = "sha256$"
@@ -81,6 +91,43 @@ def parse_permissions(value: object, where: str = "auth.permissions") -> Permiss
                     ) from None
             table[str(user)][str(vhost)] = VhostPermission(*compiled)
     return table
+
+
+UserTags = Mapping[str, tuple[str, ...]]
+
+
+def parse_tags(value: object, where: str = "auth.tags") -> UserTags:
+    """``{user: [tag, ...]}`` (or ``{user: "tag"}``) from TOML, or ``"user:tag,user:tag"``
+    from the environment; every tag must be one of ``TAGS``."""
+    pairs: list[tuple[str, object]]
+    if isinstance(value, str):
+        pairs = []
+        for item in (p.strip() for p in value.split(",")):
+            user, sep, tag = item.partition(":")
+            if not item:
+                continue
+            if not sep or not user.strip():
+                raise ConfigError(f"{where} must look like 'user:administrator,user2:...'")
+            pairs.append((user.strip(), tag.strip()))
+    elif isinstance(value, Mapping):
+        pairs = [(str(u), t) for u, t in value.items()]
+    else:
+        raise ConfigError(f"{where} must be a table of user = [tags]")
+    table: dict[str, tuple[str, ...]] = {}
+    for user, tags in pairs:
+        listed = [tags] if isinstance(tags, str) else tags
+        if not isinstance(listed, list | tuple) or not all(isinstance(t, str) for t in listed):
+            raise ConfigError(f"{where}.{user} must be a list of tags")
+        for tag in listed:
+            if tag not in TAGS:
+                raise ConfigError(f"{where}.{user}: unknown tag {tag!r} (known: {', '.join(TAGS)})")
+        table[user] = tuple(dict.fromkeys((*table.get(user, ()), *listed)))
+    return table
+
+
+def default_tags(users: Mapping[str, str]) -> UserTags:
+    """Without ``auth.tags``: ``guest``, when it is a user, is the administrator."""
+    return {DEFAULT_ADMINISTRATOR: (ADMINISTRATOR,)} if DEFAULT_ADMINISTRATOR in users else {}
 
 
 def hash_password(password: str, *, n: int = 2**14, r: int = 8, p: int = 1) -> str:
@@ -178,10 +225,12 @@ class Authenticator:
         tokens: Mapping[str, str] | None = None,
         permissions: PermissionTable | None = None,
         loopback_users: tuple[str, ...] = (),
+        tags: UserTags | None = None,
     ) -> None:
         self.users = dict(users)
         self.tokens = dict(tokens or {})
         self.permissions = permissions or {}
+        self.tags = dict(default_tags(self.users) if tags is None else tags)
         self.loopback_users = loopback_users
         self.limiter = FailureLimiter()
         self._verified: OrderedDict[bytes, str] = OrderedDict()
@@ -253,6 +302,10 @@ class Authenticator:
     def allowed(self, user: str, vhost: str, action: str, stream: str) -> bool:
         permission = self.vhost_permission(user, vhost)
         return permission is not None and permission.allows(action, stream)
+
+    def is_administrator(self, user: str) -> bool:
+        """May ``user`` administer nodes and the cluster (the ``administrator`` tag)?"""
+        return user in self.users and ADMINISTRATOR in self.tags.get(user, ())
 
 
 def _key(kind: bytes, user: str, secret: str) -> bytes:

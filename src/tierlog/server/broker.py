@@ -46,6 +46,7 @@ from tierlog.log.errors import (
     RecordTooLargeError,
     SyncFailedError,
 )
+from tierlog.log.names import is_reserved
 from tierlog.log.open_repairing import DamageReport, open_repairing
 from tierlog.log.writer import BatchProgress, StreamLog
 from tierlog.logs import get_logger
@@ -270,6 +271,17 @@ class StreamHandle:
     # ----------------------------------------------------------------- submitting
 
     def submit_publish(self, batch: PublishBatch, reference: str | None, done: Done) -> None:
+        """A client's publish (through a declared publisher): never onto a stream with a
+        reserved name, never under a reserved producer reference. The commands refuse
+        both first; this is the last gate (one check per frame, not per message)."""
+        if is_reserved(self.record.name) or is_reserved(reference):
+            done(ResponseCode.ACCESS_REFUSED)
+            return
+        self.submit_internal(batch, reference, done)
+
+    def submit_internal(self, batch: PublishBatch, reference: str | None, done: Done) -> None:
+        """The server's own appends (delayed delivery's system-stream records and its
+        dispatcher's appends), which may use reserved names: no client command calls this."""
         if self.closed:
             done(ResponseCode.STREAM_DOES_NOT_EXIST)
             return
@@ -655,10 +667,14 @@ class Broker:
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         self._open_tasks = {}
         self.all_open.set()
+        states = [o.state for o in self._opening.values()]
         log.info(
             "streams_opened",
             streams=len(records),
-            failed=len(self._opening),
+            # a stream another node leads is not a failure (this node follows it, or
+            # reads it from the remote tier)
+            failed=states.count("failed"),
+            led_elsewhere=states.count(LED_ELSEWHERE),
             seconds=round(asyncio.get_running_loop().time() - started, 3),
         )
 
@@ -895,6 +911,16 @@ class Broker:
 
     def streams(self) -> list[StreamHandle]:
         return list(self._streams.values())
+
+    async def exists(self, vhost: str, name: str) -> bool:
+        """Whether the stream exists: open, opening, led elsewhere, being created here,
+        or in the catalog (created on another node since the last scan)."""
+        await self.catalog_loaded.wait()
+        key = (vhost, name)
+        if key in self._streams or key in self._opening or key in self._creating:
+            return True
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.catalog.get, vhost, name) is not None
 
     async def create_stream(self, vhost: str, name: str, settings: StreamSettings) -> StreamHandle:
         """Create in the catalog then on disk; StreamExistsError if it exists.

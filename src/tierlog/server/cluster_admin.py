@@ -16,9 +16,10 @@
 * ``DELETE /api/nodes/{name}/retire`` — withdraw a retirement (``"restart": true`` when
   the node had retired already: it rejoins when restarted).
 
-Node requests need the configure permission on every stream name of the default vhost
-(a pattern matching any name, checked with the empty name). Any node answers them from
-the directory: the node being retired need not be up.
+Node and cluster requests need the user tag ``administrator`` (``auth.tags``; checked by
+``AdminGuard`` from ``ROUTE_PERMISSIONS``), never a stream pattern: a user barred from
+some streams must not be able to retire the node that serves them. Any node answers them
+from the directory: the node being retired need not be up.
 """
 
 from __future__ import annotations
@@ -101,9 +102,6 @@ def add_cluster_routes(
             return _error(404, "this server does not run in a cluster ([cluster] node)")
         return service
 
-    def require_node_admin(request: web.Request) -> None:
-        guard.require(request, "/", "configure", "")
-
     async def read_nodes(
         service: ClusterService,
     ) -> tuple[DirectoryView, dict[str, NodeInfo], dict[str, Retirement], dict[str, str]]:
@@ -128,7 +126,6 @@ def add_cluster_routes(
         service = service_or_error()
         if isinstance(service, web.Response):
             return service
-        require_node_admin(request)
         view, registered, retirements, names = await read_nodes(service)
         nodes = [
             node_status(n, registered.get(n), view, retirements.get(n), names)
@@ -140,7 +137,6 @@ def add_cluster_routes(
         service = service_or_error()
         if isinstance(service, web.Response):
             return service
-        require_node_admin(request)
         name = request.match_info["name"]
         view, registered, retirements, names = await read_nodes(service)
         if name not in registered and name not in retirements:
@@ -153,7 +149,6 @@ def add_cluster_routes(
         service = service_or_error()
         if isinstance(service, web.Response):
             return service
-        require_node_admin(request)
         name = request.match_info["name"]
         info = await service._directory(service.directory.node, name)
         if info is None:
@@ -171,7 +166,6 @@ def add_cluster_routes(
         service = service_or_error()
         if isinstance(service, web.Response):
             return service
-        require_node_admin(request)
         name = request.match_info["name"]
         current = await service._directory(service.changes.retirements.get, name)
         if current is None:
@@ -243,7 +237,6 @@ def add_cluster_routes(
         service = service_or_error()
         if isinstance(service, web.Response):
             return service
-        require_node_admin(request)
         return web.json_response(service.status())
 
     app.router.add_get("/api/cluster", this_node)

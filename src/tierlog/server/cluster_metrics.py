@@ -77,6 +77,9 @@ def watch_hub(
     families.link_auth_failures.read = node_value(lambda h: h.auth_failures)
     families.link_malformed_frames.read = node_value(lambda h: h.malformed_frames)
     families.link_send_failures.read = node_value(lambda h: h.send_failures)
+    families.link_refusals.read = from_hub(
+        lambda h: [((reason,), float(count)) for reason, count in sorted(h.refusals.items())]
+    )
     families.fetch_timeouts.read = node_value(lambda h: h.replica_counts().fetch_timeouts)
     families.tail_queries_answered.read = node_value(lambda h: h.tails.answered)
     families.tail_queries_unanswered.read = node_value(lambda h: h.tails.unanswered)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,6 +65,7 @@ from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.log.config import LogConfig
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.server.arguments import initial_cluster_size
 from tierlog.server.cluster_gates import (
     LeaderGate,
     MemberEvents,
@@ -77,6 +78,8 @@ from tierlog.server.cluster_gates import (
 from tierlog.server.cluster_members import Followers
 from tierlog.server.cluster_reads import ClusterCommitView
 from tierlog.server.member_changes import MemberChanges
+from tierlog.server.member_reads import MEMBER_READ_MAX_BEHIND
+from tierlog.server.tls import replication_contexts
 from tierlog.storage.errors import (
     KeyDeletedError,
     LeaseHeldError,
@@ -90,8 +93,6 @@ if TYPE_CHECKING:
     from tierlog.server.config import ServerConfig
 
 log = get_logger("tierlog.server.cluster")
-
-CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
 
 
 class LeadershipHooks(Protocol):
@@ -142,6 +143,7 @@ class ClusterService:
         self._effect_tasks: set[asyncio.Task[Any]] = set()
         self.leadership_hooks: LeadershipHooks | None = None
         self.replicas_serve = False  # members serve consumers (``server.member_reads``)
+        self.member_refusal: Callable[[str], str | None] = lambda _: None  # member_reads
         self.changes = MemberChanges(self)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -152,8 +154,16 @@ class ClusterService:
         broker.placement = self
         replication_address = self.cluster.replication_address
         if self.cluster.secret:
+            accepting, dialing = replication_contexts(self.cluster)
             self.hub = ReplicationHub(
-                self.name, self.cluster.secret.encode(), self._peer_address, heartbeat=1.0
+                self.name,
+                self.cluster.secret.encode(),
+                self._peer_address,
+                heartbeat=1.0,
+                server_ssl=accepting,
+                client_ssl=dialing,
+                max_incoming=self.cluster.max_incoming_links,
+                handshake_timeout=self.cluster.handshake_timeout_seconds,
             )
             host = self.config.server.host
             self.replication_port = await self.hub.start(host, self.cluster.replication_port)
@@ -640,19 +650,16 @@ class ClusterService:
             await self._directory(self.directory.resign, leader.leadership)
 
     # -- what clients see ---------------------------------------------------------------
+    def cluster_size(self, arguments: Mapping[str, str]) -> int:
+        """The replication factor asked for at creation (``server.arguments``)."""
+        return initial_cluster_size(arguments, self.cluster.initial_cluster_size)
+
     def check_create(self, vhost: str, name: str, arguments: Mapping[str, str]) -> None:
-        """The replication factor asked for at creation (``x-initial-cluster-size``,
-        else ``cluster.initial_cluster_size``): this node and the first other live
-        nodes by name become the voters. Refused (typed) when it cannot be run."""
-        size = self.cluster.initial_cluster_size
-        for key in CLUSTER_SIZE_ARGUMENTS:
-            if key in arguments:
-                try:
-                    size = int(arguments[key])
-                except ValueError:
-                    raise ConfigError(f"{key} must be an integer, got {arguments[key]!r}") from None
-        if size < 1:
-            raise ConfigError(f"initial-cluster-size must be >= 1, got {size}")
+        """Whether a new stream of that replication factor can be run now: this node
+        and the first other live nodes by name become the voters. Refused (typed) when
+        it cannot. Only for a stream that does not exist: declaring an existing one
+        answers STREAM_ALREADY_EXISTS whatever the cluster's state."""
+        size = self.cluster_size(arguments)
         if size > 1 and self.hub is None:
             raise ConfigError(
                 f"initial-cluster-size {size} needs replication: set cluster.secret on every node"
@@ -685,8 +692,8 @@ class ClusterService:
         if handle is not None and handle.record.incarnation in self.handles and me is not None:
             leader = self.node.leaders.get(handle.record.incarnation)
             members = leader.leadership.membership.members if leader is not None else ()
-            # only members that follow this epoch (they wrote something we sent): a
-            # member still waking up or truncating would refuse a subscription
+            # only members that follow this epoch (they wrote something we sent), not far
+            # behind (``member_reads``): one waking up, truncating or stuck would refuse
             replicas = tuple(
                 self.view.nodes[m]
                 for m in members
@@ -694,6 +701,7 @@ class ClusterService:
                 and m in self.view.nodes
                 and leader is not None
                 and leader.state.written(m) != NO_CHUNK
+                and leader.committed - leader.state.written(m) <= MEMBER_READ_MAX_BEHIND
             )
             return StreamLocation(ResponseCode.OK, me, replicas)
         opening = broker.opening(vhost, name)
@@ -705,10 +713,13 @@ class ClusterService:
         return StreamLocation(ResponseCode.OK, place.leader, self._replicas(place.record))
 
     def _replicas(self, record: StreamMembers) -> tuple[NodeInfo, ...]:
+        """The members but the leader; this node only while it serves consumers."""
         return tuple(
             self.view.nodes[m]
             for m in record.membership.members
-            if m != record.leader and m in self.view.nodes
+            if m != record.leader
+            and m in self.view.nodes
+            and (m != self.name or self.member_refusal(record.incarnation) is None)
         )
 
     def leading_now(self, incarnation: str) -> tuple[StreamHandle, StreamLeader] | None:

@@ -22,7 +22,13 @@ from tierlog.formats.chunk import HEADER_SIZE, SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
 from tierlog.remote.encryption import Keyring
-from tierlog.server.auth import PermissionTable, check_stored_secret, parse_permissions
+from tierlog.server.auth import (
+    PermissionTable,
+    UserTags,
+    check_stored_secret,
+    parse_permissions,
+    parse_tags,
+)
 from tierlog.storage.retry import RetryPolicy
 from tierlog.tiering.remote_ack import check_interval as check_remote_ack_interval
 
@@ -142,12 +148,15 @@ class AuthSection:
     users for the admin API. ``permissions`` is ``{user: {vhost: {configure, write,
     read}}}`` regexes; a user without an entry has full access to vhost ``/`` only.
     ``admin_hosts`` / ``admin_origins``: accepted ``Host`` / ``Origin`` of admin
-    requests (empty: localhost, 127.0.0.1 and [::1] on the admin port)."""
+    requests (empty: localhost, 127.0.0.1 and [::1] on the admin port). ``tags``:
+    ``{user: ["administrator"]}``, who may use the node and cluster admin routes (None:
+    ``guest``, when it is a user, as RabbitMQ's default user)."""
 
     users: Mapping[str, str] = field(default_factory=lambda: {"guest": "guest"})
     loopback_users: tuple[str, ...] = ("guest",)
     tokens: Mapping[str, str] = field(default_factory=dict)
     permissions: PermissionTable = field(default_factory=dict)
+    tags: UserTags | None = None
     admin_hosts: tuple[str, ...] = ()
     admin_origins: tuple[str, ...] = ()
     metrics_public: bool = True
@@ -165,6 +174,9 @@ class AuthSection:
         for user in self.permissions:
             if user not in self.users:
                 raise ConfigError(f"auth.permissions names unknown user {user!r}")
+        for user in self.tags or {}:
+            if user not in self.users:
+                raise ConfigError(f"auth.tags names unknown user {user!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +367,13 @@ class ClusterSection:
     authenticates replication links between nodes (listening on ``replication_port``,
     0: a free port). ``scan_interval_seconds``: how often the directory is read
     (one read for every stream) to take over streams whose leader's lease is gone.
+
+    ``tls_certfile``, ``tls_keyfile`` and ``tls_cafile`` (all three, or none) put every
+    replication link under mutual TLS: each node presents its certificate and accepts
+    only peers whose certificate chains to ``tls_cafile`` (the cluster's own CA), on top
+    of the secret's proof. ``max_incoming_links`` caps the incoming replication
+    connections open at once (handshaking or linked); ``handshake_timeout_seconds`` is
+    the deadline of a link's whole handshake (TLS and proof).
     """
 
     node: str = ""
@@ -367,10 +386,19 @@ class ClusterSection:
     drift_seconds: float = 1.5
     initial_cluster_size: int = 1
     scan_interval_seconds: float = 1.0
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_cafile: str = ""
+    max_incoming_links: int = 64
+    handshake_timeout_seconds: float = 5.0
 
     @property
     def enabled(self) -> bool:
         return bool(self.node)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_certfile)
 
     def validate(self) -> None:
         if not self.enabled:
@@ -416,11 +444,36 @@ class ClusterSection:
                     "cluster.initial_cluster_size above 1 needs replication between nodes:"
                     " set cluster.secret (the same on every node)"
                 )
-            for name in ("replication_address", "replication_port"):
+            for name in (
+                "replication_address",
+                "replication_port",
+                "tls_certfile",
+                "tls_keyfile",
+                "tls_cafile",
+            ):
                 if getattr(self, name):
+                    raise ConfigError(f"cluster.{name} needs cluster.secret (replication)")
+            for name in ("max_incoming_links", "handshake_timeout_seconds"):
+                if getattr(self, name) != ClusterSection.__dataclass_fields__[name].default:
                     raise ConfigError(f"cluster.{name} needs cluster.secret (replication)")
         elif len(self.secret) < 16:
             raise ConfigError("cluster.secret must be at least 16 characters")
+        tls_files = (self.tls_certfile, self.tls_keyfile, self.tls_cafile)
+        if any(tls_files) and not all(tls_files):
+            raise ConfigError(
+                "cluster.tls_certfile, cluster.tls_keyfile and cluster.tls_cafile go together"
+                " (replication links use mutual TLS: every node presents a certificate and"
+                " checks its peers' against the cluster CA)"
+            )
+        if not 1 <= self.max_incoming_links <= 4096:
+            raise ConfigError(
+                f"cluster.max_incoming_links must be 1..4096, got {self.max_incoming_links}"
+            )
+        if not 0.5 <= self.handshake_timeout_seconds <= 120:
+            raise ConfigError(
+                "cluster.handshake_timeout_seconds must be 0.5..120,"
+                f" got {self.handshake_timeout_seconds}"
+            )
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -542,6 +595,8 @@ def _coerce(section: str, key: str, value: Any, default: Any) -> Any:
     where = f"{section}.{key}"
     if section == "auth" and key == "permissions":
         return parse_permissions(value, where)
+    if section == "auth" and key == "tags":
+        return parse_tags(value, where)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value

@@ -33,6 +33,8 @@ from tierlog.formats.protocol.constants import (
 from tierlog.formats.protocol.deliver import deliver_prefix
 from tierlog.formats.protocol.errors import FrameTooLargeError, ProtocolError
 from tierlog.formats.protocol.frames import FrameSplitter
+from tierlog.log.errors import ReservedNameError
+from tierlog.log.names import check_client_name
 from tierlog.logs import get_logger
 from tierlog.metrics import Metrics
 from tierlog.server.broker import Broker, StreamHandle
@@ -361,6 +363,20 @@ class ConnectionCore(asyncio.Protocol):
             return True
         self.gate.refused("stream", action)
         log.info("access_refused", user=self.user, vhost=self.vhost, action=action, stream=stream)
+        return False
+
+    def _reserved(self, kind: str, name: str | None) -> bool:
+        """True when the client named a ``kind`` (stream, producer reference, consumer
+        name, ...) with the server's reserved prefix (``log/names.py``): the command is
+        refused whatever the user's permissions; the refusal is counted and logged."""
+        try:
+            check_client_name(kind, name)
+        except ReservedNameError:
+            self.gate.refused("stream", "reserved_name")
+            log.info(
+                "reserved_name_refused", user=self.user, vhost=self.vhost, kind=kind, name=name
+            )
+            return True
         return False
 
     def _missing(self, stream: str) -> ResponseCode:

@@ -12,21 +12,28 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tierlog.delayed.errors import ForeignRecordError
 from tierlog.delayed.properties import DELAY_MARKER, split_entries
-from tierlog.delayed.records import encode_schedule
+from tierlog.delayed.records import check_system_record, encode_schedule
 from tierlog.formats.chunk import simple_entry
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
+from tierlog.log.names import RESERVED_PREFIX, is_reserved
 from tierlog.log.offset_spec import OffsetSpec
+from tierlog.logs import get_logger
 from tierlog.remote.errors import StreamNotFoundError
 from tierlog.server.broker import Broker, StreamHandle
 
 if TYPE_CHECKING:
     from tierlog.server.delayed_service import DelayedService
 
-SYSTEM_PREFIX = "__tierlog_delayed."
-DISPATCHER_REFERENCE = "__tierlog_delayed_dispatcher"
-"""The internal named producer that appends due messages to their stream."""
+log = get_logger("tierlog.server.delayed")
+
+SYSTEM_PREFIX = RESERVED_PREFIX + "_delayed."
+"""A delayed stream's system stream is ``SYSTEM_PREFIX + name``: a reserved name."""
+DISPATCHER_REFERENCE = RESERVED_PREFIX + "_delayed_dispatcher"
+"""The internal named producer that appends due messages to their stream (reserved: no
+client may declare it, so no client can move the sequence the dispatch is judged by)."""
 READ_BATCH_RECORDS = 20_000
 
 Settle = Callable[[Sequence[int], Sequence[tuple[int, int]]], None]
@@ -39,6 +46,23 @@ def system_stream_name(name: str) -> str:
 
 def is_system_stream(name: str) -> bool:
     return name.startswith(SYSTEM_PREFIX)
+
+
+def publisher_sequence(broker: Broker, handle: StreamHandle, reference: str) -> int | None:
+    """A producer's last publishing id on ``handle``'s stream, as QueryPublisherSequence
+    answers it. On a delayed stream a producer's ids are split between the stream (its
+    immediate messages) and the system stream (its scheduled ones, appended under its
+    reference): the answer is the larger, or a producer that resumes from it would reuse
+    ids the system stream has already seen, and its next scheduled messages would be
+    confirmed and dropped as duplicates."""
+    sequence = handle.log.producer_sequence(reference)
+    if handle.delayed is None:
+        return sequence
+    system = broker.get(handle.vhost, system_stream_name(handle.name))
+    scheduled = None if system is None else system.log.producer_sequence(reference)
+    if sequence is None or (scheduled is not None and scheduled > sequence):
+        return scheduled
+    return sequence
 
 
 def _sub_batch(batch: PublishBatch, indexes: list[int], entries: list[Any]) -> PublishBatch:
@@ -65,22 +89,35 @@ def _chain(source: asyncio.Future[int], target: asyncio.Future[int]) -> None:
 
 
 def _submit_now(
-    handle: StreamHandle, batch: PublishBatch, reference: str | None
+    handle: StreamHandle, batch: PublishBatch, reference: str | None, *, internal: bool = False
 ) -> asyncio.Future[int]:
     """Queue ``batch`` on the stream now (its order among the stream's publishes is fixed
-    here); the future gets the response code once it is durable."""
+    here); the future gets the response code once it is durable. ``internal``: the
+    server's own append (``StreamHandle.submit_internal``), else the client's publish."""
     future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     def done(code: int) -> None:
         if not future.done():
             future.set_result(code)
 
-    handle.submit_publish(batch, reference, done)
+    if internal:
+        handle.submit_internal(batch, reference, done)
+    else:
+        handle.submit_publish(batch, reference, done)
     return future
 
 
 async def _submit(handle: StreamHandle, batch: PublishBatch, reference: str | None) -> int:
-    return await _submit_now(handle, batch, reference)
+    return await _submit_now(handle, batch, reference, internal=True)
+
+
+def system_entries(records: Sequence[bytes]) -> list[Any]:
+    """The entries of a system-stream append: every record must be one a system stream
+    holds (``ForeignRecordError`` otherwise, and nothing is appended). The only way into a
+    system stream; clients have none (docs/security.md, "Reserved names")."""
+    for record in records:
+        check_system_record(record)
+    return [simple_entry(r) for r in records]
 
 
 class HandlePort:
@@ -132,7 +169,7 @@ class HandlePort:
             handle = self._system()
         except StreamNotFoundError:
             return False
-        entries = [simple_entry(r) for r in records]
+        entries = system_entries(records)
         batch = PublishBatch(0, 1, [0] * len(entries), entries, len(entries))
         return await _submit(handle, batch, None) == ResponseCode.OK
 
@@ -167,6 +204,9 @@ class DelayedIntake:
         self._drain: asyncio.Task[None] | None = None
 
     def submit(self, batch: PublishBatch, reference: str | None, settle: Settle) -> None:
+        if is_reserved(reference):  # the client path's last gate, as submit_publish's
+            settle((), [(pid, int(ResponseCode.ACCESS_REFUSED)) for pid in batch.publishing_ids])
+            return
         if batch.record_counts is None and batch.entry_data().find(DELAY_MARKER) < 0:
             split = None  # one find over the frame: no message in it has a delay property
         else:
@@ -191,16 +231,23 @@ class DelayedIntake:
             metrics.delayed_refused.labels(
                 reason="sub_batch" if "sub-batch" in reason else "bad_property"
             ).inc()
+        scheduled = [i for i, _due, _msg in split.scheduled]
+        try:
+            entries = system_entries(
+                [
+                    encode_schedule(due, reference or "", ids[i], message)
+                    for i, due, message in split.scheduled
+                ]
+            )
+        except ForeignRecordError as exc:  # a bug, never a client's doing: refuse, keep going
+            log.error("delayed_schedule_record_refused", stream=self.handle.name, error=str(exc))
+            errors.extend((ids[i], int(ResponseCode.INTERNAL_ERROR)) for i in scheduled)
+            scheduled = []
         parts: list[tuple[PublishBatch, asyncio.Future[int], bool]] = []
         if split.immediate:
             sub = _sub_batch(batch, split.immediate, [batch.entries[i] for i in split.immediate])
             parts.append((sub, _submit_now(self.handle, sub, reference), False))
-        scheduled = [i for i, _due, _msg in split.scheduled]
         if scheduled:
-            entries = [
-                simple_entry(encode_schedule(due, reference or "", ids[i], message))
-                for i, due, message in split.scheduled
-            ]
             sub = _sub_batch(batch, scheduled, entries)
             parts.append((sub, self._submit_scheduled(sub, reference), True))
         if not parts:
@@ -228,7 +275,7 @@ class DelayedIntake:
     def _submit_scheduled(self, batch: PublishBatch, reference: str | None) -> asyncio.Future[int]:
         system = self.service.open_system_stream(self.handle)
         if system is not None and not self._waiting:
-            return _submit_now(system, batch, reference)
+            return _submit_now(system, batch, reference, internal=True)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting.append((batch, reference, future))
         if self._drain is None or self._drain.done():
@@ -244,5 +291,5 @@ class DelayedIntake:
                 if system is None:
                     future.set_result(ResponseCode.STREAM_NOT_AVAILABLE)
                     continue
-                inner = _submit_now(system, batch, reference)
+                inner = _submit_now(system, batch, reference, internal=True)
                 _chain(inner, future)

@@ -21,6 +21,7 @@ from tierlog.log.committed_chunk import chunk_end, last_user_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import StreamRecord
+from tierlog.server.delayed_intake import publisher_sequence
 from tierlog.server.remote_stream import CommittedTail
 
 if TYPE_CHECKING:
@@ -54,7 +55,14 @@ class LeaderTails:
             commit = (view or handle.log).commit_point().chunk_id
         if commit < 0:
             return None
-        sequence = handle.log.producer_sequence(reference) if reference else None
+        sequence = None
+        if reference:
+            broker = service.broker
+            sequence = (
+                handle.log.producer_sequence(reference)
+                if broker is None
+                else publisher_sequence(broker, handle, reference)
+            )
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, _tail_of, handle.log, commit)
         if found is None:

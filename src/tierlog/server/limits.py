@@ -21,7 +21,7 @@ from tierlog.server.config import LimitsSection, ServerConfig
 def authenticator_for(config: ServerConfig) -> Authenticator:
     """The ``Authenticator`` of a configuration's ``[auth]`` (at start and on reload)."""
     a = config.auth
-    return Authenticator(a.users, a.tokens, a.permissions, a.loopback_users)
+    return Authenticator(a.users, a.tokens, a.permissions, a.loopback_users, a.tags)
 
 
 class MemoryWaiter(Protocol):

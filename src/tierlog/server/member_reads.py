@@ -8,6 +8,15 @@ StoreOffset and QueryOffset go to the leader (``server.leader_offsets``); when i
 answer, StoreOffset goes to the MetaStore offsets which the leader takes over, and
 QueryOffset answers from there or from the tracking state the remote tier holds.
 
+A member serves consumers only while it follows its leader within a bound
+(``MemberBound``): it heard from the leader it follows within one lease TTL
+(``cluster.lease_ttl_seconds``, at least three replication heartbeats), its log did
+not fail under its last write, and it is at most ``MEMBER_READ_MAX_BEHIND`` offsets
+short of the commit its leader announced.
+Outside it, Subscribe is answered STREAM_NOT_AVAILABLE and subscriptions already
+attached get a MetadataUpdate (checked every ``BOUND_CHECK_SECONDS``), so clients look
+the stream up again and read where Metadata names, never waiting on a stuck member.
+
 A subscription on a member ends with a MetadataUpdate (clients look the stream up
 again and resume at their offset) when the member stops following (it takes the
 stream over, or leaves it) or drops a range its consumers were shown (it rejoins at
@@ -18,8 +27,9 @@ subscriptions going: the view only grows, over chunks the new leader confirmed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
@@ -32,6 +42,54 @@ from tierlog.server.remote_stream import RemoteStreamHandle, RemoteStreams
 from tierlog.server.tiered_source import StreamChunkSource
 
 log = get_logger("tierlog.server.member_reads")
+
+MEMBER_READ_MAX_BEHIND = 100_000
+"""Offsets a member may be short of the commit its leader announced and still serve
+consumers (a member catching up from further away sends them to Metadata instead)."""
+
+BOUND_CHECK_SECONDS = 1.0
+"""How often the members' bound is checked for subscriptions already attached."""
+
+
+class ReplicaProgress(Protocol):
+    """What the bound reads of a member's replication (``cluster.replica_runner``'s
+    ``ReplicaStatus``)."""
+
+    @property
+    def leader(self) -> str | None: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def behind(self) -> int: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemberBound:
+    """When a member serves consumers: it heard from its leader within ``heard_within``
+    seconds and is at most ``max_behind`` offsets short of the announced commit."""
+
+    heard_within: float
+    max_behind: int = MEMBER_READ_MAX_BEHIND
+
+    def refusal(self, progress: ReplicaProgress, heard_age: float) -> str | None:
+        """Why the member must not serve (None: it may). Pure."""
+        if progress.state == "failed":
+            return f"failed: {progress.last_error}"
+        if heard_age > self.heard_within:
+            return f"no word from leader {progress.leader} for {heard_age:.1f} s"
+        if progress.behind > self.max_behind:
+            return f"catching up from {progress.behind:,} offsets behind the commit"
+        return None
+
+
+Progress = Callable[[str], tuple[ReplicaProgress, float] | None]
+"""``incarnation`` → (the member's replication progress, seconds since it heard from
+its leader), None while it does not replicate the stream."""
 
 
 class WaitingCursor:
@@ -76,9 +134,17 @@ class MemberStreamHandle(RemoteStreamHandle):
     """A followed stream as the handlers see it: reads from the follower log through
     the member's commit view (cross-tier below it), the rest as on a non-member."""
 
-    def __init__(self, streams: RemoteStreams, record: StreamRecord, view: MemberCommitView):
+    def __init__(
+        self,
+        streams: RemoteStreams,
+        record: StreamRecord,
+        view: MemberCommitView,
+        refusal: Callable[[], str | None] = lambda: None,
+    ):
         super().__init__(streams, record)
         self.view = view
+        self.refusal = refusal
+        """Why this member must not serve a new subscription now (None: it may)."""
         self.chunks = StreamChunkSource(
             view, self.notifier, lambda: self.record.settings.read_strategy
         )
@@ -92,11 +158,14 @@ class MemberStreamHandle(RemoteStreamHandle):
         return self.chunks.attach(spec, want_file=want_file)
 
     def first_offset(self) -> int:
+        """The stream's first offset as this member's readers see it: the remote tier's
+        once it holds anything (a segment the member kept below it holds data retention
+        removed, which readers refuse as overtaken), else the follower log's."""
         tree = self.manifest_view.loaded_tree()
         local = self.view.segment_refs()[0].first_offset
         if tree is None or tree.is_empty:
             return local
-        return min(tree.first_offset, local)
+        return tree.first_offset
 
     def commit_moved(self) -> None:
         self.notifier.notify()
@@ -104,7 +173,7 @@ class MemberStreamHandle(RemoteStreamHandle):
     def status(self) -> dict[str, Any]:
         status = super().status()
         point = self.view.commit_point()
-        status["state"] = "member"
+        status["state"] = "following"
         status["local"] = {
             "first_offset": self.view.segment_refs()[0].first_offset,
             "committed_chunk_id": point.chunk_id,
@@ -128,6 +197,39 @@ class MemberReads:
         self.remote = remote
         self._followed: dict[str, _Followed] = {}
         self._handles: dict[str, MemberStreamHandle] = {}
+        self.progress: Progress | None = None  # set when replication runs here
+        self.bound = MemberBound(heard_within=10.0)
+        self._out: dict[str, str] = {}  # incarnations out of bound, and why
+
+    # -- the bound -----------------------------------------------------------------------
+    def refusal(self, incarnation: str) -> str | None:
+        """Why this member must not serve consumers of the stream now (None: it may)."""
+        got = None if self.progress is None else self.progress(incarnation)
+        if got is None:
+            return None
+        return self.bound.refusal(*got)
+
+    def check_bounds(self) -> None:
+        """Tell the subscriptions of members that fell out of bound (MetadataUpdate);
+        log each crossing once, both ways. Only streams whose consumers use this member
+        (an open handle) or that were out of bound are looked at: the cost follows the
+        streams read here, not the streams followed."""
+        for incarnation in set(self._handles) | set(self._out):
+            followed = self._followed.get(incarnation)
+            if followed is None:
+                continue
+            reason = self.refusal(incarnation)
+            was = self._out.get(incarnation)
+            if reason is None:
+                if was is not None:
+                    del self._out[incarnation]
+                    log.info("member_reads_serving_again", stream=followed.record.name)
+                continue
+            if was is None:
+                log.warning("member_reads_out_of_bound", stream=followed.record.name, reason=reason)
+            self._out[incarnation] = reason
+            if incarnation in self._handles:
+                self._close_handle(incarnation, reason)
 
     # -- told by the followers -----------------------------------------------------------
     def opened(self, record: StreamRecord, stream_log: StreamLog) -> None:
@@ -162,6 +264,7 @@ class MemberReads:
     def stopped(self, incarnation: str) -> None:
         self._close_handle(incarnation, "no longer following")
         followed = self._followed.pop(incarnation, None)
+        self._out.pop(incarnation, None)
         if followed is not None:
             followed.view.closed = True
 
@@ -175,7 +278,10 @@ class MemberReads:
         handle = self._handles.get(record.incarnation)
         if handle is None or handle.closed:
             self.remote.drop(record.vhost, record.name)  # a member reads its own log now
-            handle = MemberStreamHandle(self.remote, record, followed.view)
+            incarnation = record.incarnation
+            handle = MemberStreamHandle(
+                self.remote, record, followed.view, lambda: self.refusal(incarnation)
+            )
             self._handles[record.incarnation] = handle
         return handle
 

@@ -22,7 +22,12 @@ from tierlog.server.broker import LED_ELSEWHERE, Broker, StreamHandle
 from tierlog.server.config import ServerConfig
 from tierlog.server.leader_offsets import LeaderOffsets
 from tierlog.server.leader_tail import LeaderTails
-from tierlog.server.member_reads import MemberReads
+from tierlog.server.member_reads import (
+    BOUND_CHECK_SECONDS,
+    MemberBound,
+    MemberReads,
+    ReplicaProgress,
+)
 from tierlog.server.remote_stream import RemoteStreams
 from tierlog.storage.object_store import ObjectStore
 
@@ -48,6 +53,13 @@ class NonMemberReads:
             config, catalog, store, leader_tail=self.tails.ask, forward_offset=forward
         )
         self.members = MemberReads(self.remote)
+        # one lease TTL, and never less than a few replication heartbeats (an idle
+        # leader answers a fetch once per heartbeat)
+        heartbeats = 3 * service.hub.heartbeat if service.hub is not None else 0.0
+        self.members.bound = MemberBound(
+            heard_within=max(config.cluster.lease_ttl_seconds, heartbeats)
+        )
+        self._bounds: asyncio.Task[None] | None = None
 
     def attach(self, broker: Broker) -> None:
         self.remote.start(asyncio.get_running_loop())
@@ -61,6 +73,24 @@ class NonMemberReads:
             for follower in followers.streams.values():
                 self.members.opened(follower.record, follower.log)
             self.service.replicas_serve = True
+            self.members.progress = self._progress
+            self.service.member_refusal = self.members.refusal
+            self._bounds = asyncio.create_task(self._check_bounds())
+
+    def _progress(self, incarnation: str) -> tuple[ReplicaProgress, float] | None:
+        """A followed stream's replication progress and the seconds since its leader
+        was last heard, from the replica runner."""
+        hub = self.service.hub
+        followed = None if hub is None else hub.followed.get(incarnation)
+        if followed is None:
+            return None
+        age = asyncio.get_running_loop().time() - followed.heard_at
+        return followed.status(), age
+
+    async def _check_bounds(self) -> None:
+        while True:
+            await asyncio.sleep(BOUND_CHECK_SECONDS)
+            self.members.check_bounds()
 
     def handle(self, vhost: str, name: str) -> StreamHandle | None:
         """The consumers' handle of a catalog stream led elsewhere: the member handle
@@ -85,5 +115,7 @@ class NonMemberReads:
         return handle
 
     def close(self) -> None:
+        if self._bounds is not None:
+            self._bounds.cancel()
         self.members.close()
         self.remote.close()

@@ -118,6 +118,10 @@ class TieredChunkCursor:
         self._next = -1
         self._ready: deque[TieredChunk] = deque()
         self._served = False
+        # the offset asked for: a cursor re-attached before it reached it (handed to the
+        # local tier, or back to the reader) starts at the chunk that holds it, never
+        # at a tier's end below it (clients skip records inside the first chunk only)
+        self._asked = spec.value if spec.kind == "offset" else -1
 
     @property
     def next_offset(self) -> int:
@@ -183,7 +187,7 @@ class TieredChunkCursor:
             return  # between local segments: the remote tier serves it
         try:
             local = self._source._local.attach(
-                OffsetSpec.offset(position), want_file=self._want_file
+                OffsetSpec.offset(max(position, self._asked)), want_file=self._want_file
             )
         except (SourceClosedError, FileNotFoundError):
             return
@@ -208,7 +212,7 @@ class TieredChunkCursor:
                 position = self._local.next_offset
                 self._local.close()
                 self._local = None
-                self._spec = OffsetSpec.offset(position)
+                self._spec = OffsetSpec.offset(max(position, self._asked))
                 self._next = position
         if self._reader is None:
             spec = self._spec

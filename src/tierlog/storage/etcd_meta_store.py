@@ -50,6 +50,7 @@ from tierlog.storage.errors import (
     TransientError,
     VersionConflictError,
 )
+from tierlog.storage.etcd_client import EtcdTls, new_etcd_client
 from tierlog.storage.meta_store import (
     CleanupItem,
     Lease,
@@ -120,8 +121,10 @@ class EtcdMetaStore(MetaStore):
         timeout: float = DEFAULT_TIMEOUT_S,
         username: str | None = None,
         password: str | None = None,
+        tls: EtcdTls | None = None,
     ) -> None:
         validate_meta_key(prefix)
+        self._tls = tls
         self.endpoint = f"{host}:{port}"
         self._timeout = float(timeout)
         root = prefix.strip("/").encode() + b"/"
@@ -147,7 +150,8 @@ class EtcdMetaStore(MetaStore):
 
     async def _new_client(self, username: str | None, password: str | None) -> aetcd.Client:
         host, _, port = self.endpoint.rpartition(":")
-        return aetcd.Client(
+        return new_etcd_client(
+            self._tls,
             host=host,
             port=int(port),
             username=username,

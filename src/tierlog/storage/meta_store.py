@@ -11,11 +11,14 @@ from __future__ import annotations
 import builtins
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from tierlog.errors import ConfigError
 from tierlog.storage.errors import InvalidKeyError
+
+if TYPE_CHECKING:
+    from tierlog.storage.etcd_client import EtcdTls
 
 MAX_META_KEY_BYTES = 512
 MAX_META_VALUE_BYTES = 1 << 20
@@ -209,7 +212,7 @@ def open_meta_store(uri: str, **options: Any) -> MetaStore:
             host, port = parts.hostname, parts.port
         except ValueError as exc:
             raise ConfigError(f"metadata store URI {uri!r}: bad port") from exc
-        if not host or port is None or parts.query or parts.fragment:
+        if not host or port is None or parts.fragment:
             raise ConfigError(f"metadata store URI {uri!r}: expected etcd://host:port/prefix")
         prefix = parts.path.strip("/") or "tierlog"
         try:
@@ -217,9 +220,40 @@ def open_meta_store(uri: str, **options: Any) -> MetaStore:
         except InvalidKeyError as exc:
             raise ConfigError(f"metadata store URI {uri!r}: bad prefix: {exc}") from exc
         if parts.username is not None:
-            options.setdefault("username", parts.username)
-            options.setdefault("password", parts.password or "")
+            options.setdefault("username", unquote(parts.username))
+            options.setdefault("password", unquote(parts.password or ""))
         from tierlog.storage.etcd_meta_store import EtcdMetaStore
 
+        tls = _etcd_tls(uri, parts.query)
+        if tls is not None:
+            options.setdefault("tls", tls)
         return EtcdMetaStore(host, port, prefix, **options)
     raise ConfigError(f"metadata store URI {uri!r}: scheme must be sqlite or etcd")
+
+
+ETCD_URI_PARAMETERS = ("cacert", "cert", "key")
+"""Query parameters of an ``etcd://`` URI: TLS to etcd (``cacert``: the CA of etcd's
+server certificate; ``cert`` + ``key``: a client certificate), named as etcdctl names
+its flags. User and password go in the URI's user part."""
+
+
+def _etcd_tls(uri: str, query: str) -> EtcdTls | None:
+    from tierlog.storage.etcd_client import EtcdTls
+
+    values: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if name not in ETCD_URI_PARAMETERS:
+            raise ConfigError(
+                f"metadata store URI {uri!r}: unknown parameter {name!r}"
+                f" (known: {', '.join(ETCD_URI_PARAMETERS)})"
+            )
+        if name in values:
+            raise ConfigError(f"metadata store URI {uri!r}: {name!r} given twice")
+        values[name] = value
+    if not values:
+        return None
+    if "cacert" not in values:
+        raise ConfigError(f"metadata store URI {uri!r}: TLS to etcd needs cacert=")
+    if ("cert" in values) != ("key" in values):
+        raise ConfigError(f"metadata store URI {uri!r}: cert= and key= go together")
+    return EtcdTls(values["cacert"], values.get("cert", ""), values.get("key", ""))

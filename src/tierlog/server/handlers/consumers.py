@@ -5,6 +5,8 @@ Mixed into ``Connection``; methods run on the event loop with the connection as 
 
 from __future__ import annotations
 
+from typing import Any
+
 from tierlog.errors import TierlogError
 from tierlog.formats.protocol.commands import (
     CreditRequest,
@@ -26,6 +28,7 @@ from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.member_reads import MemberStreamHandle
 from tierlog.server.meta_offsets import leader_query_offset
 from tierlog.server.remote_stream import RemoteStreamHandle
 from tierlog.server.subscriptions import (
@@ -45,18 +48,29 @@ class ConsumerHandlers(ConnectionCore):
         corr = cmd.correlation_id
         if cmd.subscription_id in self.subscriptions:
             code = ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS
+        elif self._reserved("stream", cmd.stream):  # a system stream: no client reads it
+            code = ResponseCode.ACCESS_REFUSED
         elif handle is None:
             code = self._missing(cmd.stream)
         elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
             code = ResponseCode.STREAM_NOT_AVAILABLE
+        elif isinstance(handle, MemberStreamHandle) and _member_refuses(handle, cmd):
+            code = ResponseCode.STREAM_NOT_AVAILABLE  # read where Metadata names
         elif not self._permitted("read", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
+        elif self._reserved("consumer name", cmd.properties.get("name")):
+            code = ResponseCode.PRECONDITION_FAILED
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
             self.metrics.limits_hit.labels(limit="max_subscriptions").inc()
             code = ResponseCode.PRECONDITION_FAILED
         else:
             action = cmd.properties.get(OVERTAKEN_PROPERTY, "notify")
             if action not in OVERTAKEN_ACTIONS:
+                code = ResponseCode.PRECONDITION_FAILED
+            elif action == "notify" and _overtaken_at_subscribe(handle, cmd):
+                # refused once, with its reason, rather than accepted and then ended by
+                # a MetadataUpdate: a client that subscribes again at the same position
+                # on every MetadataUpdate would loop for ever
                 code = ResponseCode.PRECONDITION_FAILED
             else:
                 try:
@@ -100,6 +114,8 @@ class ConsumerHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.UNSUBSCRIBE, cmd.correlation_id, code).encode())
 
     def _on_store_offset(self, cmd: StoreOffsetRequest) -> None:
+        if self._reserved("stream", cmd.stream) or self._reserved("consumer name", cmd.reference):
+            return  # no response to refuse with: ignored, counted and logged
         handle = self.broker.readable(self.vhost, cmd.stream)
         if handle is None or not cmd.reference or len(cmd.reference.encode("utf-8")) > 255:
             return  # StoreOffset has no response; RabbitMQ ignores these too
@@ -110,10 +126,14 @@ class ConsumerHandlers(ConnectionCore):
     async def _on_query_offset(self, cmd: QueryOffsetRequest) -> None:
         handle = self.broker.readable(self.vhost, cmd.stream)
         corr = cmd.correlation_id
-        if handle is None:
+        if self._reserved("stream", cmd.stream):
+            response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
+        elif handle is None:
             response = QueryOffsetResponse(corr, self._missing(cmd.stream), 0)
         elif not self._permitted("read", cmd.stream):
             response = QueryOffsetResponse(corr, ResponseCode.ACCESS_REFUSED, 0)
+        elif self._reserved("consumer name", cmd.reference):
+            response = QueryOffsetResponse(corr, ResponseCode.PRECONDITION_FAILED, 0)
         else:
             await handle.flush()  # a StoreOffset sent just before is visible
             offset = None
@@ -127,6 +147,37 @@ class ConsumerHandlers(ConnectionCore):
             else:
                 response = QueryOffsetResponse(corr, ResponseCode.OK, offset)
         self.send(response.encode())
+
+
+def _member_refuses(handle: MemberStreamHandle, cmd: SubscribeRequest) -> bool:
+    """Whether this member is outside its serving bound (``server.member_reads``)."""
+    reason = handle.refusal()
+    if reason is None:
+        return False
+    log.info("subscribe_refused_member", stream=cmd.stream, reason=reason)
+    return True
+
+
+def _overtaken_at_subscribe(handle: Any, cmd: SubscribeRequest) -> bool:
+    """Whether the offset asked for is below the stream's first available offset (the
+    same first offset the subscription's reader would raise ``OffsetOvertakenError``
+    against); logged with its reason when it is."""
+    spec = cmd.offset_spec
+    if spec.type != OffsetType.OFFSET:
+        return False
+    first = handle.first_offset()
+    if spec.value >= first:
+        return False
+    log.warning(
+        "subscribe_refused_overtaken",
+        stream=cmd.stream,
+        subscription=cmd.subscription_id,
+        position=spec.value,
+        first_offset=first,
+        reason=f"offset {spec.value} was removed by retention; the stream starts at {first}"
+        " (subscribe at first, or with x-tierlog-overtaken=skip)",
+    )
+    return True
 
 
 def _log_spec(spec: WireOffsetSpec) -> OffsetSpec:

@@ -29,6 +29,7 @@ from tierlog.formats.protocol.publish import (
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.delayed_intake import publisher_sequence
 from tierlog.server.handlers.publisher import Publisher
 from tierlog.server.remote_stream import RemoteStreamHandle
 
@@ -40,7 +41,9 @@ class PublisherHandlers(ConnectionCore):
 
     def _on_declare_publisher(self, cmd: DeclarePublisherRequest) -> None:
         handle = self.broker.get(self.vhost, cmd.stream)
-        if handle is None or handle.unavailable == OPENING:
+        if self._reserved("stream", cmd.stream):  # a system stream: the server's alone
+            code = ResponseCode.ACCESS_REFUSED
+        elif handle is None or handle.unavailable == OPENING:
             code = (
                 self._missing(cmd.stream) if handle is None else ResponseCode.STREAM_NOT_AVAILABLE
             )
@@ -54,6 +57,10 @@ class PublisherHandlers(ConnectionCore):
         else:
             reference = cmd.reference or None
             if reference is not None and len(reference.encode("utf-8")) > 255:
+                code = ResponseCode.PRECONDITION_FAILED
+            elif self._reserved("producer reference", reference):
+                # the server's own producers (the delayed dispatcher): a client declaring
+                # one could move the sequence the server judges its appends by
                 code = ResponseCode.PRECONDITION_FAILED
             else:
                 self.publishers[cmd.publisher_id] = Publisher(cmd.publisher_id, handle, reference)
@@ -72,7 +79,11 @@ class PublisherHandlers(ConnectionCore):
         handle = self.broker.get(self.vhost, cmd.stream) or self.broker.readable(
             self.vhost, cmd.stream
         )
-        if handle is None:
+        if self._reserved("stream", cmd.stream):
+            response = QueryPublisherSequenceResponse(
+                cmd.correlation_id, ResponseCode.ACCESS_REFUSED, 0
+            )
+        elif handle is None:
             response = QueryPublisherSequenceResponse(
                 cmd.correlation_id, self._missing(cmd.stream), 0
             )
@@ -82,6 +93,10 @@ class PublisherHandlers(ConnectionCore):
             response = QueryPublisherSequenceResponse(
                 cmd.correlation_id, ResponseCode.ACCESS_REFUSED, 0
             )
+        elif self._reserved("producer reference", cmd.reference):
+            response = QueryPublisherSequenceResponse(
+                cmd.correlation_id, ResponseCode.PRECONDITION_FAILED, 0
+            )
         elif isinstance(handle, RemoteStreamHandle):  # written elsewhere: the leader knows
             remote = handle
             self._spawn(lambda c: self._sequence_from_leader(c, remote))(cmd)
@@ -90,7 +105,7 @@ class PublisherHandlers(ConnectionCore):
             sequence = 0
             if cmd.reference:
                 try:
-                    sequence = handle.log.producer_sequence(cmd.reference) or 0
+                    sequence = publisher_sequence(self.broker, handle, cmd.reference) or 0
                 except (TierlogError, ValueError):
                     sequence = 0
             response = QueryPublisherSequenceResponse(cmd.correlation_id, ResponseCode.OK, sequence)

@@ -30,7 +30,6 @@ from tierlog.server.broker import OPENING
 from tierlog.server.cluster_gates import cluster_metadata
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.connection_core import ConnectionCore
-from tierlog.server.delayed_intake import is_system_stream
 
 log = get_logger("tierlog.server.connection")
 
@@ -41,14 +40,28 @@ class StreamHandlers(ConnectionCore):
     """Commands about streams themselves."""
 
     async def _on_create(self, cmd: CreateRequest) -> None:
-        if not self._permitted("configure", cmd.stream) or is_system_stream(cmd.stream):
+        # a reserved name is no name a client may create, checked before permissions: what
+        # RabbitMQ answers for its reserved ``amq.`` prefix (docs/security.md)
+        if self._reserved("stream", cmd.stream):
+            code = ResponseCode.PRECONDITION_FAILED
+            self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
+            return
+        if not self._permitted("configure", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
             return
         try:
+            # as RabbitMQ: the arguments are validated first (PRECONDITION_FAILED), then
+            # an existing stream is STREAM_ALREADY_EXISTS whatever the cluster's state
+            # (an app declaring its stream at start must start while a node is down)
             settings = settings_from_arguments(cmd.arguments)
-            if isinstance(self.broker.placement, ClusterService):
-                self.broker.placement.check_create(self.vhost, cmd.stream, cmd.arguments)
+            placement = self.broker.placement
+            if isinstance(placement, ClusterService):
+                placement.cluster_size(cmd.arguments)
+            if await self.broker.exists(self.vhost, cmd.stream):
+                raise StreamExistsError(f"stream {cmd.stream!r} already exists")
+            if isinstance(placement, ClusterService):
+                placement.check_create(self.vhost, cmd.stream, cmd.arguments)
             await self.broker.create_stream(self.vhost, cmd.stream, settings)
             code = ResponseCode.OK
         except StreamExistsError:
@@ -62,7 +75,7 @@ class StreamHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.CREATE, cmd.correlation_id, code).encode())
 
     async def _on_delete(self, cmd: DeleteRequest) -> None:
-        if not self._permitted("configure", cmd.stream) or is_system_stream(cmd.stream):
+        if self._reserved("stream", cmd.stream) or not self._permitted("configure", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
             return
@@ -77,16 +90,25 @@ class StreamHandlers(ConnectionCore):
         self.send(SimpleResponse(Command.DELETE, cmd.correlation_id, code).encode())
 
     def _on_metadata(self, cmd: MetadataRequest) -> None:
+        refused = {n for n in cmd.streams if self._reserved("stream", n)}
         placement = self.broker.placement
         if isinstance(placement, ClusterService):
             brokers, streams = cluster_metadata(placement, self.vhost, cmd.streams)
+            streams = [
+                StreamMetadata(s.name, ResponseCode.ACCESS_REFUSED, NO_LEADER, ())
+                if s.name in refused
+                else s
+                for s in streams
+            ]
             self.send(MetadataResponse(cmd.correlation_id, brokers, streams).encode())
             return
         host, port = self._advertised()
         streams = []
         for name in cmd.streams:
             handle = self.broker.get(self.vhost, name)
-            if handle is None:
+            if name in refused:  # a system stream exists, but is no client's to use
+                streams.append(StreamMetadata(name, ResponseCode.ACCESS_REFUSED, NO_LEADER, ()))
+            elif handle is None:
                 streams.append(StreamMetadata(name, self._missing(name), NO_LEADER, ()))
             elif handle.unavailable == OPENING:  # its first resolution runs
                 code = ResponseCode.STREAM_NOT_AVAILABLE
@@ -98,6 +120,10 @@ class StreamHandlers(ConnectionCore):
         )
 
     def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
+        if self._reserved("stream", cmd.stream):
+            code = ResponseCode.ACCESS_REFUSED
+            self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
+            return
         handle = self.broker.get(self.vhost, cmd.stream)
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
@@ -113,5 +139,8 @@ class StreamHandlers(ConnectionCore):
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
 
     def _on_super_stream(self, cmd: RouteRequest | PartitionsRequest) -> None:
-        code = ResponseCode.STREAM_DOES_NOT_EXIST  # super streams are not supported
+        if self._reserved("super stream", cmd.super_stream):
+            code = ResponseCode.ACCESS_REFUSED
+        else:
+            code = ResponseCode.STREAM_DOES_NOT_EXIST  # super streams are not supported
         self.send(SimpleResponse(cmd.command, cmd.correlation_id, code).encode())
