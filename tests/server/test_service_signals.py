@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -200,11 +201,16 @@ async def test_sigterm_and_sigint_stop_cleanly(tmp_path: Path, sig: signal.Signa
         assert server.proc is not None
         proc = server.proc
         proc.send_signal(sig)
-        assert proc.wait(20) == 0
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"{sig.name} did not stop it:\n{server.log_tail()}") from None
+        assert code == 0, server.log_tail()
         assert "event=server_stopped" in server.log_tail(100_000)
         server.proc = None
         server.start()
-        client = RawClient(server.host, server.stream_port)
+        client = RawClient(server.host, server.stream_port, timeout=30)
         assert client.handshake() == ResponseCode.OK
         client.send(c.StreamStatsRequest(client.next_corr(), "kept").encode())
         stats = client.expect(c.StreamStatsResponse)
