@@ -21,6 +21,7 @@ from tests.server.security_clients import healthy_round_trip, rss_bytes
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import encode_publish
+from tierlog.server.limits import PublishMemory
 
 MIB = 1024 * 1024
 MESSAGES_PER_FRAME = 16_000
@@ -135,3 +136,27 @@ def test_twenty_never_reading_publishers_at_once(server: TierlogServerProcess) -
         for flooder in flooders:
             flooder.close()
     healthy_round_trip(server.host, server.stream_port)
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.relieved = 0
+
+    def memory_relieved(self) -> None:
+        self.relieved += 1
+
+
+def test_node_budget_wakes_waiting_connections_at_half() -> None:
+    """The node-wide budget's rule (the server test above measures its effect): over the
+    limit connections wait; they are told once the held total is at most half of it."""
+    memory = PublishMemory(1000)
+    waiter = _Waiter()
+    memory.hold(1200)
+    assert memory.over()
+    memory.waiting.add(waiter)
+    memory.release(600)  # 600 held: under the limit, over half
+    assert not memory.over() and waiter.relieved == 0
+    memory.release(100)  # 500: half
+    assert waiter.relieved == 1 and not memory.waiting
+    memory.release(500)
+    assert memory.used == 0 and waiter.relieved == 1

@@ -115,7 +115,10 @@ class ConnectionCore(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport
         self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        # never above half the memory budget: a connection paused for unsent output is
+        # resumed by resume_writing, which only a buffer past its high-water mark brings
+        high = min(WRITE_BUFFER_HIGH, self.limits.connection_memory_bytes // 2)
+        transport.set_write_buffer_limits(high=high)
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")
         self.peer_host = str(peer[0]) if peer else ""
