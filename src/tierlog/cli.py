@@ -202,7 +202,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tierlog.server.app import serve
     from tierlog.server.config import load_config
 
-    return serve(load_config(args.config))
+    return serve(load_config(args.config), lambda: load_config(args.config))
 
 
 def cmd_dump(args: argparse.Namespace) -> int:

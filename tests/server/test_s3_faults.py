@@ -6,9 +6,11 @@ catching up once the faults stop."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -209,11 +211,21 @@ def test_start_gives_up_after_the_deadline_with_one_line(
     assert took < 30
 
 
+def probe(server: TierlogServerProcess, path: str) -> tuple[int, Any]:
+    """An unauthenticated GET, as a systemd or Kubernetes probe makes it."""
+    try:
+        with urllib.request.urlopen(server.admin_url + path, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 async def test_admin_shows_degraded_tier_during_an_outage_and_clears_after(
     s3_server: tuple[TierlogServerProcess, str], s3_fault_proxy: FaultProxy
 ) -> None:
     server, _prefix = s3_server
     server.start()
+    assert probe(server, "/api/health/ready") == (200, {"status": "ready"})
     await create_stream(server, "outage")
     await publish(server, "outage", [[b"a" * 1000 for _ in range(20)]], name="o")
     assert wait_for(lambda: stream_status(server, "outage")["remote"]["tiered_offset"] > 0, 20)
@@ -231,6 +243,16 @@ async def test_admin_shows_degraded_tier_during_an_outage_and_clears_after(
     )
     lags = re.findall(r"^tierlog_tier_lag_seconds\{[^}]*\} (\S+)$", metrics, re.M)
     assert lags and float(lags[0]) > 0
+    # the node is not ready (the body says why, naming no stream) and health says degraded
+    status, body = probe(server, "/api/health/ready")
+    assert status == 503 and body["status"] == "not ready", body
+    assert any("tiering degraded" in reason for reason in body["reasons"]), body
+    assert "outage" not in json.dumps(body)
+    assert probe(server, "/api/health/live") == (200, {"status": "live"})
+    health = admin(server, "/api/health")
+    assert health["status"] == "degraded", health
+    expected = [{"vhost": "/", "stream": "outage", "tiering": "degraded"}]
+    assert health["tiering_degraded"] == expected, health
     s3_fault_proxy.off()
 
     def recovered() -> bool:
@@ -241,3 +263,5 @@ async def test_admin_shows_degraded_tier_during_an_outage_and_clears_after(
 
     assert wait_for(recovered, 30), stream_status(server, "outage")
     assert stream_status(server, "outage")["remote"]["last_error"] is None
+    assert probe(server, "/api/health/ready") == (200, {"status": "ready"})
+    assert admin(server, "/api/health")["status"] == "ok"

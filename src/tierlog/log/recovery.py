@@ -6,7 +6,13 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
   neighbours (chunk id = previous id + previous record count, epoch and timestamp not
   decreasing, lengths within the file); the Osiris CRC covers entry data only.
 * An index only points into its segment and never vetoes a trustworthy chunk: when it
-  disagrees with the segment, it is rebuilt from the segment.
+  disagrees with the segment, it is rebuilt from the segment. That holds for the active
+  segment's last chunk too, which has no right neighbour: its CRC-good header continues
+  the log (chunk id, epoch and timestamp not below its predecessor's, the epoch no higher
+  than the predecessor's or the index record's), so a flipped bit in its index record
+  costs nothing. A chunk type that disagrees with the index is taken from the header
+  when the chunk's data cannot be read as the index's type (the index record is what
+  flipped); only when it reads as both is the type ambiguous (damage).
 * Sealed segments (fsynced when they were rolled) get a structural check through
   their index (records in order, first and last chunk consistent with the file size
   and the last chunk's record count with the next segment's first offset);
@@ -22,10 +28,11 @@ The rule is that confirmed data is never cut, renumbered or deleted by recovery:
 * Header fields outside the CRC with no neighbour to corroborate them are checked
   against the index record, which repeats chunk id, timestamp, epoch, position and
   chunk type: the chunk type of every chunk of a scanned segment, the whole record for
-  a segment's first and last chunk. A disagreement is damage (repair from the remote
-  tier, else refuse), never a silent choice. A chunk at the end of the log that failed
-  validation but is whole, named by its index record and CRC-good is no torn write (a
-  header field such as the type or a count is wrong): refused, not cut. Chunks in the
+  a sealed segment's first and last chunk. A disagreement the log cannot settle is
+  damage (repair from the remote tier, else refuse), never a silent choice. A chunk at
+  the end of the log that failed validation but is whole, named by its index record
+  and CRC-good is no torn write (a header field such as the type or a count is wrong):
+  refused, not cut. Chunks in the
   middle of a sealed segment are not read on open; readers check each one they reach
   (a chunk they would skip as tracking must parse as tracking, see ``reader``).
 * Osiris itself (``osiris_log``) has no header CRC either and checks less: on recovery
@@ -176,7 +183,10 @@ def recover(stream_dir: str, repair: bool = True) -> RecoveredLog:
                 raise _damage(ref, scan.damage or "bad segment header", 0, offset, next_segment)
         _check_chunk_types(ref, scan.chunks, next_segment)
         if scan.damage is None and scan.chunks:
-            _check_last_chunk(ref, scan.chunks[-1], next_segment)
+            previous = scan.chunks[-2] if len(scan.chunks) > 1 else None
+            if previous is None and states:
+                previous = states[-1].last_chunk
+            _check_last_chunk(ref, scan.chunks[-1], next_segment, previous)
         if scan.damage:
             expected_id = scan.chunks[-1].next_offset if scan.chunks else offset
             trusted_after = _trusted_chunk_after(ref, scan.valid_end, expected_id)
@@ -250,7 +260,9 @@ def _check_chunk_types(
     ref: SegmentRef, chunks: list[SegmentChunkInfo], next_segment: int | None
 ) -> None:
     """The chunk type is outside the CRC and no neighbour corroborates it: where the index
-    names another type for the same chunk, neither copy can be trusted over the other."""
+    names another type for the same chunk and the chunk's data also reads as that type,
+    neither copy can be trusted over the other. Data that does not read as the index's
+    type says the index record flipped: the index is rebuilt from the header."""
     by_position = {r.position: r for r in _index_records(ref) or []}
     for chunk in chunks:
         record = by_position.get(chunk.position)
@@ -259,6 +271,15 @@ def _check_chunk_types(
             and record.chunk_id == chunk.chunk_id
             and record.chunk_type != chunk.chunk_type
         ):
+            if not _reads_as(ref, chunk, record.chunk_type):
+                log.warning(
+                    "index_record_disagrees",
+                    segment=ref.segment_path,
+                    chunk_id=chunk.chunk_id,
+                    field="chunk_type",
+                    kept="chunk header",
+                )
+                continue
             raise _damage(
                 ref,
                 f"chunk {chunk.chunk_id} type {chunk.chunk_type} disagrees with its index "
@@ -269,11 +290,64 @@ def _check_chunk_types(
             )
 
 
-def _check_last_chunk(ref: SegmentRef, last: SegmentChunkInfo, next_segment: int | None) -> None:
-    """Corroborate the header fields outside the CRC (timestamp, epoch, type) of a
-    segment's last chunk. Its right neighbour is the next segment's first chunk; the last
-    chunk of the log has none, so where its index record exists and disagrees, neither
-    copy can be trusted over the other: damage, never a silent choice."""
+def _reads_as(ref: SegmentRef, chunk: SegmentChunkInfo, chunk_type: int) -> bool:
+    """Whether the chunk's bytes validate when read as ``chunk_type`` (its data CRC,
+    entries and, for tracking types, tracking content)."""
+    fd = os.open(ref.segment_path, os.O_RDONLY)
+    try:
+        raw = bytearray(pread_exact(fd, chunk.size, chunk.position))
+    finally:
+        os.close(fd)
+    if len(raw) != chunk.size:
+        return False
+    raw[CHUNK_TYPE_POS] = chunk_type & 0xFF
+    try:
+        validate_chunk(decode_header(raw), memoryview(raw))
+    except FormatError:
+        return False
+    return True
+
+
+def _check_last_chunk(
+    ref: SegmentRef,
+    last: SegmentChunkInfo,
+    next_segment: int | None,
+    previous: SegmentChunkInfo | None,
+) -> None:
+    """Corroborate the header fields outside the CRC (timestamp, epoch) of a segment's
+    last chunk. A sealed segment's has a right neighbour, the next segment's first chunk;
+    where that does not corroborate it and its index record disagrees, neither copy can be
+    trusted over the other: damage. The log's last chunk has no right neighbour: its
+    header continued the log (the scan checked chunk id, epoch and timestamp against its
+    predecessor, ``previous``), so it is kept and its index record rebuilt, unless its
+    epoch is above both its predecessor's and its index record's (an epoch the log never
+    had: the header flipped, and a writer would adopt it)."""
+    if next_segment is None:
+        record = next((r for r in _index_records(ref) or [] if r.position == last.position), None)
+        if record is None or record == last.index_record():
+            return
+        known_epoch = max(record.epoch, previous.epoch if previous is not None else 0)
+        continues = previous is None or (
+            last.chunk_id == previous.next_offset
+            and last.epoch >= previous.epoch
+            and last.timestamp >= previous.timestamp
+        )
+        if continues and last.epoch <= known_epoch:
+            log.warning(
+                "index_record_disagrees",
+                segment=ref.segment_path,
+                chunk_id=last.chunk_id,
+                index_record=str(tuple(record)),
+                kept="chunk header",
+            )
+            return
+        raise _damage(
+            ref,
+            f"chunk {last.chunk_id} header disagrees with its index record",
+            last.position,
+            last.chunk_id,
+            last.next_offset,
+        )
     if next_segment is not None:
         neighbour = _first_header(segment_ref(os.path.dirname(ref.segment_path), next_segment))
         if (
@@ -285,7 +359,8 @@ def _check_last_chunk(ref: SegmentRef, last: SegmentChunkInfo, next_segment: int
             return
     records = _index_records(ref) or []
     record = next((r for r in records if r.position == last.position), None)
-    if record is not None and record != last.index_record():
+    # the type was settled by _check_chunk_types
+    if record is not None and record._replace(chunk_type=last.chunk_type) != last.index_record():
         raise _damage(
             ref,
             f"chunk {last.chunk_id} header disagrees with its index record",

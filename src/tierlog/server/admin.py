@@ -5,7 +5,11 @@ bearer credentials, then the route's declared permission, ``ROUTE_PERMISSIONS``:
 configure / read on the stream, reserved stream names refused); routes check the
 user's permission on the stream again. Routes (``vhost`` is a query parameter, default ``/``):
 
-* ``GET /api/health`` — ``{"status": "ok", "streams": n, "connections": n}``
+* ``GET /api/health`` — ``{"status": "ok" | "degraded", "streams": n, "connections": n,
+  "tiering_degraded": [{"vhost", "stream", "tiering": "degraded" | "halted" | "not started"}],
+  "not_ready": [...]}``
+* ``GET /api/health/live``, ``GET /api/health/ready`` — probes, without credentials (200,
+  or 503 with ``reasons`` when not ready; see ``health.py``)
 * ``GET /api/streams`` — every stream's status
 * ``POST /api/streams`` — ``{"name": ..., "vhost": "/", "arguments": {...}}`` (stream
   arguments as in Create) and/or ``"settings": {...}`` (StreamSettings fields)
@@ -41,11 +45,12 @@ from tierlog.offload.service import SegmentOffloadService
 from tierlog.remote.errors import RemoteTierError, StreamExistsError, StreamNotFoundError
 from tierlog.remote.key_lookup import lookup_key, parse_timestamp
 from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
-from tierlog.server.admin_security import AdminGuard
+from tierlog.server.admin_security import HEALTH_LIVE, HEALTH_READY, AdminGuard
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.cluster_view import cluster_status
+from tierlog.server.health import Health
 from tierlog.server.limits import Gatekeeper
 
 
@@ -86,22 +91,44 @@ def _check_log_limits(broker: Broker, settings: StreamSettings) -> None:
 
 
 def build_admin_app(
-    broker: Broker, metrics: Metrics, guard: AdminGuard | None = None
+    broker: Broker,
+    metrics: Metrics,
+    guard: AdminGuard | None = None,
+    health_state: Health | None = None,
 ) -> web.Application:
     if guard is None:
         guard = AdminGuard(broker.config.auth, Gatekeeper(broker.config, metrics))
+    if health_state is None:
+        health_state = Health(broker)
+        health_state.listening = True
+    state = health_state
     app = web.Application(middlewares=[guard.middleware], client_max_size=64 * 1024)
 
     async def health(request: web.Request) -> web.Response:
+        degraded = state.degraded()
         return web.json_response(
             {
-                "status": "ok",
+                "status": "degraded" if degraded else "ok",
                 "streams": len(broker.streams()),
                 "streams_opening": len(broker.opening_streams()),
                 "catalog_loaded": broker.catalog_loaded.is_set(),
                 "connections": len(broker.connections),
+                "tiering_degraded": [
+                    {"vhost": vhost, "stream": name, "tiering": what}
+                    for (vhost, name), what in sorted(degraded.items())
+                ],
+                "not_ready": state.not_ready(),
             }
         )
+
+    async def live(request: web.Request) -> web.Response:
+        return web.json_response({"status": "live"})
+
+    async def ready(request: web.Request) -> web.Response:
+        reasons = state.not_ready()
+        if reasons:
+            return web.json_response({"status": "not ready", "reasons": reasons}, status=503)
+        return web.json_response({"status": "ready"})
 
     async def list_streams(request: web.Request) -> web.Response:
         visible = [
@@ -278,6 +305,8 @@ def build_admin_app(
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/api/health", health)
+    app.router.add_get(HEALTH_LIVE, live)
+    app.router.add_get(HEALTH_READY, ready)
     app.router.add_get("/api/streams", list_streams)
     app.router.add_post("/api/streams", create_stream)
     app.router.add_get("/api/streams/{name}", get_stream)

@@ -33,12 +33,16 @@ from tierlog.server.limits import Gatekeeper
 log = get_logger("tierlog.server.admin")
 
 DEFAULT_ADMIN_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+HEALTH_LIVE = "/api/health/live"
+HEALTH_READY = "/api/health/ready"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 USER_KEY = web.RequestKey("user", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 PUBLIC = "public"
-"""No credentials at all (none yet; health probes would be)."""
+"""No credentials, and no ``Host`` / ``Origin`` check (they guard requests that carry
+credentials or change something): the health probes, which systemd and Kubernetes call by
+the pod's address; ``GET`` only, they change nothing and name no stream."""
 METRICS = "public while auth.metrics_public"
 """No credentials while ``auth.metrics_public`` (``/metrics``), else as ``USER``."""
 USER = "user"
@@ -52,6 +56,8 @@ STREAM_ROUTE_PREFIX = "/api/streams/{name}"
 
 ROUTE_PERMISSIONS: dict[tuple[str, str], str] = {
     ("GET", "/api/health"): USER,
+    ("GET", HEALTH_LIVE): PUBLIC,
+    ("GET", HEALTH_READY): PUBLIC,
     ("GET", "/api/streams"): USER,
     ("POST", "/api/streams"): CONFIGURE,
     ("GET", "/api/streams/{name}"): READ_OR_CONFIGURE,
@@ -141,6 +147,10 @@ class AdminGuard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = route_key(request)
+        permission = ROUTE_PERMISSIONS.get(key) if key is not None else None
+        if permission == PUBLIC:
+            return await handler(request)
         host = request.headers.get("Host", "")
         if not self.host_allowed(host):
             self.gate.refused("admin", "host")
@@ -151,9 +161,7 @@ class AdminGuard:
             return _json_error(403, "cross-origin requests are refused")
         if request.method in WRITE_METHODS and request.content_type != "application/json":
             return _json_error(415, "writes must be application/json")
-        key = route_key(request)
-        permission = ROUTE_PERMISSIONS.get(key) if key is not None else None
-        if permission == PUBLIC or (permission == METRICS and self.auth_config.metrics_public):
+        if permission == METRICS and self.auth_config.metrics_public:
             return await handler(request)
         peer = request.remote or ""
         limiter = self.gate.auth.limiter

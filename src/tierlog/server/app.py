@@ -2,8 +2,9 @@
 
 ``Server`` runs inside an event loop (tests start it in-process); ``serve()`` is the
 command: uvloop when available, structured log lines, SIGTERM / SIGINT stop it
-cleanly (listeners closed, queued publishes written, logs fsynced and closed), and a
-restart resumes from the same data directory.
+cleanly (listeners closed, queued publishes written, logs fsynced and closed), SIGHUP
+reloads users, permissions and TLS certificates (``reload.py``), and a restart resumes
+from the same data directory.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ from tierlog.server.connection import Connection
 from tierlog.server.data_dir_lock import DataDirLock
 from tierlog.server.delayed_service import DelayedService
 from tierlog.server.errors import ListenError, StoreUnavailableError
+from tierlog.server.health import Health, no_degraded_streams
 from tierlog.server.limits import Gatekeeper
 from tierlog.server.non_member_reads import NonMemberReads
 from tierlog.server.read_only import ReadOnlyBroker
+from tierlog.server.reload import ConfigReloader
 from tierlog.server.tiering_service import TieringService
 from tierlog.server.tls import server_context
 from tierlog.storage.meta_store import MetaStore
@@ -82,8 +85,12 @@ class Server:
         *,
         lag_provider: LagProvider = no_lag,
         remote_status: RemoteStatusProvider | None = None,
+        reload_config: Callable[[], ServerConfig] | None = None,
     ) -> None:
         self.config = config
+        self._reload_config = reload_config
+        self.reloader: ConfigReloader | None = None
+        self.health: Health | None = None
         # the [encryption] keys become the process keyring (the environment overrides them)
         install_configured_keyring(config.encryption.keyring())
         self.storage = config.storage.resolved()
@@ -226,7 +233,9 @@ class Server:
             assert tls_sockets
             self.tls_port = int(tls_sockets[0].getsockname()[1])
         guard = AdminGuard(config.auth, gate)
-        admin_app = build_admin_app(self.broker, self.metrics, guard)
+        degraded = self.tiering.degraded_streams if self.tiering else no_degraded_streams
+        self.health = Health(self.broker, degraded)
+        admin_app = build_admin_app(self.broker, self.metrics, guard, self.health)
         self.delayed.add_routes(admin_app, guard)
         add_cluster_routes(admin_app, guard, lambda: self.cluster)
         self._runner = web.AppRunner(admin_app, access_log=None)
@@ -244,6 +253,16 @@ class Server:
         assert sockets
         self.admin_port = int(sockets[0].getsockname()[1])
         guard.port = self.admin_port
+        self.health.listening = True
+        broker_connections = self.broker.connections
+        self.reloader = ConfigReloader(
+            config,
+            self._reload_config or (lambda: config),
+            gate,
+            guard,
+            [c for c in (tls_context, admin_tls) if c is not None],
+            lambda: list(broker_connections),
+        )
         if config.cluster.enabled:
             self.cluster = ClusterService(config, self.meta, catalog)
             advertised = s.advertised_host or s.host
@@ -316,6 +335,14 @@ class Server:
         metrics.publishers_throttled.read = per_stream(lambda h: bool(h.blocked))
         if self.tiering is None:
             metrics.tier_lag_bytes.read = per_stream(lambda h: h.tier_lag)
+
+    def reload(self) -> bool:
+        """SIGHUP: read the configuration again and apply users, permissions and TLS
+        certificates; a failure keeps the running configuration (``ConfigReloader``)."""
+        if self.reloader is None:
+            log.warning("config_reload_failed", error="the server is not started")
+            return False
+        return self.reloader.reload()
 
     async def streams_opened(self, timeout: float | None = None) -> None:
         """Wait until start-up has tried to open every catalog stream (the listeners
@@ -410,13 +437,20 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def _serve(config: ServerConfig) -> None:
-    server = Server(config)
-    await server.start()
+async def _serve(config: ServerConfig, reload_config: Callable[[], ServerConfig] | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    # before start-up: a signal during it stops (or is a reload request for) this server,
+    # never the default action (SIGHUP's is to terminate the process uncleanly)
+    hangups: list[int] = []
+    loop.add_signal_handler(signal.SIGHUP, lambda: hangups.append(1))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    server = Server(config, reload_config=reload_config)
+    await server.start()
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
+    if hangups:
+        server.reload()
     await stop.wait()
     log.info("shutdown_requested")
     await server.stop()
@@ -435,8 +469,9 @@ def _consumer_buffers(broker: Broker) -> Callable[[], list[tuple[tuple[str, ...]
     return read
 
 
-def serve(config: ServerConfig) -> int:
-    """Run the server until SIGTERM/SIGINT; returns the process exit code."""
+def serve(config: ServerConfig, reload_config: Callable[[], ServerConfig] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT; returns the process exit code. SIGHUP calls
+    ``reload_config`` (the configuration read again from its sources) and applies it."""
     setup_logging(config.server.log_format, config.server.log_level)
     tune_allocator()
     # The event loop shares the GIL with the writer, tiering and remote-read threads: a
@@ -450,7 +485,7 @@ def serve(config: ServerConfig) -> int:
         except ImportError:
             log.info("uvloop_unavailable")
         else:
-            uvloop.run(_serve(config))
+            uvloop.run(_serve(config, reload_config))
             return 0
-    asyncio.run(_serve(config))
+    asyncio.run(_serve(config, reload_config))
     return 0

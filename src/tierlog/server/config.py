@@ -229,7 +229,11 @@ class LimitsSection:
     handshake_timeout_seconds: float = 10.0
     """A connection not open (authenticated, tuned, vhost opened) by then is closed."""
     connection_memory_bytes: int = 16 * 1024 * 1024
-    """Queued publishes plus unsent output of one connection; over it, reading stops."""
+    """Decoded publishes held (by their estimated cost in memory, not their wire size)
+    plus unsent output of one connection; over it, reading stops until it drains."""
+    publish_memory_bytes: int = 128 * 1024 * 1024
+    """Decoded publishes held across every connection of the node; over it, connections
+    stop reading Publish frames until half of it is free again."""
     fragment_memory_bytes: int = 512 * 1024 * 1024
     """Fragments being built and uploaded, across all streams; uploads wait beyond it."""
 
@@ -248,6 +252,8 @@ class LimitsSection:
             raise ConfigError("limits.handshake_timeout_seconds must be > 0")
         if self.connection_memory_bytes < 65536:
             raise ConfigError("limits.connection_memory_bytes must be >= 65536")
+        if self.publish_memory_bytes < 65536:
+            raise ConfigError("limits.publish_memory_bytes must be >= 65536")
         if self.fragment_memory_bytes < 1:
             raise ConfigError("limits.fragment_memory_bytes must be >= 1")
 

@@ -86,7 +86,9 @@ class ConnectionCore(asyncio.Protocol):
         self._admitted = False
         self._user_counted = False
         self._handshake_timer: asyncio.TimerHandle | None = None
-        self._queued_publish_bytes = 0
+        self._held_publish_bytes = 0
+        self._deferred: list[memoryview] = []  # frames read, not handled: over budget
+        self._relief_scheduled = False
         self.transport: asyncio.Transport | None = None
         self.peer_host = ""
         self.local_addr: tuple[str, int] = ("127.0.0.1", 0)
@@ -113,7 +115,10 @@ class ConnectionCore(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's is no asyncio.Transport
         self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        # never above half the memory budget: a connection paused for unsent output is
+        # resumed by resume_writing, which only a buffer past its high-water mark brings
+        high = min(WRITE_BUFFER_HIGH, self.limits.connection_memory_bytes // 2)
+        transport.set_write_buffer_limits(high=high)
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")
         self.peer_host = str(peer[0]) if peer else ""
@@ -157,6 +162,8 @@ class ConnectionCore(asyncio.Protocol):
         for task in self._tasks:
             task.cancel()
         self._can_write.set()
+        self._deferred = []
+        self.gate.publish_memory.waiting.discard(self)
 
     def pause_writing(self) -> None:
         # a peer that does not read (confirms, deliveries) is not read either
@@ -166,8 +173,7 @@ class ConnectionCore(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._can_write.set()
         self.unpause("output")
-        if "memory" in self._pause_reasons and not self._over_budget(2):
-            self.unpause("memory")
+        self.memory_relieved()
 
     def data_received(self, data: bytes) -> None:
         if self.state == "closed":
@@ -181,11 +187,28 @@ class ConnectionCore(asyncio.Protocol):
         except ProtocolError as exc:
             self._fail("malformed", ResponseCode.UNKNOWN_FRAME, str(exc))
             return
-        for frame in frames:
+        if self._deferred:  # reading was paused; keep the order of what was read
+            self._deferred.extend(frames)
+            return
+        self._handle_frames(frames)
+
+    def _handle_frames(self, frames: list[memoryview]) -> None:
+        """Handle frames in order; once over the memory budget, the rest wait undecoded
+        (``_deferred``, their wire bytes only) until the budget is relieved."""
+        for index, frame in enumerate(frames):
             if self.state == "closed":
+                return
+            if "memory" in self._pause_reasons:
+                self._deferred = frames[index:]
                 return
             try:
                 if frame[0] == 0 and frame[1] == Command.PUBLISH and self.state == "open":
+                    memory = self.gate.publish_memory
+                    if memory.over():  # decoded, it would cost many times its wire size
+                        memory.waiting.add(self)
+                        self.pause("memory")
+                        self._deferred = frames[index:]
+                        return
                     self._on_publish(frame)
                     continue
                 command = decode_client_frame(frame)
@@ -212,6 +235,15 @@ class ConnectionCore(asyncio.Protocol):
         log.warning("connection_closed", reason=reason, peer=self.peer_host, detail=message)
         if self.transport is not None and self.state != "closed":
             self.transport.write(CloseRequest(1, code, reason).encode())
+            self.transport.close()
+        self.state = "closed"
+
+    def close_for_reload(self) -> None:
+        """Close this connection: its user was removed by a configuration reload."""
+        if self.transport is not None and self.state != "closed":
+            self.transport.write(
+                CloseRequest(1, ResponseCode.AUTHENTICATION_FAILURE, "user removed").encode()
+            )
             self.transport.close()
         self.state = "closed"
 
@@ -256,11 +288,55 @@ class ConnectionCore(asyncio.Protocol):
         return (s.advertised_host or self.local_addr[0], s.advertised_port or self.local_addr[1])
 
     def _over_budget(self, divisor: int) -> bool:
-        """Queued publishes plus unsent output above the budget (``/ divisor``)."""
+        """Held publishes plus unsent output above the connection's budget (``/ divisor``)."""
         transport = self.transport
         unsent = transport.get_write_buffer_size() if transport is not None else 0
-        used = self._queued_publish_bytes + unsent
+        used = self._held_publish_bytes + unsent
         return used > self.limits.connection_memory_bytes // divisor
+
+    def _hold_publish(self, cost: int) -> None:
+        """A decoded Publish is queued: count its cost here and node-wide; stop reading
+        when either budget is spent."""
+        self._held_publish_bytes += cost
+        memory = self.gate.publish_memory
+        memory.hold(cost)
+        if memory.over():
+            memory.waiting.add(self)
+        elif not self._over_budget(1):
+            return
+        if "memory" not in self._pause_reasons:
+            self.metrics.limits_hit.labels(limit="memory_paused").inc()
+            self.pause("memory")
+
+    def _release_publish(self, cost: int) -> None:
+        """A queued Publish was settled (confirmed or refused): its objects are freed."""
+        self._held_publish_bytes -= cost
+        self.gate.publish_memory.release(cost)
+        self.memory_relieved()
+
+    def memory_relieved(self) -> None:
+        """Memory was freed (here, node-wide or in the socket): resume reading when both
+        budgets are at most half spent; the frames read meanwhile are handled first."""
+        if "memory" not in self._pause_reasons or self._relief_scheduled:
+            return
+        if self.state == "closed" or self._over_budget(2):
+            return  # this connection's own settles or resume_writing call again
+        memory = self.gate.publish_memory
+        if memory.over(2):
+            memory.waiting.add(self)
+            return
+        self._relief_scheduled = True
+        self._loop.call_soon(self._resume_after_relief)
+
+    def _resume_after_relief(self) -> None:
+        self._relief_scheduled = False
+        if self.state == "closed" or "memory" not in self._pause_reasons:
+            return
+        frames, self._deferred = self._deferred, []
+        self._pause_reasons.discard("memory")
+        self._handle_frames(frames)
+        if not self._pause_reasons and self.transport is not None and self.state != "closed":
+            self.transport.resume_reading()
 
     def _dispatch_table(self) -> dict[type, Callable[[Any], None]]:
         """Decoded command type → handler (one dict lookup per frame); ``Connection``

@@ -362,6 +362,22 @@ class TieringService:
         if tierer is not None:
             tierer.set_retention_floor(floor)
 
+    def degraded_streams(self) -> dict[tuple[str, str], str]:
+        """(vhost, name) of every stream whose tiering is not running: degraded (a task
+        keeps failing), halted, or not started (its resolution failed; retried)."""
+        out: dict[tuple[str, str], str] = {}
+        for incarnation, tierer in list(self.tierers.items()):
+            handle = self._handles.get(incarnation)
+            if handle is None:
+                continue
+            if tierer.halted:
+                out[(handle.vhost, handle.name)] = "halted"
+            elif tierer.task_health.degraded:
+                out[(handle.vhost, handle.name)] = "degraded"
+        for handle in list(self._not_started.values()):
+            out[(handle.vhost, handle.name)] = "not started"
+        return out
+
     # -- background work ----------------------------------------------------------------
     def run_cleanups(self) -> None:
         try:

@@ -69,15 +69,22 @@ class FragmentCoder:
     def wants_v2(self) -> bool:
         return self._settings().cold_coding
 
+    def settings(self) -> StreamSettings:
+        """The stream's settings now (one snapshot per fragment: see ``encode``)."""
+        return self._settings()
+
     def encode(
         self,
         key: str,
         placement: FragmentPlacement,
         chunks: Sequence[memoryview],
         infos: Sequence[FragmentChunkInfo],
+        settings: StreamSettings | None = None,
     ) -> bytearray:
-        """The whole v2 fragment object for ``key``."""
-        settings = self._settings()
+        """The whole v2 fragment object for ``key``, coded as ``settings`` (the stream's
+        current ones when None) ask: the caller that must know whether it is sealed
+        passes the snapshot it decides from."""
+        settings = settings if settings is not None else self._settings()
         cipher = None
         keyring = None
         if settings.encryption != "none":

@@ -5,6 +5,13 @@ fresh uid (create-only) → conditional put of the pointer (version unchanged, s
 epoch <= ours). Data is durable in the remote tier only after the conditional put.
 After a failed or ambiguous conditional put the pointer is re-read before anything
 is deleted: if it names our new root, the commit happened.
+
+A sealed pointer (the stream created encrypted and still so) promises readers that every
+object the manifest names is sealed; they refuse a plaintext one. The promise is checked
+where it is made: a commit whose new entries include an object that is not sealed (one
+uploaded while encryption was off, also when it was turned on again before this commit)
+drops the flag for good, as a commit while encryption is off does, so no setting change
+can leave committed data that readers refuse.
 """
 
 from __future__ import annotations
@@ -13,14 +20,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from tierlog.formats.fragment_v2 import FragmentIndexV2
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import Catalog, ManifestPointer
 from tierlog.remote.committed import read_committed_root
-from tierlog.remote.errors import SealingKeyMissingError, StreamDeletedError
+from tierlog.remote.errors import CorruptFragmentError, SealingKeyMissingError, StreamDeletedError
 from tierlog.remote.fragments import FragmentEntry, RemoteStream
 from tierlog.remote.keys import new_uid
 from tierlog.remote.manifest_tree import DEFAULT_M, ManifestTree
 from tierlog.remote.sealing import seal_object
+from tierlog.remote.segments import read_segment_index
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.errors import (
     EpochFencedError,
@@ -73,6 +82,33 @@ class ManifestCommitter:
         ``DeposedError`` when this writer may no longer commit (a cluster leader past
         its lease deadline), so a paused and woken leader commits nothing."""
         self._lock = threading.RLock()
+        self._upload_sealing: dict[str, bool] = {}
+        self.seal_drops = 0
+
+    def note_upload(self, key: str, sealed: bool) -> None:
+        """An object this writer uploaded, and whether it sealed it (the settings snapshot
+        it was coded with): its commit then needs no read to know. Thread-safe (a dict
+        store; uploads run on a pool)."""
+        self._upload_sealing[key] = sealed
+
+    def _entry_sealed(self, entry: FragmentEntry) -> bool:
+        """Whether the object(s) of a new entry are sealed: as noted at upload, else read
+        (an object adopted from an earlier attempt, an offloaded segment's index)."""
+        known = self._upload_sealing.get(entry.key)
+        if known is not None:
+            return known
+        if entry.is_segment:
+            try:
+                read_segment_index(self.remote.store, entry, require_sealed=True)
+            except CorruptFragmentError:
+                return False
+            return True
+        fragment = self.remote.read_fragment(entry.first_offset)
+        return (
+            fragment is not None
+            and isinstance(fragment.index, FragmentIndexV2)
+            and fragment.index.encrypted
+        )
 
     def _empty_tree(self) -> ManifestTree:
         return ManifestTree(self.remote.prefix, self.remote.stream_dir, m=self.m, epoch=self.epoch)
@@ -138,6 +174,18 @@ class ManifestCommitter:
                 self.puts += 1
             uid = new_uid()
             sealed = self._seals_everything()
+            if sealed:
+                plaintext = [e.key for e in entries if not self._entry_sealed(e)]
+                if plaintext:
+                    sealed = False
+                    self.seal_drops += 1
+                    log.warning(
+                        "manifest_seal_dropped",
+                        stream=self.incarnation,
+                        plaintext=plaintext[0],
+                        objects=len(plaintext),
+                        reason="uploaded while encryption was off",
+                    )
             root_key = self.remote.root_key(uid)
             store.put_if_absent(root_key, self._sealed(root_key, attempt.encode_root(self.epoch)))
             written.append(root_key)
@@ -176,6 +224,8 @@ class ManifestCommitter:
         if old is not None:
             retired.append(self.remote.root_key(bytes.fromhex(old)))
         self.deletions.schedule(retired)
+        for entry in entries:
+            self._upload_sealing.pop(entry.key, None)
         return attempt
 
     def _sealed(self, key: str, data: bytes) -> bytes:

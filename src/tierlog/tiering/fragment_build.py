@@ -52,9 +52,10 @@ def read_fragment_checked(remote: RemoteStream, first_offset: int) -> RemoteFrag
 
 def build_fragment(
     stream_log: StreamLog, remote: RemoteStream, coder: FragmentCoder | None, plan: FragmentPlan
-) -> tuple[bytearray, FragmentEntry]:
+) -> tuple[bytearray, FragmentEntry, bool]:
     """The whole fragment object in one buffer: the chunk bytes are read straight
-    into place (one pread, no join copy), then header, index and trailer around."""
+    into place (one pread, no join copy), then header, index and trailer around; and
+    whether it is sealed (the committer must know: see ``ManifestCommitter.note_upload``)."""
     first = plan.chunks[0]
     span = plan.chunks[-1].position + plan.chunks[-1].size - first.position
     body = bytearray(fragment_size(span, len(plan.chunks)))
@@ -105,15 +106,17 @@ def build_fragment(
         seq_no=plan.seq, segment_first_offset=plan.segment, segment_position=first.position
     )
     key = remote.fragment_key(plan.first_offset)
-    if coder is not None and coder.wants_v2():
-        return coder.encode(key, placement, buffers, infos), plan.entry(key)
+    settings = coder.settings() if coder is not None else None
+    if coder is not None and settings is not None and settings.cold_coding:
+        body_v2 = coder.encode(key, placement, buffers, infos, settings)
+        return body_v2, plan.entry(key), settings.encryption != "none"
     parts, _trailer = encode_fragment(placement, buffers, infos)
     head, index, trailer = parts[0], parts[-2], parts[-1]
     body[:HEADER_SIZE] = head
     at = HEADER_SIZE + span
     body[at : at + len(index)] = index
     body[at + len(index) :] = trailer
-    return body, plan.entry(remote.fragment_key(plan.first_offset))
+    return body, plan.entry(remote.fragment_key(plan.first_offset)), False
 
 
 def adopt_existing(

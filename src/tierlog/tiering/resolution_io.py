@@ -19,6 +19,7 @@ from tierlog.formats.chunk import decode_header
 from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
+from tierlog.remote.dictionaries import read_chunk_bytes
 from tierlog.remote.fragments import FragmentEntry, RemoteFragment, RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
 from tierlog.storage.errors import StorageError
@@ -211,14 +212,18 @@ class StartupResolver:
             chain.append(prev)
         for fragment in reversed(chain):
             key = self.remote.fragment_key(fragment.trailer.first_offset)
-            data = memoryview(self.remote.store.get(key))
+            # the chunks as the segment held them (a v2 fragment's frames decoded: its
+            # stored bytes are compressed and/or sealed, not chunks)
+            data = memoryview(read_chunk_bytes(self.remote.store, key, fragment.index))
 
             def read(position: int, length: int, data: memoryview = data) -> memoryview:
                 return data[position : position + length]
 
-            for i in range(len(fragment.index)):
-                _info, position = fragment.index.chunk(i)
-                replay_chunk(tracking, decode_header(data, position), position, read)
+            position = 0
+            for _ in range(len(fragment.index)):
+                header = decode_header(data, position)
+                replay_chunk(tracking, header, position, read)
+                position += header.total_size
         return tracking
 
     def _fragment_starting_before(

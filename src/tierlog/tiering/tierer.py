@@ -488,13 +488,14 @@ class StreamTierer(RetentionMixin):
 
     def _build_and_put(self, plan: FragmentPlan) -> None:
         try:
-            body, entry = build_fragment(self.log, self.remote, self.coder, plan)
+            body, entry, sealed = build_fragment(self.log, self.remote, self.coder, plan)
             key = self.remote.fragment_key(plan.first_offset)
             if self._limiter is not None:
                 self._limiter.acquire(len(body))
             try:
                 self.remote.store.put_if_absent(key, body)
                 self.puts += 1
+                self.committer.note_upload(key, sealed)
             except AlreadyExistsError:
                 entry = adopt_existing(self.log, self.remote, self.epoch, plan)
             self._post(UploadSucceeded(plan.plan_id, entry))

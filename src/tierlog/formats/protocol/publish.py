@@ -49,6 +49,12 @@ _CONFIRM_STRUCT_MAX_COUNT = 4096
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
+HELD_BYTES_PER_MESSAGE = 256
+"""What one decoded message costs beyond its bytes: its publishing id (an int), its entry
+(a bytes object or a memoryview: 184 bytes), their list slots and its 8 bytes of confirm
+(measured 140-235 bytes on CPython 3.11 with tracemalloc)."""
+
+
 @dataclass(slots=True)
 class PublishBatch:
     """A decoded Publish frame.
@@ -71,6 +77,12 @@ class PublishBatch:
     @property
     def num_entries(self) -> int:
         return len(self.entries)
+
+    def held_bytes(self, frame_size: int) -> int:
+        """Estimated memory this batch holds until it is settled: the frame it was read
+        from, the entries' joined copy (``entry_data``) and the per-message objects. A
+        frame of tiny messages costs ~20x its wire size, so budgets count this."""
+        return 2 * frame_size + HELD_BYTES_PER_MESSAGE * len(self.entries)
 
     def entry_data(self) -> bytes:
         """All entries back to back: the data section of an Osiris chunk."""

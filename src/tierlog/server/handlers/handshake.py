@@ -149,7 +149,7 @@ class HandshakeHandlers(ConnectionCore):
         return self._loopback_rule(user)
 
     def _loopback_rule(self, user: str) -> int:
-        if user in self.config.auth.loopback_users and not is_loopback(self.peer_host):
+        if user in self.gate.auth.loopback_users and not is_loopback(self.peer_host):
             return ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK
         return ResponseCode.OK
 

@@ -146,13 +146,10 @@ class PublisherHandlers(ConnectionCore):
         handle = publisher.stream
         publisher_id = batch.publisher_id
         received = time.perf_counter()
-        size = len(frame)
-        self._queued_publish_bytes += size
+        cost = batch.held_bytes(len(frame))
 
         def done(code: int) -> None:
-            self._queued_publish_bytes -= size
-            if "memory" in self._pause_reasons and not self._over_budget(2):
-                self.unpause("memory")
+            self._release_publish(cost)
             if code == ResponseCode.OK:
                 metrics.confirmed_messages.inc(len(ids))
                 metrics.publish_confirm_seconds.observe(time.perf_counter() - received)
@@ -160,12 +157,11 @@ class PublisherHandlers(ConnectionCore):
             else:
                 self._publish_error(publisher_id, ids, code)
 
+        self._hold_publish(cost)
         if handle.delayed is not None:  # x-tierlog-delayed: some messages may be scheduled
 
             def settle(confirmed: Any, errors: Any) -> None:
-                self._queued_publish_bytes -= size
-                if "memory" in self._pause_reasons and not self._over_budget(2):
-                    self.unpause("memory")
+                self._release_publish(cost)
                 if confirmed:
                     metrics.confirmed_messages.inc(len(confirmed))
                     self.send(encode_publish_confirm(publisher_id, confirmed))
@@ -180,9 +176,6 @@ class PublisherHandlers(ConnectionCore):
         if handle.congested:
             handle.block(self)
             self.pause(f"stream:{handle.name}")
-        if self._over_budget(1):
-            self.metrics.limits_hit.labels(limit="memory_paused").inc()
-            self.pause("memory")
 
     def _publish_error(self, publisher_id: int, ids: Any, code: int) -> None:
         self.metrics.publish_errors.labels(code=str(code)).inc(len(ids))
