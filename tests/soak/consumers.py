@@ -59,6 +59,8 @@ class SoakConsumer:
     next_offset: int | None = None
     acknowledged: int | None = None  # the highest stored offset QueryOffset answered
     stored: int | None = None
+    acknowledged_at: float = 0.0
+    acknowledged_on: str = ""
 
     @property
     def reference(self) -> str:
@@ -123,6 +125,8 @@ class SoakConsumer:
                 if answered is None or answered < self.acknowledged:
                     self.problems.append(
                         f"stored offset went back on {name}: {answered} < {self.acknowledged}"
+                        f" (at={time.time():.1f}, acknowledged at={self.acknowledged_at:.1f}"
+                        f" on {self.acknowledged_on})"
                     )
             spec = (
                 ConsumerOffsetSpecification(OffsetType.FIRST)
@@ -147,7 +151,7 @@ class SoakConsumer:
             while not stop() and not gone.is_set() and time.monotonic() < until:
                 await asyncio.sleep(1.0)
                 await self._store(consumer)
-            await self._store(consumer, confirm=True)
+            await self._store(consumer, name, confirm=True)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.close(), 3)
@@ -160,7 +164,7 @@ class SoakConsumer:
         except OffsetNotFound:
             return None
 
-    async def _store(self, consumer: PinnedConsumer, confirm: bool = False) -> None:
+    async def _store(self, consumer: PinnedConsumer, node: str = "", confirm: bool = False) -> None:
         if self.next_offset is None:
             return
         offset = self.next_offset - 1
@@ -172,6 +176,8 @@ class SoakConsumer:
                 answered = await self._query(consumer)
                 if answered is not None and answered >= offset:
                     self.acknowledged = max(self.acknowledged or -1, offset)
+                    self.acknowledged_at = time.time()
+                    self.acknowledged_on = node
                     return
                 await asyncio.sleep(0.25)
 

@@ -49,6 +49,8 @@ class Profile:
     s3_error_rate: float = 0.10
     every_kind_once: bool = False  # keep drawing faults past the end until each kind ran
     retire_wait_s: float = 180.0  # a retirement (and the return) must complete in this
+    drain_s: float = 90.0  # at the end, consumers get this long to read what was confirmed
+    read_timeout_s: float = 180.0  # each final whole-stream read
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -72,7 +74,7 @@ def ci_profile(seed: int = 7, faults: tuple[str, ...] = FAULT_KINDS) -> Profile:
     """About three minutes: one stream of each kind, light rates (two shared cores), every
     enabled fault kind about once, a short batch Spark read at the end."""
     return Profile(
-        minutes=2.5,
+        minutes=2.0,
         seed=seed,
         faults=faults,
         rf3_plain=1,
@@ -86,6 +88,8 @@ def ci_profile(seed: int = 7, faults: tuple[str, ...] = FAULT_KINDS) -> Profile:
         consumer_restart_s=15.0,
         every_kind_once=True,
         retire_wait_s=90.0,
+        drain_s=40.0,
+        read_timeout_s=60.0,
     )
 
 
@@ -104,6 +108,7 @@ def long_profile(minutes: float, seed: int, faults: tuple[str, ...] = FAULT_KIND
         ack_remote=2,
         retained=2,
         delayed=2,
+        rate_scale=0.5,
         spark="streaming",
         fault_gap_s=(5.0, 30.0),
         orphan_grace_s=60.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,9 +154,11 @@ async def run_soak(
         crashes.cancel()
         await asyncio.sleep(3.0)
         # whole-stream retention (60 s) must not age the last messages out before the read
-        retained_reads = await _read_everywhere(world, [s for s in specs if s.retained], producers)
+        retained_reads = await _read_everywhere(
+            world, [s for s in specs if s.retained], producers, profile.read_timeout_s
+        )
         last_due = max((max(p.due_ms.values(), default=0) for p in producers.values()), default=0)
-        deadline = time.time() + 90
+        deadline = time.time() + profile.drain_s
         while time.time() < max(deadline, last_due / 1000 + 10):
             if all(_consumer_done(c, producers[c.spec.name]) for c in consumers):
                 break
@@ -168,7 +171,17 @@ async def run_soak(
         if catchup is None:
             result.fail("catch-up", f"at the end: {behind[:6]}")
         sampler.stop()
-        await _final_reads(world, specs, producers, consumers, result, progress, retained_reads)
+        await _final_reads(
+            world,
+            specs,
+            producers,
+            consumers,
+            result,
+            progress,
+            retained_reads,
+            windows,
+            profile.read_timeout_s,
+        )
         if spark is not None:
             await asyncio.to_thread(
                 _spark_checks, spark, world, specs, producers, streaming, result, progress
@@ -251,12 +264,14 @@ async def _final_reads(
     result: SoakResult,
     progress: Callable[[str], None],
     already: dict[str, list[Any]],
+    windows: list[checks.Window],
+    read_timeout: float,
 ) -> None:
     """Every stream read whole through every node (members and not), and every live
     consumer's deliveries, against what its producer had confirmed."""
 
     rest = [s for s in specs if s.name not in already]
-    reads_of = {**already, **await _read_everywhere(world, rest, producers)}
+    reads_of = {**already, **await _read_everywhere(world, rest, producers, read_timeout)}
     for spec in specs:
         producer = producers[spec.name]
         reads = reads_of[spec.name]
@@ -281,7 +296,7 @@ async def _final_reads(
                 if gaps:
                     result.fail("consumers", f"{consumer.reference}: {gaps} confirmed ids skipped")
                 for problem in consumer.problems[:5]:
-                    result.fail("consumers", f"{consumer.reference}: {problem}")
+                    result.fail("consumers", f"{consumer.reference}: {_during(problem, windows)}")
                 if spec.delayed:
                     by_reader.update(by_reader_c)
         tally = checks.tally(spec, producer, by_reader)
@@ -292,8 +307,23 @@ async def _final_reads(
         progress(f"{spec.name}: confirmed {tally.confirmed}, read through {sorted(by_reader)}")
 
 
+def _during(problem: str, windows: list[checks.Window]) -> str:
+    """``problem`` with the faults whose windows (or the 30 s after) hold its ``at=``
+    times."""
+    kinds = [
+        w.kind
+        for t in re.findall(r"at=([0-9.]+)", problem)
+        for w in windows
+        if w.start - 1 <= float(t) <= w.end + 30
+    ]
+    return f"{problem} [faults around: {', '.join(dict.fromkeys(kinds)) or 'none'}]"
+
+
 async def _read_everywhere(
-    world: SoakWorld, specs: list[StreamSpec], producers: dict[str, SoakProducer]
+    world: SoakWorld,
+    specs: list[StreamSpec],
+    producers: dict[str, SoakProducer],
+    timeout: float,
 ) -> dict[str, list[Any]]:
     """stream -> what reading it whole through each node returned (or the error), all
     streams and nodes at once."""
@@ -301,7 +331,7 @@ async def _read_everywhere(
     async def one(spec: StreamSpec, node: str) -> Any:
         at_least = 0 if spec.retained else len(producers[spec.name].confirmed)
         try:
-            return await read_all(world.cluster, node, spec.name, at_least, timeout=180)
+            return await read_all(world.cluster, node, spec.name, at_least, timeout=timeout)
         except Exception as exc:
             return exc
 
@@ -328,7 +358,8 @@ def _spark_checks(
         try:
             got = batch_read(spark, world, spec.name, "n1")
         except Exception as exc:
-            result.fail("spark", f"batch read of {spec.name}: {type(exc).__name__}: {exc}"[:600])
+            text = str(exc).strip().splitlines()
+            result.fail("spark", f"batch read of {spec.name}: {' | '.join(text[-3:])}"[:600])
             continue
         tally = checks.tally(spec, producers[spec.name], {"spark batch": got})
         for problem in tally.problems:

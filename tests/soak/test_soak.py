@@ -39,4 +39,4 @@ async def test_soak_ci_profile(
     print(text)
     assert not result.failures, text
     assert result.tally.confirmed > 0
-    assert {f.kind for f in result.faults if not f.skipped} >= set(faults) - {"s3-errors"}
+    assert {f.kind for f in result.faults} >= set(faults) - {"s3-errors"}, "every kind drawn"
