@@ -5,6 +5,9 @@ leaders, members and non-members, a Spark batch read at the end) with every faul
 about once. It fails when any of the soak's oracles fails; the printed report names each
 failed oracle, why, and with which fault.
 
+While the defects the soak found are open the test is an expected failure, strict: once
+they are fixed it passes, the strict xfail turns that into a failure and the marker must
+go (``TIERLOG_SOAK_STRICT=1`` runs it as a plain test meanwhile).
 ``TIERLOG_SOAK_NO_FAULTS=kind,kind`` leaves fault kinds out (e.g. on a branch where a
 fix has not landed); ``TIERLOG_SOAK_SEED`` picks another schedule. The long runs are
 ``scripts/soak.py --minutes M`` (docs/reliability.md, "The everything-on soak")."""
@@ -24,7 +27,21 @@ from tests.soak.run import run_soak
 
 pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.spark]
 
+OPEN_DEFECTS = (
+    "on main at ae620ca every run finds (docs/reliability.md, 'The everything-on soak'):"
+    " a member whose disk was full never catches up; members never free disk; retirement"
+    " never completes with an ack=remote stream; stored consumer offsets go back; Spark's"
+    " tail read works only through the leader; orphan roots after an etcd cut; a stall"
+    " report on a retiring node; a deleted stream left in the cluster directory"
+)
 
+
+@pytest.mark.xfail(
+    not os.environ.get("TIERLOG_SOAK_STRICT"),
+    reason=OPEN_DEFECTS,
+    raises=AssertionError,
+    strict=True,
+)
 @pytest.mark.timeout(900)
 async def test_soak_ci_profile(
     tmp_path_factory: pytest.TempPathFactory,
