@@ -204,3 +204,27 @@ async def consume_quiet(
     finally:
         await c.close()
     return got
+
+
+def test_a_crash_before_the_cut_repeats_the_same_cut(tmp_path: Path) -> None:
+    """The range is recorded and the copy made before the live file is cut: a crash in
+    between (the live segment still holds the damaged chunk) repeats the same cut."""
+    src, expected, chunks = build(tmp_path / "pristine")
+    stream_dir = str(tmp_path / "s")
+    shutil.copytree(src, stream_dir)
+    segment = os.path.join(stream_dir, sorted(os.listdir(stream_dir))[-1])
+    assert segment.endswith(".segment")
+    lost_from, position, size = chunks[1]
+    flip_data(segment, position, size)
+    damaged_bytes = Path(segment).read_bytes()
+    open_repairing(stream_dir, CONFIG, None).close()
+    Path(segment).write_bytes(damaged_bytes)  # the cut never reached the disk
+    report = DamageReport()
+    log = open_repairing(stream_dir, CONFIG, None, report)
+    try:
+        assert report.lost is not None and report.lost.first_offset == lost_from
+        assert read_all(log) == [(o, b) for o, b in expected if o < lost_from]
+    finally:
+        log.close()
+    copy = Path(stream_dir, f"{os.path.basename(segment)}.cut-{lost_from}.damaged")
+    assert copy.read_bytes() == damaged_bytes
