@@ -76,6 +76,20 @@ class DamagedSegmentError(LogError):
         self.end_offset = end_offset
 
 
+class DamagedRangeError(LogError):
+    """Offsets from ``first_offset`` on were lost: a chunk's own data was damaged on disk
+    and no healthy copy existed, so opening cut the log before it (the damaged part is
+    kept aside as ``*.damaged``). Reads positioned there and every append are refused:
+    handing those offsets out again would show a consumer different messages at an
+    offset it may already have seen. ``end_offset`` is where trustworthy chunks resumed
+    in the damaged file, when known."""
+
+    def __init__(self, message: str, *, first_offset: int, end_offset: int | None) -> None:
+        super().__init__(message)
+        self.first_offset = first_offset
+        self.end_offset = end_offset
+
+
 class CorruptChunkError(LogError):
     """A reader met a chunk whose bytes do not validate; it is never served."""
 

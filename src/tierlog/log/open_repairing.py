@@ -2,8 +2,11 @@
 
 ``DamagedSegmentError`` names the segment and the range; ``repair`` (the remote tier,
 when it durably holds the range) rewrites it with identical bytes and recovery runs again.
-When nothing repairs it, the damaged file is moved aside (never deleted) and the error is
-raised: the stream stays refused until an operator restores or removes the file.
+When nothing repairs it and the damage is a chunk's own data in the last segment, the
+log is cut before that chunk (``damage.cut_damaged_tail``: the file is copied aside, the
+range recorded as lost) and opens: earlier offsets stay readable, the lost range and
+appends are refused. Any other unrepaired damage moves the file aside (never deleted) and
+the error is raised: the stream stays refused until an operator restores or removes it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tierlog.log.config import LogConfig
-from tierlog.log.damage import quarantine
+from tierlog.log.damage import LostRange, cut_damaged_tail, quarantine
 from tierlog.log.errors import DamagedSegmentError
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
@@ -33,6 +36,7 @@ class DamageReport:
     repaired: list[DamagedSegmentError] = field(default_factory=list)
     refused: DamagedSegmentError | None = None
     moved_aside: list[str] = field(default_factory=list)
+    lost: LostRange | None = None
 
 
 def open_repairing(
@@ -53,6 +57,19 @@ def open_repairing(
                 seen.add(where)  # the same damage again: the repair did not reach it
                 report.repaired.append(exc)
                 continue
+            if report.lost is None:
+                lost = cut_damaged_tail(exc)
+                if lost is not None:
+                    report.lost = lost
+                    log.error(
+                        "stream_range_lost_damaged",
+                        file=exc.segment_path,
+                        first_offset=lost.first_offset,
+                        end_offset=lost.end_offset if lost.end_offset is not None else "end",
+                        moved_to=lost.copy,
+                        error=str(exc),
+                    )
+                    continue
             report.moved_aside = quarantine(exc)
             report.refused = exc
             log.error(

@@ -38,6 +38,7 @@ from tierlog.log.chunk_checks import (
     verified_tracking,
 )
 from tierlog.log.commit_point import CommitPoint
+from tierlog.log.damage import LostRange
 from tierlog.log.errors import CorruptChunkError, LogClosedError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.recovery import recover
@@ -233,6 +234,9 @@ class LogReader:
         self._verify = verify_crc
         self._user_only = user_only
         ref, position, chunk_id, skip_below = resolve(source, spec or OffsetSpec.next())
+        lost = getattr(source, "lost_range", None)  # a writer's log only (``damage``)
+        if isinstance(lost, LostRange) and chunk_id >= lost.first_offset:
+            raise lost.error(f"a read at offset {chunk_id} is refused")  # never skipped
         self._ref = ref
         self._fd = os.open(ref.segment_path, os.O_RDONLY)
         self._pos = position

@@ -33,6 +33,7 @@ from tierlog.log.append import (
 from tierlog.log.batching import CommitBatcher, CommitListener
 from tierlog.log.commit_point import CommitPoint
 from tierlog.log.config import LogConfig
+from tierlog.log.damage import LostRange, read_lost_range
 from tierlog.log.epoch_history import EpochHistory, EpochRangeTuple
 from tierlog.log.errors import (
     InvalidAppendError,
@@ -121,6 +122,7 @@ class StreamLog:
         self._history = EpochHistory.load(self._segments.refs)
         self._tiered_next: int | None = None
         self._span_cursors: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self.lost_range: LostRange | None = read_lost_range(stream_dir)  # reads, appends refused
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -341,6 +343,12 @@ class StreamLog:
     # The chunk sink of the append path (``append.ChunkSink``), writer thread only.
 
     def check_open(self) -> None:
+        """Before any chunk is written: open, healthy, no offsets lost (no reuse of them)."""
+        self._check_usable()
+        if self.lost_range is not None:
+            raise self.lost_range.error(f"{self._dir}: appends refused")
+
+    def _check_usable(self) -> None:
         if self._closed:
             raise LogClosedError(f"{self._dir} is closed")
         failed = self._segments.sync_failed
@@ -416,13 +424,13 @@ class StreamLog:
 
     def sync(self) -> CommitPoint:
         """Fsync the active segment now and commit everything written."""
-        self.check_open()
+        self._check_usable()
         return self._commits.sync()
 
     def sync_to_disk(self) -> CommitPoint:
         """Fdatasync the active segment (in either sync mode) and commit everything
         written."""
-        self.check_open()
+        self._check_usable()
         return self._commits.sync_to_disk()
 
     def set_sync_mode(self, mode: str) -> None:
@@ -590,7 +598,7 @@ class StreamLog:
 
         Only the oldest segment may go, so the local log stays one contiguous range.
         """
-        self.check_open()
+        self._check_usable()
         self._segments.delete_oldest(first_offset)
 
     # ----------------------------------------------------------------- replication

@@ -40,6 +40,7 @@ from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.config import LogConfig
 from tierlog.log.errors import (
+    DamagedRangeError,
     DamagedSegmentError,
     InvalidAppendError,
     LogError,
@@ -387,7 +388,9 @@ class StreamHandle:
             log.error("write_failed", stream=self.name, error=repr(exc))
             result.error = repr(exc)
             code = ResponseCode.INTERNAL_ERROR
-            if isinstance(exc, SyncFailedError | OSError):
+            if isinstance(exc, DamagedRangeError):  # offsets lost: no append may reuse them
+                code = ResponseCode.STREAM_NOT_AVAILABLE
+            elif isinstance(exc, SyncFailedError | OSError):
                 # an I/O error (failed fsync, disk full mid-write or mid-roll) leaves the
                 # files in an unknown state: reopen (recovery) before accepting more
                 result.sync_failed = True
@@ -775,6 +778,8 @@ class Broker:
                     del self._streams[key]
                 await handle.close(notify=False)
                 raise
+        if stream_log.lost_range is not None:  # reads below it work, appends are refused
+            handle.unavailable = stream_log.lost_range.describe()
         log.info(
             "stream_opened",
             vhost=record.vhost,

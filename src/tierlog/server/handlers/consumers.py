@@ -24,6 +24,7 @@ from tierlog.formats.protocol.constants import (
     OffsetType,
     ResponseCode,
 )
+from tierlog.log.errors import DamagedRangeError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
@@ -89,6 +90,17 @@ class ConsumerHandlers(ConnectionCore):
                         overtaken=action,
                         want_file=self._use_sendfile,
                     )
+                except DamagedRangeError as exc:
+                    # offsets lost with a damaged chunk (no healthy copy): refused with
+                    # the reason, like an overtaken offset, never skipped
+                    log.warning(
+                        "subscribe_refused_damaged_range",
+                        stream=cmd.stream,
+                        subscription=cmd.subscription_id,
+                        first_offset=exc.first_offset,
+                        reason=str(exc),
+                    )
+                    code = ResponseCode.PRECONDITION_FAILED
                 except (TierlogError, OSError) as exc:
                     log.error("subscribe_failed", stream=cmd.stream, error=repr(exc))
                     code = ResponseCode.INTERNAL_ERROR
