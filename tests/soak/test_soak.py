@@ -5,9 +5,12 @@ leaders, members and non-members, a Spark batch read at the end) with every faul
 about once. It fails when any of the soak's oracles fails; the printed report names each
 failed oracle, why, and with which fault.
 
-While the defects the soak found are open the test is an expected failure, strict: once
-they are fixed it passes, the strict xfail turns that into a failure and the marker must
-go (``TIERLOG_SOAK_STRICT=1`` runs it as a plain test meanwhile).
+Oracles with open defects (``KNOWN_OPEN``, each named with its defect) are reported
+but do not fail this test: every other oracle — every confirmed message read back once and
+in order through every member and Spark, delayed messages once and never early, each
+member caught up within the bound after each fault, no process crash, no unexplained
+ERROR, no watchdog report — fails it, as does any failure of a known-open oracle of a
+kind not listed. ``TIERLOG_SOAK_STRICT=1`` asserts every oracle (the acceptance run).
 ``TIERLOG_SOAK_NO_FAULTS=kind,kind`` leaves fault kinds out (e.g. on a branch where a
 fix has not landed); ``TIERLOG_SOAK_SEED`` picks another schedule. The long runs are
 ``scripts/soak.py --minutes M`` (docs/reliability.md, "The everything-on soak")."""
@@ -27,21 +30,21 @@ from tests.soak.run import run_soak
 
 pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.spark]
 
-OPEN_DEFECTS = (
-    "on main at ae620ca every run finds (docs/reliability.md, 'The everything-on soak'):"
-    " a member whose disk was full never catches up; members never free disk; retirement"
-    " never completes with an ack=remote stream; stored consumer offsets go back; Spark's"
-    " tail read works only through the leader; orphan roots after an etcd cut; a stall"
-    " report on a retiring node; a deleted stream left in the cluster directory"
-)
+KNOWN_OPEN = {
+    "orphans": "manifest roots left by a crash or an etcd cut between writing a root and"
+    " moving the pointer: the server collects no garbage of its own yet (issue 33)",
+    "consumers": "a stored consumer offset answered lower after faults around leader"
+    " changes and retirement (not diagnosed yet; docs/reliability.md)",
+    "spark": "StreamStats answers STREAM_NOT_AVAILABLE on a node that does not lead the"
+    " stream, so Spark's tail read works only through the leader",
+    "faults": "retiring a node that is a voter of an ack=remote stream does not complete"
+    " within the fault's 90 s",
+    "resources": "disk growth over a two-minute profile measures the first data written,"
+    " not a leak (the long profile judges growth after warm-up)",
+}
+"""Oracle -> the open defect that makes it fail today (docs/reliability.md, soak)."""
 
 
-@pytest.mark.xfail(
-    not os.environ.get("TIERLOG_SOAK_STRICT"),
-    reason=OPEN_DEFECTS,
-    raises=AssertionError,
-    strict=True,
-)
 @pytest.mark.timeout(900)
 async def test_soak_ci_profile(
     tmp_path_factory: pytest.TempPathFactory,
@@ -54,6 +57,15 @@ async def test_soak_ci_profile(
     workdir: Path = tmp_path_factory.mktemp(MARK)
     result, text = await run_soak(profile, workdir, etcd_server, seaweed, lambda: spark, print)
     print(text)
-    assert not result.failures, text
+    strict = bool(os.environ.get("TIERLOG_SOAK_STRICT"))
+    failing = {k: v for k, v in result.failures.items() if strict or k not in KNOWN_OPEN}
+    # of the faults oracle only a retirement that does not complete is known open
+    other_faults = [why for why in result.failures.get("faults", []) if "retire" not in why]
+    if other_faults and not strict:
+        failing["faults"] = other_faults
+    assert not failing, text
+    for oracle in sorted(set(result.failures) & set(KNOWN_OPEN)):
+        print(f"known open ({KNOWN_OPEN[oracle]}): {result.failures[oracle]}")
+    assert result.tally.lost == result.tally.duplicated == result.tally.out_of_order == 0
     assert result.tally.confirmed > 0
     assert {f.kind for f in result.faults} >= set(faults) - {"s3-errors"}, "every kind drawn"
