@@ -179,11 +179,9 @@ def _decode_checkpoint(buf: bytes | memoryview) -> Checkpoint:
 
 def decode_system_record(data: bytes | memoryview) -> SystemRecord:
     """The record; ``ForeignRecordError`` when it is not one a system stream holds."""
-    head = bytes(data[:4])
-    if head == CARRY_MAGIC:
-        return _decode_carry(data)
-    if head == CHECKPOINT_MAGIC:
-        return _decode_checkpoint(data)
+    checkpointing = _decode_checkpointing(data)
+    if checkpointing is not None:
+        return checkpointing
     buf = bytes(data)
     magic = buf[:4]
     try:
@@ -208,11 +206,26 @@ def decode_system_record(data: bytes | memoryview) -> SystemRecord:
     raise ForeignRecordError(f"not a system record (starts with {buf[:4]!r})")
 
 
+def _decode_checkpointing(data: bytes | memoryview) -> Carry | Checkpoint | None:
+    """A CARRY or CHECKPOINT record (None: neither magic); a malformed one is a
+    ``ForeignRecordError`` like any record a system stream cannot hold."""
+    head = bytes(data[:4])
+    if head not in (CARRY_MAGIC, CHECKPOINT_MAGIC):
+        return None
+    try:
+        return _decode_carry(data) if head == CARRY_MAGIC else _decode_checkpoint(data)
+    except (SystemRecordError, struct.error) as exc:
+        raise ForeignRecordError(f"checkpointing record does not decode: {exc}") from exc
+
+
 def check_system_record(data: bytes | memoryview) -> None:
-    """Raise ``ForeignRecordError`` unless ``data`` is a whole SCHEDULE, DISPATCH or CANCEL
-    record: the gate of a system stream's intake (it copies no message bytes)."""
+    """Raise ``ForeignRecordError`` unless ``data`` is a whole SCHEDULE, DISPATCH, CANCEL,
+    CARRY or CHECKPOINT record: the gate of a system stream's intake (it copies no message
+    bytes but a CARRY's, which only the scheduler's checkpoints write)."""
     view = memoryview(data)
     magic = bytes(view[:4])
+    if _decode_checkpointing(view) is not None:
+        return
     try:
         if magic == SCHEDULE_MAGIC:
             _, _due, ref_len = _SCHEDULE_HEAD.unpack_from(view, 0)
