@@ -86,10 +86,18 @@ def _create(server: TierlogServerProcess, name: str, arguments: dict[str, str]) 
 
 
 def _tiered(server: TierlogServerProcess, name: str) -> bool:
-    with contextlib.suppress(OSError, ValueError):
-        status = _get(server, f"/api/streams/{urllib.parse.quote(name, safe='')}")
-        tiered = status["remote"]["tiered_offset"]
-        return tiered is not None and tiered >= status["local"]["next_offset"]
+    """Whether ``name`` is tiered up to its end; a system stream (a reserved name, which
+    the stream routes refuse) through its delayed stream's status."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        if name.startswith("__tierlog_delayed."):
+            parent = name.removeprefix("__tierlog_delayed.")
+            body = _get(server, f"/api/streams/{urllib.parse.quote(parent, safe='')}/delayed")
+            section = body["system_stream"]
+            tiered, end = section["tiered_offset"], section["next_offset"]
+        else:
+            status = _get(server, f"/api/streams/{urllib.parse.quote(name, safe='')}")
+            tiered, end = status["remote"]["tiered_offset"], status["local"]["next_offset"]
+        return tiered is not None and tiered >= end
     return False
 
 

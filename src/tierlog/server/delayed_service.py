@@ -472,7 +472,17 @@ class DelayedService:
             scheduler = self.scheduler(vhost, name)
             if scheduler is None:
                 return missing(vhost, name)
-            return web.json_response(scheduler.status())
+            body = dict(scheduler.status())
+            # the hidden system stream (refused on the stream routes, a reserved name):
+            # how far it is written and tiered, what a disk loss would replay from
+            system = self.broker.get(vhost, resolve_system_name(self.broker, vhost, name))
+            if system is not None:
+                sys_status = system.status()
+                body["system_stream"] = {
+                    "next_offset": sys_status["local"]["next_offset"],
+                    "tiered_offset": sys_status["remote"].get("tiered_offset"),
+                }
+            return web.json_response(body)
 
         async def cancel(request: web.Request) -> web.Response:
             vhost, name = lookup(request)
