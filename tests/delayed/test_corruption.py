@@ -7,10 +7,12 @@ the server is stopped, one bit of one file flipped, and the server started again
 
 * ``system-index``: the last index record of the system stream's active segment (a derived
   file: the index is rebuilt from the chunks);
-* ``system-chunk``: the data of the last user chunk of the system stream's active segment,
-  which has a remote copy (repaired from the remote tier);
-* ``stream-chunk``: the data of the last user chunk of the delayed stream's own active
-  segment, which has a remote copy (repaired from the remote tier).
+* ``system-first-chunk``: the data of the system stream's first chunk, the SCHEDULE records
+  of the pending messages (tiered: the remote copy serves them);
+* ``system-last-chunk``: the data of the system stream's last chunk (tiered; read as a torn
+  tail, the local log restarts at the remote tail);
+* ``stream-middle-chunk``: the data of a chunk in the middle of the delayed stream's own
+  active segment (tiered: the remote copy serves it).
 
 Oracle: every confirmed scheduled message is appended exactly once and never before its
 due time, and a consumer reading from the first offset gets each one once.
@@ -95,26 +97,38 @@ def last_index_record(directory: str) -> tuple[str, int]:
     return index, size - INDEX_RECORD
 
 
-def last_user_chunk(directory: str) -> tuple[str, int, int]:
-    """(segment, position, size) of the last user chunk of the active segment."""
+def user_chunk(directory: str, which: str) -> tuple[str, int, int]:
+    """(segment, position, size) of the ``first``, ``middle`` or ``last`` user chunk of the
+    active segment."""
     [segment] = sorted(glob.glob(os.path.join(directory, "*.segment")))[-1:]
     first = int(os.path.basename(segment)[:20])
     chunks = [c for c in scan_segment(segment, first).chunks if c.chunk_type == ChunkType.USER]
-    assert chunks, f"{segment} holds no user chunk"
-    return segment, chunks[-1].position, chunks[-1].size
+    assert len(chunks) >= 3, f"{segment} holds {len(chunks)} user chunks"
+    chunk = {"first": chunks[0], "middle": chunks[len(chunks) // 2], "last": chunks[-1]}[which]
+    return segment, chunk.position, chunk.size
+
+
+# case -> (stream damaged, what)
+CASES = {
+    "system-index": ("system", "last index record"),
+    "system-first-chunk": ("system", "first"),  # the SCHEDULE records of the pending messages
+    "system-last-chunk": ("system", "last"),  # the log's last chunk: read as a torn tail
+    "stream-middle-chunk": ("stream", "middle"),
+}
 
 
 def damage(server: TierlogServerProcess, case: str) -> tuple[str, bytes]:
-    if case == "system-index":
-        path, at = last_index_record(stream_dir(server, system_stream_name(STREAM)))
+    which, what = CASES[case]
+    name = system_stream_name(STREAM) if which == "system" else STREAM
+    if what == "last index record":
+        path, at = last_index_record(stream_dir(server, name))
         return path, flip(path, at + 7, 2)  # the chunk id's low byte
-    name = system_stream_name(STREAM) if case == "system-chunk" else STREAM
-    path, position, size = last_user_chunk(stream_dir(server, name))
+    path, position, size = user_chunk(stream_dir(server, name), what)
     assert size > HEADER_SIZE + 2
     return path, flip(path, position + HEADER_SIZE + (size - HEADER_SIZE) // 2, 4)
 
 
-@pytest.mark.parametrize("case", ["system-index", "system-chunk", "stream-chunk"])
+@pytest.mark.parametrize("case", list(CASES))
 async def test_a_damaged_file_of_a_delayed_stream_loses_nothing(
     node: TierlogServerProcess, case: str
 ) -> None:
