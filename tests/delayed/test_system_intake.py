@@ -16,6 +16,8 @@ from tierlog.delayed.errors import ForeignRecordError
 from tierlog.delayed.records import (
     check_system_record,
     encode_cancel,
+    encode_carry,
+    encode_checkpoint,
     encode_dispatch,
     encode_schedule,
 )
@@ -50,6 +52,10 @@ def test_what_a_system_stream_holds() -> None:
         encode_schedule(1, "", 0, b""),
         encode_dispatch(1, [b"\x01" * 16, b"\x02" * 16]),
         encode_cancel(b"\x03" * 16),
+        # the scheduler's checkpoints: refused, every tick failed once a checkpoint was due
+        encode_carry(5, b"\x04" * 16, 1, 0, False, b"message"),
+        encode_carry(5, b"\x04" * 16, 1, 3, True, b""),
+        encode_checkpoint(5, 8, 2),
     ):
         check_system_record(record)
     for foreign in (
@@ -60,6 +66,10 @@ def test_what_a_system_stream_holds() -> None:
         encode_dispatch(1, [b"\x01" * 16])[:-1],
         encode_cancel(b"\x03" * 16) + b"x",
         b"TLDS" + b"\x00" * 8 + b"\x00\x02\xff\xfe" + b"\x00" * 8,  # reference not UTF-8
+        encode_carry(5, b"\x04" * 16, 1, 0, False, b"")[:-1],  # a carry header cut short
+        encode_carry(5, b"\x04" * 16, 1, 0, False, b"")[:-1] + b"\x02",  # unknown flags
+        encode_checkpoint(5, 8, 2) + b"x",
+        encode_checkpoint(5, 0, 2),  # next publishing id 0
     ):
         with pytest.raises(ForeignRecordError):
             check_system_record(foreign)
@@ -108,5 +118,7 @@ async def test_the_internal_path_refuses_a_foreign_record(server: Server) -> Non
         await port.append_system([good, b"an ordinary message"])
     assert system.log.commit_point().next_offset == 0  # nothing of the batch appended
     assert await port.append_system([good])
+    checkpoint = [encode_carry(1, b"\x06" * 16, 9, 0, False, b"m"), encode_checkpoint(1, 2, 1)]
+    assert await port.append_system(checkpoint)  # the scheduler's checkpoint gets in
     records, _ = port.read_system(0)
-    assert [r for _o, r in records] == [good]
+    assert [r for _o, r in records] == [good, *checkpoint]
