@@ -336,12 +336,18 @@ async def test_replicated_leader_cut_from_etcd_but_not_from_its_members(
     await wait_for(taken_over, 6 * TTL, "a member takes over")
     leader, _ = cluster.leader_of(STREAM)
     assert leader is not None
-    leading = [
-        e
-        for e in cluster.node(leader).log_events("cluster_stream_leading")
-        if int(e["epoch"]) > epoch
-    ]
-    taken_at = log_time(leading[0])  # the new leader's election ended (its clock = ours)
+
+    def leading() -> list[dict[str, str]]:
+        return [
+            e
+            for e in cluster.node(leader).log_events("cluster_stream_leading")
+            if int(e["epoch"]) > epoch
+        ]
+
+    # the directory names the new leader when it acquired the stream; its election (adopt,
+    # catch up, the disk identities checked) ends a moment later
+    await wait_for(lambda: bool(leading()), 6 * TTL, "the new leader's election ends")
+    taken_at = log_time(leading()[0])  # the new leader's election ended (its clock = ours)
     n1.etcd_proxy.heal()
     # n1 confirmed nothing after its lease deadline (the lease was renewed at most at
     # the cut); confirms after the take-over come from the new leader
