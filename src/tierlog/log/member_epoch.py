@@ -14,13 +14,12 @@ typed error: guessing a value could let a deposed leader back in.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 
 from tierlog.formats.crc import crc32
 from tierlog.log.errors import MemberEpochCorruptError
-from tierlog.log.segment_files import fsync_dir
+from tierlog.log.segment_files import replace_durably
 
 MEMBER_EPOCH_FILE = "member.epoch"
 _MAGIC = b"TLME"
@@ -70,18 +69,4 @@ def persist_member_epoch(stream_dir: str, epoch: int) -> None:
     fsync the directory). The caller never lowers it (``MemberEpoch`` decides)."""
     raw = encode_member_epoch(epoch)
     path = member_epoch_path(stream_dir)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        written = os.write(fd, raw)
-        if written != len(raw):
-            raise OSError(f"{tmp}: short write")
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(stream_dir)
+    replace_durably(path, raw)

@@ -20,7 +20,7 @@ import struct
 
 from tierlog.formats.crc import crc32
 from tierlog.formats.segment import FILE_HEADER_SIZE
-from tierlog.log.segment_files import fsync_dir
+from tierlog.log.segment_files import fsync_dir, replace_durably
 
 MEMBER_ID_FILE = "member.id"
 _MAGIC = b"TLMI"
@@ -71,20 +71,7 @@ def write_member_id(stream_dir: str, member_id: str) -> None:
         os.makedirs(stream_dir, exist_ok=True)
         fsync_dir(os.path.dirname(os.path.abspath(stream_dir)))
     path = os.path.join(stream_dir, MEMBER_ID_FILE)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        if os.write(fd, raw) != len(raw):
-            raise OSError(f"{tmp}: short write")
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(stream_dir)
+    replace_durably(path, raw)
 
 
 def holds_chunks(stream_dir: str) -> bool:

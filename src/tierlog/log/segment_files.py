@@ -6,6 +6,7 @@ threads may use it concurrently with the single writer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -367,3 +368,22 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_durably(path: str, raw: bytes) -> None:
+    """Write ``raw`` to ``path`` atomically and durably: a fsynced temporary file renamed
+    over it, then the directory fsynced (a crash leaves the old or the new content)."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if os.write(fd, raw) != len(raw):
+            raise OSError(f"{tmp}: short write")
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
