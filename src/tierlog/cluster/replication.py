@@ -227,8 +227,10 @@ class ReplicaSession:
         its retention deleted them once they were tiered, so they are committed and in
         the remote tier. Our copy is dropped and we start again where its log starts
         (as a late joiner), instead of asking for the missing range for ever. From
-        another epoch's leader (a stale answer) this does nothing."""
-        if epoch != self.leader_epoch:
+        another epoch's leader (a stale answer) this does nothing, and neither does a
+        second refusal once our copy is dropped: it answers a fetch that was in flight
+        before the drop (an empty member's fetch is never below the leader's log)."""
+        if epoch != self.leader_epoch or self.tail.chunk_id == NO_CHUNK:
             return []
         self._pending_append = None
         return [Truncate(NO_CHUNK)]
