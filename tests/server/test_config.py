@@ -101,6 +101,9 @@ def test_stream_arguments() -> None:
     }
     with pytest.raises(ConfigError):
         settings_changes({"x-tierlog-bogus": "1"})
+    for locator in ("balanced", "least-leaders", "random"):  # never accepted and ignored
+        with pytest.raises(ConfigError, match="client-local"):
+            settings_changes({"x-queue-leader-locator": locator})
     with pytest.raises(ConfigError):
         settings_changes({"max-length-bytes": "lots"})
     with pytest.raises(ConfigError):

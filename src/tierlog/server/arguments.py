@@ -102,9 +102,14 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 """Argument name → (StreamSettings field, parser)."""
 
-IGNORED_ARGUMENTS = frozenset(
-    {"queue-leader-locator", "initial-cluster-size", "stream-filter-size-bytes"}
-)
+IGNORED_ARGUMENTS = frozenset({"initial-cluster-size", "stream-filter-size-bytes"})
+"""Arguments read elsewhere (the replication factor: ``initial_cluster_size``) or not
+settings of the stream's record."""
+
+LEADER_LOCATORS = ("client-local",)
+"""``queue-leader-locator`` values tierlog implements: the node the client created the
+stream on leads it. RabbitMQ's ``balanced`` (and the older ``least-leaders``, ``random``)
+are refused until placement can balance, never accepted and ignored."""
 
 
 def settings_changes(arguments: Mapping[str, str]) -> dict[str, Any]:
@@ -115,6 +120,13 @@ def settings_changes(arguments: Mapping[str, str]) -> dict[str, Any]:
         if name.startswith("x-") and not name.startswith("x-tierlog-"):
             name = name[2:]
         if name in IGNORED_ARGUMENTS:
+            continue
+        if name == "queue-leader-locator":
+            if str(raw_value) not in LEADER_LOCATORS:
+                raise ConfigError(
+                    f"{raw_name} {raw_value!r} is not supported: the node the client creates"
+                    f" a stream on leads it (client-local)"
+                )
             continue
         spec = _ARGUMENTS.get(name)
         if spec is None:

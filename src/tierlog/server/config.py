@@ -54,7 +54,6 @@ class ServerSection:
     advertised_port: int = 0
     frame_max: int = DEFAULT_FRAME_MAX
     heartbeat: int = DEFAULT_HEARTBEAT_S
-    initial_credit_cap: int = 0xFFFF
     use_uvloop: bool = True
     use_sendfile: bool = True
     """Send local chunks with loop.sendfile when the event loop supports it (not uvloop)."""
