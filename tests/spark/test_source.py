@@ -229,6 +229,16 @@ def test_unknown_stream_and_bad_options_fail_at_planning(
 # -- no Spark: options and planning -----------------------------------------------------------
 
 
+def test_a_mistyped_option_is_refused_with_the_closest_name() -> None:
+    base = {"objectStore": "file:///x", "metaStore": "sqlite:///m.db", "stream": "a"}
+    with pytest.raises(ConfigError) as typo:
+        parse_options({**base, "startingoffset": "earliest"})
+    assert "'startingoffset' (did you mean 'startingOffsets'?)" in str(typo.value)
+    with pytest.raises(ConfigError) as unlike:
+        parse_options({**base, "zzz": "1"})
+    assert "'zzz'" in str(unlike.value) and "did you mean" not in str(unlike.value)
+
+
 def test_parse_options() -> None:
     base = {"objectStore": "file:///x", "metaStore": "sqlite:///m.db"}
     opts = parse_options({**base, "STREAMS": "a, shop/b, /c/d", "includeAmqp": "TRUE"})

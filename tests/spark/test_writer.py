@@ -219,6 +219,7 @@ def test_raw_and_amqp_message_formats(spark: Any, server: TierlogServerProcess) 
         ("body string", [("x",)], {"server": "no-port"}, "must be host:port"),
         ("body string", [("x",)], {"messageFormat": "json"}, "messageFormat"),
         ("body string", [("x",)], {"stream": "does-not-exist"}, "STREAM_DOES_NOT_EXIST"),
+        ("body string", [("x",)], {"maxInFlights": "8"}, "did you mean 'maxInFlight'"),
     ],
 )
 def test_bad_input_fails_the_write_clearly(

@@ -48,9 +48,10 @@ option                      meaning
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -73,38 +74,39 @@ _ALIASES = {
 }
 """Kafka source names that mean exactly what one of ours means."""
 
-_KNOWN = frozenset(
-    {
-        "stream",
-        "streams",
-        "path",
-        "subscribepattern",
-        "objectstore",
-        "metastore",
-        "prefix",
-        "onexpired",
-        "failondataloss",
-        "targetpartitionbytes",
-        "includeamqp",
-        "verifycrc",
-        "startoffset",
-        "endoffset",
-        "starttimestamp",
-        "endtimestamp",
-        "startingoffsets",
-        "endingoffsets",
-        "startingtimestamp",
-        "maxrecordspertrigger",
-        "maxbytespertrigger",
-        "minoffsetspertrigger",
-        "maxtriggerdelay",
-        "tracedir",
-        "includetail",
-        "server",
-        "user",
-        "password",
-    }
+SOURCE_OPTIONS = (
+    "stream",
+    "streams",
+    "path",
+    "subscribePattern",
+    "objectStore",
+    "metaStore",
+    "prefix",
+    "onExpired",
+    "failOnDataLoss",
+    "targetPartitionBytes",
+    "includeAmqp",
+    "verifyCrc",
+    "startOffset",
+    "endOffset",
+    "startTimestamp",
+    "endTimestamp",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "maxRecordsPerTrigger",
+    "maxBytesPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "traceDir",
+    "includeTail",
+    "server",
+    "user",
+    "password",
 )
+"""The source's options as the docs write them (Spark hands them over lower-cased)."""
+
+_KNOWN = frozenset(name.lower() for name in SOURCE_OPTIONS)
 
 BATCH_ONLY = frozenset(
     {
@@ -237,7 +239,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     )
     unknown = sorted(k for k in opts if k not in _KNOWN and not _is_setting(k))
     if unknown:
-        raise ConfigError(f"unknown tierlog option(s) {unknown}")
+        raise unknown_options(unknown, (*SOURCE_OPTIONS, "subscribe", "maxOffsetsPerTrigger"))
     streams, pattern = _streams(opts)
     for required in ("objectstore", "metastore"):
         if not opts.get(required):
@@ -443,3 +445,15 @@ def _ending(text: str, names: set[str], pattern: str | None) -> dict[str, int]:
     if value.lower() == "earliest":
         raise ConfigError("endingOffsets 'earliest' would read nothing: use latest or JSON")
     return _offsets_json("endingOffsets", value, names, pattern, (LATEST,))
+
+
+def unknown_options(given: Sequence[str], names: Sequence[str]) -> ConfigError:
+    """The one error for options nobody reads: each named with the closest valid name
+    (as the server's configuration suggests), so a typo never passes as a no-op."""
+    by_lower = {name.lower(): name for name in names}
+    parts = []
+    for key in given:
+        close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
+        hint = f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+        parts.append(f"{key!r}{hint}")
+    return ConfigError(f"unknown tierlog option(s) {', '.join(parts)} (docs/spark.md lists them)")

@@ -40,6 +40,7 @@ from tierlog.formats.amqp import Timestamp, encode_message
 from tierlog.logs import get_logger
 from tierlog.spark.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_S, StreamClient
 from tierlog.spark.errors import WriterError
+from tierlog.spark.options import unknown_options
 
 log = get_logger(__name__)
 
@@ -69,6 +70,9 @@ class WriterOptions:
     @staticmethod
     def from_options(options: Mapping[str, str]) -> WriterOptions:
         opts = {k.lower(): v for k, v in options.items()}
+        unknown = sorted(k for k in options if k.lower() not in _WRITER_KNOWN)
+        if unknown:  # a mistyped option must not pass as a no-op
+            raise unknown_options(unknown, WRITER_OPTIONS)
         stream = opts.get("stream", "")
         if not stream or "," in stream:
             raise ConfigError("option 'stream' must name exactly one stream")
@@ -110,6 +114,25 @@ class WriterOptions:
     def producer(self, partition_id: int) -> str:
         """The named producer (publisher reference) of one Spark partition."""
         return f"{self.write_id}-{partition_id}"
+
+
+WRITER_OPTIONS = (
+    "stream",
+    "server",
+    "writeId",
+    "vhost",
+    "user",
+    "password",
+    "bodyColumn",
+    "propertiesColumn",
+    "applicationPropertiesColumn",
+    "messageFormat",
+    "maxInFlight",
+    "timeout",
+)
+"""The sink's options as docs/spark.md writes them (Spark hands them over lower-cased)."""
+
+_WRITER_KNOWN = frozenset(name.lower() for name in WRITER_OPTIONS)
 
 
 @dataclass(frozen=True)
