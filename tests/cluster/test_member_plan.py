@@ -104,7 +104,9 @@ def test_a_retiring_single_voter_leader_without_a_spare_waits() -> None:
 def test_an_under_replicated_stream_gets_a_spare() -> None:
     step = next_member_change(stream(("a", "b"), rf=3), NodesSeen(LIVE, frozenset({"c"})))
     assert step == AddLearner("d", "2 voters, replication factor 3")
-    assert next_member_change(stream(("a", "b"), rf=3), NodesSeen(frozenset({"a", "b"}))) is None
+    # without a spare it runs short and says why (status, logs, the waiting gauge)
+    short = next_member_change(stream(("a", "b"), rf=3), NodesSeen(frozenset({"a", "b"})))
+    assert isinstance(short, Wait) and "no spare node" in short.reason
 
 
 def test_holds_commit_counts_a_majority_of_the_staying_voters() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from tierlog.formats.manifest import ENTRY_SEGMENT
 from tierlog.log.config import LogConfig
+from tierlog.log.errors import TruncateBelowTieredError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
@@ -582,3 +583,20 @@ def test_plaintext_segment_in_place_of_a_sealed_one_is_refused(
     where = ReadSettings(f"file://{tmp_path / 'objects'}", (), False, False, True, None)
     with pytest.raises(CorruptFragmentError, match="expected a sealed index"):
         list(read_task(task, where))
+
+
+def test_the_log_learns_the_offloaded_position_for_members_and_truncation(
+    make_stream: Callable[..., Stream],
+) -> None:
+    """A cluster leader sends ``log.remote_position()`` to its members (``TIERED``), which
+    free what the bucket holds; truncation refuses to cut below it. Segment mode tells
+    the log after every commit, as the fragment tierer does."""
+    s = make_stream(offload_threshold_bytes=0, offload_deletion_lag_seconds=0.0, max_bytes=450_000)
+    assert s.log.remote_position() == (0, 0)  # started: the (empty) manifest is known
+    s.append(random.Random(7), 400)
+    assert s.service.run_once() >= 3
+    tree = s.service.committed_tree()
+    assert tree.first_offset > 0  # remote retention trimmed the oldest segments
+    assert s.log.remote_position() == (tree.first_offset, tree.next_offset)
+    with pytest.raises(TruncateBelowTieredError):
+        s.log.truncate_after(-1)

@@ -23,7 +23,8 @@ The rules, in order (the first that applies wins):
    until a node is available, which rule 4 then adds. A removal waits until the
    remaining voters alone hold the commit offset on a majority of them, so committed
    data never rests on fewer copies than a majority of the new voter set.
-4. **Under-replicated** (fewer voters than the replication factor): add a spare.
+4. **Under-replicated** (fewer voters than the replication factor): add a spare; with
+   none, wait, and say so (the stream runs short until a node is available).
 
 Between rules 1 and 2: **a voter whose disk is lost** (``disk_identity``: its directory
 is not the one it made its promises with, so it neither votes nor acknowledges) is
@@ -169,9 +170,9 @@ def next_member_change(stream: StreamSeen, nodes: NodesSeen) -> Step | None:
         if not holds_commit(stream, staying):
             return Wait(f"the voters staying after {node} leaves are catching up")
         return RemoveMember(node, f"voter {node} is retiring")
-    if len(membership.voters) < stream.replication_factor and spare is not None:
-        return AddLearner(
-            spare,
-            f"{len(membership.voters)} voters, replication factor {stream.replication_factor}",
-        )
+    if len(membership.voters) < stream.replication_factor:
+        short = f"{len(membership.voters)} voters, replication factor {stream.replication_factor}"
+        if spare is None:
+            return Wait(f"{short}: no spare node (live, not retiring, not a member) to add")
+        return AddLearner(spare, short)
     return None

@@ -21,6 +21,11 @@ has passed since — or earlier when free disk is under the floor (counted in
 pending-deletion list removes both objects (``run_deletions``). The committer, the retention
 rule and the pending-deletion list come from the caller (the server), since the fragment
 tierer's package is a sibling of this one.
+
+After every manifest commit the service tells the log the remote position (the stream's
+first offset and the offloaded tail, ``_publish_position``), as the fragment tierer does:
+a cluster leader sends it to its members (``TIERED``), which free the local segments the
+bucket holds, and truncation refuses to cut below it.
 """
 
 from __future__ import annotations
@@ -176,6 +181,7 @@ class SegmentOffloadService:
         if tree.next_offset > self.log.next_offset:
             self._restart_local(tree)
         self.committer.commit([])
+        self._publish_position()
         report = self.offloader.recover(self.is_committed)
         if report.cleaned or report.kept or report.stray_uploads_aborted:
             log.info(
@@ -414,6 +420,7 @@ class SegmentOffloadService:
         except TierlogError:
             self._settle_failed_commit(result.first_offset, uuid)
             raise
+        self._publish_position()
         self._step("committed")
         self.offloader.finish(result.first_offset, uuid)
         self._step("finished")
@@ -447,7 +454,16 @@ class SegmentOffloadService:
         trim_to = self.retention_trim(tree)
         if trim_to is not None and trim_to > tree.first_offset:
             self.committer.commit([], trim_to=trim_to)
+            self._publish_position()
             log.info("offloaded_segments_trimmed", stream=self.stream_dir, to=trim_to)
+
+    def _publish_position(self) -> None:
+        """Tell the log what the committed manifest holds: the stream starts at its first
+        offset, every offset below its tail is offloaded (``StreamLog.remote_position``,
+        which a cluster leader sends its members)."""
+        tree = self.committer.tree
+        self.log.set_stream_first_offset(tree.first_offset)
+        self.log.set_tiered_offset(tree.next_offset)
 
     # -- local deletion (on the log's writer thread) ----------------------------------------
     def apply_local_deletion(self) -> list[int]:

@@ -452,13 +452,16 @@ class StreamHandle:
             for op, code in zip(ops, result.codes, strict=True)
             if isinstance(op, _PublishOp)
         ]
+        if self.confirm_gate is not None:
+            # a cluster: the leader's own write counts toward the stream's commit
+            # whatever its confirms wait for (ack = remote: the remote commit, below)
+            gated = [] if self.remote_ack is not None else dones
+            self.confirm_gate.group_written(self, result.chunk_id, gated)
         if self.remote_ack is not None:
             # ack = remote: confirmed at the remote commit (in a cluster only chunks the
             # members committed are tiered, and a deposed leader's commits are fenced)
             self.remote_ack.after_group(dones)
-        elif self.confirm_gate is not None:  # a cluster: at the stream's commit
-            self.confirm_gate.group_written(self, result.chunk_id, dones)
-        else:
+        elif self.confirm_gate is None:
             for done, code in dones:
                 done(code)
         self.notifier.notify()

@@ -175,7 +175,9 @@ class ClusterService:
             self.replication_port = await self.hub.start(host, self.cluster.replication_port)
             self.followers = Followers(self.hub, self.config.storage.streams_dir)
             interval = self.config.tier.local_retention_interval_seconds
-            self.member_disk = MemberDisk(self.followers, self.hub, interval)
+            self.member_disk = MemberDisk(
+                self.followers, self.hub, interval, self.config.tier.min_free_disk_bytes
+            )
             advertised = stream_address.rpartition(":")[0]
             replication_address = replication_address or f"{advertised}:{self.replication_port}"
         info = NodeInfo(
