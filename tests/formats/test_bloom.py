@@ -38,7 +38,7 @@ OSIRIS_BLOOMS = [
 # a 255-byte filter: the bits set (byte, value) of the values below, rest zero
 OSIRIS_BLOOM_255 = (
     [b"a much longer filter value, more than twelve bytes", "é".encode()],
-    {18: 0x02, 150: 0x08, 177: 0x02, 209: 0x40},
+    {19: 0x02, 160: 0x08, 186: 0x02, 217: 0x40},
 )
 
 # osiris_bloom:make_hash(Value, BitSize)
