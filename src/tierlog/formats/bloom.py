@@ -31,7 +31,7 @@ list-of-one-binary cases are needed here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 DEFAULT_FILTER_SIZE = 16
@@ -180,7 +180,7 @@ class ChunkFilter:
         return f"ChunkFilter({list(self.values)!r}, match_unfiltered={self.match_unfiltered})"
 
 
-def filter_from_properties(properties: dict[str, str]) -> ChunkFilter | None:
+def filter_from_properties(properties: Mapping[str, str]) -> ChunkFilter | None:
     """A Subscribe's ``filter.N`` properties (any key starting ``filter.``) and
     ``match-unfiltered`` (``true`` exactly, as rabbit_stream_utils:filter_spec/1 reads it)
     as a ChunkFilter; None without filter properties."""
