@@ -62,7 +62,7 @@ SERVER_PROPERTIES = {
 
 ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
     (Command.DECLARE_PUBLISHER, 1, 1),
-    (Command.PUBLISH, 1, 1),
+    (Command.PUBLISH, 1, 2),
     (Command.QUERY_PUBLISHER_SEQUENCE, 1, 1),
     (Command.DELETE_PUBLISHER, 1, 1),
     (Command.SUBSCRIBE, 1, 1),
@@ -81,10 +81,10 @@ ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
 serves, in key order like RabbitMQ's (rabbit_stream_utils:command_versions/0, which also
 leaves out the handshake commands, that run before this exchange can, and the commands
 only a server sends). It must start at key 1 with Publish second: rstream sends only
-``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Not listed, because they
-do not work yet: Publish v2 (filter values are decoded but no chunk bloom filter is
-built, so a filtering client must see "not supported"; rstream and the Go client decide
-by this entry), Route, Partitions, CreateSuperStream, DeleteSuperStream and
+``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Publish goes up to version
+2 (filter values build the chunks' bloom filters: rstream and the Go client turn filtering
+on from this entry, as with RabbitMQ). Not listed, because they do not work yet: Route,
+Partitions, CreateSuperStream, DeleteSuperStream and
 ResolveOffsetSpec (answered UNKNOWN_FRAME), and Deliver v2 (tierlog sends Deliver v1
 only; rstream accepts nothing else)."""
 
