@@ -4,13 +4,11 @@ does not serve yet (docs/compatibility.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rstream import Producer
 
 from tests.plugins.tierlog_server import (  # noqa: F401
     RawClient,

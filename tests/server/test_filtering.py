@@ -160,7 +160,7 @@ async def _publish_colours(client: AsyncRawClient, name: str, rounds: int) -> li
     noise = random.Random(7)  # incompressible bodies: zstd fragments keep their size
     firsts = []
     pid = 0
-    for r in range(rounds):
+    for _ in range(rounds):
         for colour in ("red", "green", "blue", None):
             batch = [(pid + i + 1, noise.randbytes(2000)) for i in range(10)]
             firsts.append(pid)
