@@ -57,9 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benches"))
 
+from filtered_consume import run as filtered_run  # noqa: E402
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer  # noqa: E402
 from rstream.consumer import Consumer, MessageContext  # noqa: E402
-from filtered_consume import run as filtered_run  # noqa: E402
 from rstream.producer import ConfirmationStatus  # noqa: E402
 from steady_publish import percentile  # noqa: E402
 from steady_publish import publish as publish_on_clock  # noqa: E402
