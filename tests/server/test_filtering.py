@@ -153,9 +153,12 @@ async def _filtered_delivery(
     return ids
 
 
-async def _publish_colours(client: AsyncRawClient, name: str, rounds: int) -> list[int]:
+async def _publish_colours(
+    client: AsyncRawClient, name: str, rounds: int, base: int = 0
+) -> list[int]:
     """One chunk per frame: red, green, blue (filter values) and a v1 chunk, ``rounds``
-    times; returns the first offset of each of the 4 * rounds chunks."""
+    times; returns the first offset of each of the 4 * rounds chunks (the stream's next
+    offset was ``base``)."""
     await client.request(c.DeclarePublisherRequest(client.next_corr(), 1, "", name))
     noise = random.Random(7)  # incompressible bodies: zstd fragments keep their size
     firsts = []
@@ -163,7 +166,7 @@ async def _publish_colours(client: AsyncRawClient, name: str, rounds: int) -> li
     for _ in range(rounds):
         for colour in ("red", "green", "blue", None):
             batch = [(pid + i + 1, noise.randbytes(2000)) for i in range(10)]
-            firsts.append(pid)
+            firsts.append(base + pid)
             pid += 10
             values = None if colour is None else [colour] * 10
             client.send(encode_publish(1, batch, filter_values=values))
