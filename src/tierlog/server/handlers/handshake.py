@@ -45,11 +45,12 @@ tierlog offers, because clients switch features on by this number instead of ask
 The Node.js client (rabbitmq-stream-js-client) crashes without it and, from 3.13.0 on,
 turns on filtering (Publish v2 with filter values, ``filter.N`` subscriptions), asks for
 Deliver v2 and sends CreateSuperStream/DeleteSuperStream; the Go client turns on single
-active consumer from 3.11.0. tierlog has none of these yet, so it announces 3.10.0 (the
+active consumer from 3.11.0. tierlog filters (Publish v2 is advertised) but has no SAC,
+super streams or Deliver v2 yet, so it announces 3.10.0 (the
 last release before SAC and super streams): those clients then refuse SAC, filtering and
 super-stream management themselves with a clear error instead of meeting a server that
 ignores them. Raise it to 3.11.0 once SAC and super streams (Route, Partitions) work,
-and to 3.13.0 once filtering and CreateSuperStream/DeleteSuperStream do.
+and to 3.13.0 once CreateSuperStream/DeleteSuperStream and Deliver v2 do.
 ``tierlog_version`` carries tierlog's own version. See docs/compatibility.md."""
 
 SERVER_PROPERTIES = {
