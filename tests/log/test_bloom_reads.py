@@ -14,6 +14,9 @@ import zlib
 from pathlib import Path
 
 from tierlog.formats.bloom import ChunkFilter
+from tierlog.formats.chunk import HEADER_SIZE
+from tierlog.formats.protocol.publish import PublishBatch, decode_publish, encode_publish
+from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader
 from tierlog.log.writer import StreamLog
@@ -98,5 +101,42 @@ def test_a_filtering_reader_skips_what_the_bloom_rules_out(tmp_path: Path) -> No
             # match-unfiltered adds the chunk without a bloom and the one with bit 0
             unfiltered = ChunkFilter([b"cherry"], match_unfiltered=True)
             assert _read(log, unfiltered, load) == [4, 8, 10]
+    finally:
+        log.close()
+
+
+def _publish(pairs: list[tuple[int, bytes]], values: list[str | None] | None) -> PublishBatch:
+    return decode_publish(encode_publish(1, pairs, filter_values=values)[4:])
+
+
+def _bloom_of_chunks(log: StreamLog) -> list[bytes]:
+    blooms = []
+    with LogReader(log, OffsetSpec.first()) as reader:
+        for chunk in iter(reader.read_chunk, None):
+            assert chunk.raw is not None
+            blooms.append(bytes(chunk.raw[HEADER_SIZE : chunk.header.data_start]))
+    return blooms
+
+
+def test_blooms_follow_dedup_and_chunk_splits(tmp_path: Path) -> None:
+    """A duplicate's filter value never reaches the bloom; a batch split over chunks gives
+    each chunk the bloom of its own entries; frames merged into one chunk share one."""
+    log = StreamLog.create(
+        str(tmp_path / "w"), "/", "w", LogConfig(max_chunk_bytes=4096, max_record_bytes=2048)
+    )
+    try:
+        log.append_batches([_publish([(1, b"a"), (2, b"b")], ["apple", "banana"])], "p")
+        # id 2 again (a duplicate, banana) and id 3 (apple): only apple is written
+        log.append_batches([_publish([(2, b"b"), (3, b"c")], ["banana", "apple"])], "p")
+        # two frames written together: one chunk, the union (apple and unfiltered)
+        log.append_batches([_publish([(4, b"d")], ["apple"]), _publish([(5, b"e")], None)], "p")
+        # one frame over a chunk: split; the first part is all apple, the second banana
+        big = [(6 + i, bytes(1500)) for i in range(4)]
+        log.append_batches([_publish(big, ["apple", "apple", "banana", "banana"])], "p")
+        blooms = _bloom_of_chunks(log)
+        assert blooms[:3] == [APPLE_BANANA_16, APPLE_16, APPLE_UNFILTERED_16]
+        assert blooms[3] == APPLE_16
+        assert all(b == blooms[-1] for b in blooms[4:]) and blooms[-1] != APPLE_16
+        assert ChunkFilter([b"banana"]).may_match(blooms[-1])
     finally:
         log.close()
