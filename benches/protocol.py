@@ -24,8 +24,11 @@ publish_cpu_ratio=<RabbitMQ CPU per message ÷ tierlog's (default mode)>
 confirm_p99_ratio=<tierlog (os mode) p99 ÷ RabbitMQ p99> confirm_p99_excess_ms=<tierlog
 (default) p99 - RabbitMQ p99 - fdatasync p99> steady_cpu_growth=<last 10 s window ÷
 second> publish_cpu_ratio_os=<RabbitMQ CPU per message ÷ tierlog's in os mode, the same
-durability contract as RabbitMQ streams, which never fsync>`` (or ``rabbitmq=absent
-reason=… …`` when RabbitMQ could not be started).
+durability contract as RabbitMQ streams, which never fsync>
+filtered_fraction_read=<bytes fetched from the remote tier ÷ bytes of the stream, for a
+consumer of 1 % of the stream by filter value: benches/filtered_consume.py, 5,000 chunks,
+1,000 with --quick>`` (or ``rabbitmq=absent reason=… …`` when RabbitMQ could not be
+started).
 
     .venv/bin/python benches/protocol.py [--messages 500000] [--size 100] [--batch 1000]
         [--rate 20000] [--rate-seconds 60] [--steady-seconds 120]
@@ -54,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benches"))
 
+from filtered_consume import run as filtered_run  # noqa: E402
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer  # noqa: E402
 from rstream.consumer import Consumer, MessageContext  # noqa: E402
 from rstream.producer import ConfirmationStatus  # noqa: E402
@@ -231,6 +235,8 @@ def main() -> int:
 
     with tierlog_server() as (host, port, _pid):
         t_pub, t_con = run(host, port, args, "tierlog")
+    fraction, delivered, expected = filtered_run(1_000 if args.quick else 5_000, 20, 200)
+    print(f"filtered consume: {delivered} of {expected} chunks, {fraction:.4f} read", flush=True)
     probe_dir = tempfile.mkdtemp(prefix="tierlog-bench-")  # where the servers keep data
     try:
         sync_p99 = fdatasync_p99_ms(probe_dir)
@@ -262,7 +268,8 @@ def main() -> int:
         reason = str(exc).replace("\n", " ")[:200]
         print(
             f"rabbitmq=absent reason={reason!r} "
-            f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f}"
+            f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f} "
+            f"filtered_fraction_read={fraction:.4f}"
         )
         return 0
     os_us, os_p99 = (statistics.median(x) for x in zip(*results["os"], strict=True))
@@ -287,7 +294,8 @@ def main() -> int:
         f"publish_ratio={t_pub / r_pub:.2f} consume_ratio={t_con / r_con:.2f} "
         f"publish_cpu_ratio={r_us / fs_us:.2f} confirm_p99_ratio={os_p99 / r_p99:.2f} "
         f"confirm_p99_excess_ms={fs_p99 - r_p99 - sync_p99:.2f} "
-        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f} publish_cpu_ratio_os={r_us / os_us:.2f}"
+        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f} publish_cpu_ratio_os={r_us / os_us:.2f} "
+        f"filtered_fraction_read={fraction:.4f}"
     )
     return 0
 

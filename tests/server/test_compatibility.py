@@ -4,13 +4,11 @@ does not serve yet (docs/compatibility.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rstream import Producer
 
 from tests.plugins.tierlog_server import (  # noqa: F401
     RawClient,
@@ -27,22 +25,22 @@ HOST = "127.0.0.1"
 
 # Key Version CorrelationId ResponseCode [Command Key MinVersion MaxVersion] (PROTOCOL.adoc),
 # by hand: the keys RabbitMQ lists, less Route, Partitions and the super-stream and
-# ResolveOffsetSpec commands, with Publish at version 1 only (no filtering yet).
+# ResolveOffsetSpec commands; Publish up to version 2 (filtering), as RabbitMQ's.
 GOLDEN_EXCHANGE_VERSIONS_7 = bytes.fromhex(
     "00000068801b0001000000070001"  # size 104, key 0x801b, v1, correlation 7, OK
     "0000000f"  # 15 commands
-    "000100010001000200010001000500010001"
+    "000100010001000200010002000500010001"
     "000600010001000700010001000900010001"
     "000a00010001000b00010001000c00010001"
     "000d00010001000e00010001000f00010001"
     "001600010001001700010001001c00010001"
 )
-"""The answer with correlation id 7, byte by byte: (1,1,1) (2,1,1) (5..7) (9..15) (22,1,1)
+"""The answer with correlation id 7, byte by byte: (1,1,1) (2,1,2) (5..7) (9..15) (22,1,1)
 (23,1,1) (28,1,1)."""
 
 
 def _golden_exchange_versions(correlation_id: int) -> bytes:
-    entries = [(1, 1, 1), (2, 1, 1), (5, 1, 1), (6, 1, 1), (7, 1, 1), (9, 1, 1)]
+    entries = [(1, 1, 1), (2, 1, 2), (5, 1, 1), (6, 1, 1), (7, 1, 1), (9, 1, 1)]
     entries += [(10, 1, 1), (11, 1, 1), (12, 1, 1), (13, 1, 1), (14, 1, 1), (15, 1, 1)]
     entries += [(0x16, 1, 1), (0x17, 1, 1), (0x1C, 1, 1)]
     body = struct.pack(">HHIHi", 0x801B, 1, correlation_id, 1, len(entries))
@@ -90,7 +88,7 @@ def test_exchange_command_versions_served_as_advertised(open_client: RawClient) 
     assert isinstance(answer, c.ExchangeCommandVersionsResponse)
     assert answer.encode() == _golden_exchange_versions(9)
     publish = answer.versions[Command.PUBLISH - 1]  # how rstream reads it
-    assert (publish.key, publish.min_version, publish.max_version) == (Command.PUBLISH, 1, 1)
+    assert (publish.key, publish.min_version, publish.max_version) == (Command.PUBLISH, 1, 2)
 
 
 def _bare(key: int, correlation_id: int, body: bytes) -> bytes:
@@ -187,28 +185,6 @@ def test_unsolicited_consumer_update_answer_is_ignored(open_client: RawClient) -
     open_client.send(c.MetadataRequest(corr, ["x"]).encode())
     metadata = open_client.expect(c.MetadataResponse)
     assert isinstance(metadata, c.MetadataResponse) and metadata.correlation_id == corr
-
-
-def test_filtering_producer_is_refused_by_rstream_itself(
-    session_tierlog_server: TierlogServerProcess,  # noqa: F811
-) -> None:
-    """rstream decides from the Publish entry of ExchangeCommandVersions whether the broker
-    filters: tierlog does not yet, so the client says so instead of sending filter values
-    that would be dropped."""
-
-    async def main() -> str:
-        port = session_tierlog_server.stream_port
-        producer = Producer(
-            HOST, port=port, username="guest", password="guest", filter_value_extractor=str
-        )
-        try:
-            with pytest.raises(ValueError, match="Filtering is not supported") as refused:
-                await producer.start()
-        finally:
-            await producer.close()
-        return str(refused.value)
-
-    assert "3.13" in asyncio.run(main())
 
 
 def test_handshake_deadline_closes_without_a_close_frame(tmp_path: Path) -> None:

@@ -79,6 +79,8 @@ CHUNK_TYPE_POS = 1
 """Byte position of the u8 chunk type in the header."""
 DATA_LENGTH_POS = 36
 """Byte position of the u32 data length in the header."""
+BLOOM_SIZE_POS = 44
+"""Byte position of the u8 bloom filter size in the header."""
 RESERVED_POS = 45
 """Byte position of the header's 3 reserved bytes (zero; the header ends after them)."""
 SECTION_SIZES = struct.Struct(">IIB")
@@ -95,7 +97,7 @@ assert HEADER_DTYPE.itemsize == HEADER_SIZE
 assert HEADER_DTYPE.fields is not None
 assert HEADER_DTYPE.fields["chunk_type"][1] == CHUNK_TYPE_POS
 assert HEADER_DTYPE.fields["data_length"][1] == DATA_LENGTH_POS
-assert HEADER_DTYPE.fields["bloom_size"][1] + 1 == RESERVED_POS
+assert HEADER_DTYPE.fields["bloom_size"][1] == BLOOM_SIZE_POS == RESERVED_POS - 1
 
 
 class ChunkType(IntEnum):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from tierlog.formats.bloom import UNFILTERED, bloom_bytes
 from tierlog.formats.chunk import (
     MAX_ENTRIES_PER_CHUNK,
     SUB_BATCH_HEADER_SIZE,
@@ -77,6 +78,11 @@ class EncodedBatch(Protocol):
     @property
     def num_records(self) -> int: ...
 
+    @property
+    def filter_values(self) -> Sequence[str | None] | None:
+        """Each entry's filter value (Publish v2; None: a v1 frame, no values)."""
+        ...
+
     def entry_data(self) -> bytes: ...
 
 
@@ -113,9 +119,10 @@ class ChunkSink(Protocol):
         num_records: int,
         producer_id: bytes | None,
         sequence: int,
+        bloom: bytes = b"",
     ) -> int:
         """Write one user chunk (with the producer's sequence in its trailer when
-        ``producer_id`` is set) and return its chunk id."""
+        ``producer_id`` is set, and ``bloom`` as its bloom filter) and return its chunk id."""
         ...
 
     def after_write(self) -> None: ...
@@ -371,6 +378,7 @@ class Appender:
             data = batch.entry_data()
             counts = batch.record_counts
             ids = batch.publishing_ids
+            values = batch.filter_values
             keep: Sequence[int] | None = None
             if producer_id is not None:
                 keep = kept_indexes(ids, last)
@@ -382,6 +390,8 @@ class Appender:
                         continue
                     data = b"".join([batch.entries[i] for i in keep])
                     ids = [ids[i] for i in keep]
+                    if values is not None:
+                        values = [values[i] for i in keep]
                 last = ids[-1]
             if len(data) <= limit:
                 if keep is None:
@@ -389,7 +399,7 @@ class Appender:
                 else:
                     n_entries = len(keep)
                     n_records = n_entries if counts is None else sum(counts[i] for i in keep)
-                pieces.append(_Piece(data, n_entries, n_records, ids[-1], 1))
+                pieces.append(_Piece(data, n_entries, n_records, ids[-1], 1, _filters(values)))
                 continue
             # Over one chunk: alone in its chunks, split between entries (checked first).
             self._write_pieces(pieces, producer_id, progress)
@@ -402,7 +412,8 @@ class Appender:
             for lo, hi in chunk_ranges(list(map(len, entries)), limit):
                 records = hi - lo if counts is None else sum(counts[lo:hi])
                 part = b"".join(entries[lo:hi])
-                split.append(_Piece(part, hi - lo, records, ids[hi - 1], 0))
+                filters = None if values is None else _filters(values[lo:hi])
+                split.append(_Piece(part, hi - lo, records, ids[hi - 1], 0, filters))
             split[-1] = split[-1]._replace(batches=1)
             self._write_pieces(split, producer_id, progress, separate=True)
         self._write_pieces(pieces, producer_id, progress)
@@ -436,10 +447,21 @@ class Appender:
                 if not separate:  # entries from the network: checked before written
                     self.check_entry_data(data, entries, records)
                 last_id = group[-1].last_id if producer_id is not None else 0
-                sink.write_user_chunk(data, entries, records, producer_id, last_id)
+                bloom = self._bloom(group)
+                sink.write_user_chunk(data, entries, records, producer_id, last_id, bloom)
                 progress.chunks += 1
                 sink.after_write()
             progress.batches += sum(p.batches for p in group)
+
+    def _bloom(self, group: Sequence[_Piece]) -> bytes:
+        """The bloom filter of a chunk made of ``group`` (osiris_log:make_chunk): none
+        unless some entry carries a filter value; entries without one set bit 0."""
+        if all(p.filters is None for p in group):
+            return b""
+        values: set[bytes] = set()
+        for piece in group:
+            values.update((UNFILTERED,) if piece.filters is None else piece.filters)
+        return bloom_bytes(values, self._config.filter_size)
 
 
 class _Piece(NamedTuple):
@@ -450,6 +472,15 @@ class _Piece(NamedTuple):
     num_records: int
     last_id: int
     batches: int  # batches completed once this piece is written
+    filters: frozenset[bytes] | None = None  # the entries' distinct filter values (v2)
+
+
+def _filters(values: Sequence[str | None] | None) -> frozenset[bytes] | None:
+    """The distinct filter values of Publish v2 entries as osiris inserts them (a null or
+    empty value is ``UNFILTERED``); the set is built in C, only distinct values are encoded."""
+    if values is None:
+        return None
+    return frozenset(UNFILTERED if v is None else v.encode("utf-8") for v in set(values))
 
 
 def tracking_id(name: str | bytes, what: str) -> bytes:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tierlog.errors import ConfigError
+from tierlog.formats.bloom import DEFAULT_FILTER_SIZE, check_filter_size
 from tierlog.formats.chunk import MAX_SIMPLE_ENTRY_BYTES, SUB_BATCH_HEADER_SIZE
 from tierlog.formats.segment import MAX_FILE_POSITION
 
@@ -32,6 +33,8 @@ class LogConfig:
     back (see docs/reliability.md).
     ``max_producers``: producer sequences kept in tracking snapshots (Osiris keeps 255).
     ``epoch``: the writer's epoch; opening fails if the disk holds a higher one.
+    ``filter_size``: bytes of the bloom filter of chunks whose entries carry filter values
+    (16..255, the stream's ``stream-filter-size-bytes``; ``formats/bloom.py``).
     """
 
     max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES
@@ -43,6 +46,7 @@ class LogConfig:
     sync: SyncMode = "fsync"
     max_producers: int = 1_000_000
     epoch: int = 1
+    filter_size: int = DEFAULT_FILTER_SIZE
 
     def __post_init__(self) -> None:
         self.validate()
@@ -72,6 +76,10 @@ class LogConfig:
             raise ConfigError("epoch must be an int")
         if not 0 <= self.epoch < 2**64:
             raise ConfigError("epoch must be in 0..2^64-1")
+        try:
+            check_filter_size(self.filter_size)
+        except ValueError as exc:
+            raise ConfigError(f"filter_size: {exc}") from None
 
 
 def _positive(name: str, value: object) -> None:

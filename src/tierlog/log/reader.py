@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Literal, NamedTuple, Protocol
 
+from tierlog.formats.bloom import ChunkFilter
 from tierlog.formats.chunk import (
     HEADER_SIZE,
     SIMPLE_ENTRY_HEADER_SIZE,
@@ -220,6 +221,8 @@ class LogReader:
     of everything it wrote), so every chunk is verified once per process and bit rot
     in older sealed segments is never served. ``verify_crc="always"`` checks on every
     read, ``False`` never (clients of the stream protocol check CRCs themselves).
+    ``chunk_filter``: user chunks whose bloom filter rules them out are passed over (a
+    subscription's ``filter.N`` values; ``formats/bloom.py``).
     """
 
     def __init__(
@@ -229,10 +232,12 @@ class LogReader:
         *,
         verify_crc: bool | Literal["always"] = True,
         user_only: bool = True,
+        chunk_filter: ChunkFilter | None = None,
     ) -> None:
         self._source = source
         self._verify = verify_crc
         self._user_only = user_only
+        self._filter = chunk_filter if user_only else None
         ref, position, chunk_id, skip_below = resolve(source, spec or OffsetSpec.next())
         lost = getattr(source, "lost_range", None)  # a writer's log only (``damage``)
         if isinstance(lost, LostRange) and chunk_id >= lost.first_offset:
@@ -365,6 +370,12 @@ class LogReader:
                     header, self._ref.segment_path, position, tracking, self._skip_below
                 )
                 return _Fetched(chunk, self._ref, None)
+            if self._filter is not None and not self._filter.may_match(
+                pread_exact(self._fd, header.bloom_size, position + HEADER_SIZE)
+                if header.bloom_size
+                else b""
+            ):
+                continue  # the chunk's bloom rules it out: its data is never read
             if (
                 header.num_records == 1
                 and header.num_entries == 1

@@ -174,12 +174,22 @@ class SegmentSet:
         num_entries: int,
         num_records: int,
         trailer: bytes,
+        bloom: bytes = b"",
     ) -> ChunkHeader:
-        """Write a chunk at the end of the active segment and its index record."""
+        """Write a chunk at the end of the active segment and its index record (``bloom``:
+        the chunk's bloom filter, between the header and the data, as osiris writes it)."""
         with self._files_lock:
             self._open_files()
             return self._append_chunk(
-                chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, trailer
+                chunk_type,
+                chunk_id,
+                epoch,
+                timestamp,
+                data,
+                num_entries,
+                num_records,
+                trailer,
+                bloom,
             )
 
     def _append_chunk(
@@ -192,10 +202,13 @@ class SegmentSet:
         num_entries: int,
         num_records: int,
         trailer: bytes,
+        bloom: bytes = b"",
     ) -> ChunkHeader:
         active = self.segments[-1]
         position = active.size
         tail = [data, trailer] if trailer else [data]
+        if bloom:
+            tail.insert(0, bloom)
         if len(data) >= ASYNC_CRC_MIN_BYTES and crc32 is zlib.crc32:
             # Slow (zlib) CRC: compute it in the helper thread while the data (after a
             # 48-byte gap) goes to the file; the header follows. Readers and recovery never
@@ -212,12 +225,21 @@ class SegmentSet:
                 num_entries,
                 num_records,
                 len(trailer),
+                len(bloom),
                 data_crc=crc.result(),
             )
             pwrite_all(self._seg_fd, [header.encode()], position)
         else:
             header = make_header(
-                chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, len(trailer)
+                chunk_type,
+                chunk_id,
+                epoch,
+                timestamp,
+                data,
+                num_entries,
+                num_records,
+                len(trailer),
+                len(bloom),
             )
             pwrite_all(self._seg_fd, [header.encode(), *tail], position)
         record = encode_index_record(chunk_id, timestamp, epoch, position, chunk_type)

@@ -373,12 +373,12 @@ class StreamLog:
         num_records: int,
         producer_id: bytes | None,
         sequence: int,
+        bloom: bytes = b"",
     ) -> int:
-        if producer_id is None:
-            return self._write_chunk(ChunkType.USER, data, num_entries, num_records, b"").chunk_id
-        trailer = encode_delta(sequences={producer_id: sequence})
-        info = self._write_chunk(ChunkType.USER, data, num_entries, num_records, trailer)
-        self._tracking.sequences[producer_id] = (info.chunk_id, sequence)
+        trailer = b"" if producer_id is None else encode_delta(sequences={producer_id: sequence})
+        info = self._write_chunk(ChunkType.USER, data, num_entries, num_records, trailer, bloom)
+        if producer_id is not None:
+            self._tracking.sequences[producer_id] = (info.chunk_id, sequence)
         return info.chunk_id
 
     def after_write(self) -> None:
@@ -486,6 +486,7 @@ class StreamLog:
         num_entries: int,
         num_records: int,
         trailer: bytes,
+        bloom: bytes = b"",
     ) -> SegmentChunkInfo:
         segments = self._segments
         active = segments.active
@@ -500,8 +501,9 @@ class StreamLog:
         chunk_id = self._next_offset
         timestamp = max(time.time_ns() // 1_000_000, self._last_timestamp)
         position = active.size
+        epoch = self._epoch
         header = segments.append_chunk(
-            chunk_type, chunk_id, self._epoch, timestamp, data, num_entries, num_records, trailer
+            chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, trailer, bloom
         )
         self._next_offset = header.next_offset
         self._last_timestamp = timestamp

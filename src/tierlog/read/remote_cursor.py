@@ -16,12 +16,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from tierlog.errors import TierlogError
-from tierlog.formats.chunk import ChunkHeader, decode_header
+from tierlog.formats.bloom import ChunkFilter
+from tierlog.formats.chunk import ChunkHeader, ChunkType, decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import CrcMismatchError, FormatError
 from tierlog.formats.fragment import HEADER_SIZE as FRAGMENT_HEADER_SIZE
 from tierlog.formats.fragment import FragmentIndex
-from tierlog.formats.fragment_v2 import stored_sizes
+from tierlog.formats.fragment_v2 import FragmentIndexV2, stored_sizes
 from tierlog.read.errors import RemoteDataCorruptError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.prefetch import PrefetchConfig, Prefetcher, RangeStream, Span
@@ -73,13 +74,41 @@ def aligned_spans(key: str, positions: list[int], end: int, step: int) -> Iterat
     yield key, start, end
 
 
-def _index_spans(key: str, index: FragmentIndex, i: int, step: int) -> Iterator[Span]:
+def wanted_chunks(index: FragmentIndex, chunk_filter: ChunkFilter | None) -> list[bool] | None:
+    """Which chunks of a fragment a filtering reader reads (None: all of them): from a v2
+    index's blooms (its record CRCs, checked when it loaded, cover them), the user chunks
+    whose bloom may match; tracking chunks are never handed to such a reader. v1 fragments
+    and offloaded segments carry no blooms in their index: every chunk is read."""
+    if chunk_filter is None or not isinstance(index, FragmentIndexV2):
+        return None
+    types = index.records["chunk_type"].tolist()
+    may_match = chunk_filter.may_match
+    return [t == ChunkType.USER and may_match(index.bloom(i)) for i, t in enumerate(types)]
+
+
+def _index_spans(
+    key: str, index: FragmentIndex, i: int, step: int, wanted: list[bool] | None = None
+) -> Iterator[Span]:
     """The spans reading chunks ``i`` on of one fragment or offloaded segment: a fragment's
     stored frames (v1: the chunks) end where its index starts; a segment's chunks come in
-    runs of entries, one run per block."""
+    runs of entries, one run per block. With ``wanted``, only runs of wanted chunks."""
     if not isinstance(index, SegmentChunkIndex):
         positions: list[int] = index.records["position"][i:].astype(np.int64).tolist()
-        yield from aligned_spans(key, positions, index.trailer.index_start, step)
+        end = index.trailer.index_start
+        if wanted is None:
+            yield from aligned_spans(key, positions, end, step)
+            return
+        n = len(positions)
+        lo = 0
+        while lo < n:
+            if not wanted[i + lo]:
+                lo += 1
+                continue
+            hi = lo
+            while hi < n and wanted[i + hi]:
+                hi += 1
+            yield from aligned_spans(key, positions[lo:hi], positions[hi] if hi < n else end, step)
+            lo = hi
         return
     # one run of whole stored entries (entry header + chunk, or the sealed frame of both)
     # per block; no block header or padding
@@ -100,11 +129,16 @@ class RemoteCursor:
         chunk_id: int,
         until: int,
         verify_crc: bool,
+        chunk_filter: ChunkFilter | None = None,
     ) -> None:
         self._manifest = manifest
         self._tree = tree
         self._until = until
         self._verify = verify_crc
+        self._filter = chunk_filter
+        self.skipped_to = chunk_id
+        """The offset after the last chunk the filter skipped (a reader resumes there)."""
+        self.skipped_chunks = 0
         self._enter(manifest.locate_offset(tree, chunk_id))
         i = bisect.bisect_right(self._ids, chunk_id) - 1
         if i < 0 or self._ids[i] != chunk_id:
@@ -126,6 +160,7 @@ class RemoteCursor:
         self._stored: list[int] = stored_sizes(index).astype(np.int64).tolist()
         self._positions: list[int] = records["position"].astype(np.int64).tolist()
         self._types: list[int] = records["chunk_type"].tolist()
+        self._records = records["num_records"]
         # an offloaded segment: each chunk is stored as an entry (a 12-byte entry header and
         # the chunk, sealed as one frame in an encrypted stream), and chunks are checked
         # against the CRC-32 of their whole bytes from its index
@@ -134,6 +169,7 @@ class RemoteCursor:
         self._crcs: list[int] = records["crc"].tolist() if self._segment else []
         if isinstance(index, SegmentChunkIndex):
             self._stored = index.stored_sizes.tolist()
+        self._wanted = wanted_chunks(index, self._filter)
         self._i = 0
 
     def _spans(self, first: FragmentLocation, i: int) -> Iterator[Span]:
@@ -142,7 +178,9 @@ class RemoteCursor:
         every chunk is served as a slice of one buffer, without a copy)."""
         step = self._request_bytes
         first_index = self._manifest.fragment_index(first)
-        yield from _index_spans(first.key, first_index, i, step)
+        yield from _index_spans(
+            first.key, first_index, i, step, wanted_chunks(first_index, self._filter)
+        )
         loc = first
         while loc.next_offset < self._until:
             loc = self._manifest.locate_offset(self._tree, loc.next_offset)
@@ -154,29 +192,36 @@ class RemoteCursor:
                 # surfaces then, or it was transient) and opens a new stream from there.
                 self._spans_stopped_at = loc.entry.first_offset
                 return
-            yield from _index_spans(loc.key, index, 0, step)
+            yield from _index_spans(loc.key, index, 0, step, wanted_chunks(index, self._filter))
 
     @property
     def stream(self) -> RangeStream:
         return self._stream
 
     def next_chunk(self) -> tuple[ChunkHeader, memoryview, str, int] | None:
-        """The next chunk, or None at ``until`` / the end of the snapshot."""
-        if self._i >= len(self._ids):
-            nxt = self._loc.next_offset
-            if nxt >= self._until or nxt >= self._tree.next_offset:
+        """The next chunk, or None at ``until`` / the end of the snapshot (chunks the filter
+        rules out are passed over unread: ``skipped_to`` says how far)."""
+        while True:
+            if self._i >= len(self._ids):
+                nxt = self._loc.next_offset
+                if nxt >= self._until or nxt >= self._tree.next_offset:
+                    return None
+                self._enter(self._manifest.locate_offset(self._tree, nxt))
+                if self._spans_stopped_at == self._loc.entry.first_offset:
+                    self._stream.close()
+                    self._spans_stopped_at = None
+                    self._stream = self._prefetcher.open(
+                        self._manifest.store, self._spans(self._loc, 0)
+                    )
+            i = self._i
+            chunk_id = self._ids[i]
+            if chunk_id >= self._until:
                 return None
-            self._enter(self._manifest.locate_offset(self._tree, nxt))
-            if self._spans_stopped_at == self._loc.entry.first_offset:
-                self._stream.close()
-                self._spans_stopped_at = None
-                self._stream = self._prefetcher.open(
-                    self._manifest.store, self._spans(self._loc, 0)
-                )
-        i = self._i
-        chunk_id = self._ids[i]
-        if chunk_id >= self._until:
-            return None
+            if self._wanted is None or self._wanted[i]:
+                break
+            self._i = i + 1
+            self.skipped_chunks += 1
+            self.skipped_to = chunk_id + int(self._records[i])
         size = self._sizes[i]
         raw = self._stream.read(self._stored[i])
         try:

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from typing import Literal
 
 from tierlog.errors import ConfigError
-from tierlog.formats.chunk import ChunkHeader, ChunkType
+from tierlog.formats.bloom import ChunkFilter
+from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader, ChunkType
 from tierlog.formats.errors import FormatError
 from tierlog.log.errors import CorruptChunkError, OffsetGapError
 from tierlog.log.offset_spec import OffsetSpec
@@ -106,6 +107,7 @@ class TieredReader:
         verify_crc: bool = True,
         user_only: bool = True,
         hot_bytes: int | None = None,
+        chunk_filter: ChunkFilter | None = None,
     ) -> None:
         if local is None and manifest is None:
             raise ConfigError("a tiered reader needs a local log, a manifest or both")
@@ -117,6 +119,8 @@ class TieredReader:
         self._prefetcher = prefetcher
         self._verify = verify_crc
         self._user_only = user_only
+        self._filter = chunk_filter if user_only else None
+        self.filtered_chunks = 0  # user chunks a filter ruled out (remote: never fetched)
         self._hot_bytes = hot_bytes if hot_bytes is not None else default_hot_bytes()
         self._local_cursor: LogReader | None = None
         self._remote_cursor: RemoteCursor | None = None
@@ -188,6 +192,13 @@ class TieredReader:
                 # grew): the first chunk handed out is the one that holds the offset, as
                 # in RabbitMQ; clients skip records only inside that first chunk
                 continue
+            if (
+                self._filter is not None
+                and header.chunk_type == ChunkType.USER
+                and not self._filter.may_match(raw[HEADER_SIZE : header.data_start])
+            ):
+                self.filtered_chunks += 1  # a local chunk the bloom rules out
+                continue
             return TieredChunk(header, path, position, raw, self._skip_below, tier)
 
     def chunks(self) -> Iterator[TieredChunk]:
@@ -250,6 +261,9 @@ class TieredReader:
                 if got is not None:
                     header, raw, key, position = got
                     return header, raw, key, position, "remote"
+                # chunks the filter passed over up to the cursor's end are behind us
+                self._next = max(self._next, self._remote_cursor.skipped_to)
+                self.filtered_chunks += self._remote_cursor.skipped_chunks
                 self._drop_cursors()
             choice = choose_tier(self._strategy, self._next, self._view())
             if choice.tier == "end":
@@ -283,6 +297,7 @@ class TieredReader:
                 self._next,
                 until,
                 self._verify,
+                self._filter,
             )
         except FragmentExpiredError as exc:
             self._expired(exc)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from tierlog.errors import ConfigError
+from tierlog.formats.bloom import DEFAULT_FILTER_SIZE, check_filter_size
 from tierlog.remote.errors import AckModeError
 
 MIB = 1 << 20
@@ -100,6 +101,7 @@ class StreamSettings:
     delayed: bool = False
     delayed_horizon_seconds: float = 3600.0
     ack: str = "replicas"
+    filter_size: int = DEFAULT_FILTER_SIZE
 
     @property
     def cold_coding(self) -> bool:
@@ -132,6 +134,10 @@ class StreamSettings:
             raise ConfigError("max_segment_bytes must be >= 4096 and max_segment_chunks >= 1")
         if self.manifest_fanout < 2:
             raise ConfigError("manifest_fanout must be >= 2")
+        try:
+            check_filter_size(self.filter_size)
+        except ValueError as exc:  # stream-filter-size-bytes, as RabbitMQ validates it
+            raise ConfigError(f"stream-filter-size-bytes: {exc}") from None
         if self.max_lag_bytes < self.fragment_bytes:
             raise ConfigError("max_lag_bytes must be at least fragment_bytes")
         if self.max_fragment_age_seconds <= 0 or self.debounce_seconds < 0:

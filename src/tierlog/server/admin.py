@@ -86,7 +86,10 @@ def _changes(data: dict[str, Any]) -> dict[str, Any]:
 def _check_log_limits(broker: Broker, settings: StreamSettings) -> None:
     """The whole resulting configuration must open: reject it now, not at the next start."""
     broker.config.log.log_config(
-        settings.max_segment_bytes, settings.max_segment_chunks, broker.config.server.frame_max
+        settings.max_segment_bytes,
+        settings.max_segment_chunks,
+        broker.config.server.frame_max,
+        filter_size=settings.filter_size,
     )
 
 

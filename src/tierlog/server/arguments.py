@@ -3,9 +3,10 @@
 RabbitMQ's names keep their meaning: ``max-length-bytes`` and ``max-age`` are the whole
 stream's retention (both tiers), ``stream-max-segment-size-bytes`` the local segment
 size. tierlog's own settings use ``x-tierlog-*`` names (see docs/server.md). A leading
-``x-`` on RabbitMQ names is accepted. Arguments RabbitMQ knows but tierlog has no use
-for (cluster size, leader locator, filter size) are accepted and ignored; anything
-else is rejected so a typo never goes unnoticed.
+``x-`` on RabbitMQ names is accepted; ``stream-filter-size-bytes`` is the size of the
+chunks' bloom filters (16..255, as RabbitMQ validates it). Arguments RabbitMQ knows but
+tierlog has no use for (leader locator; the cluster size is read by ``initial_cluster_size``)
+are accepted and ignored; anything else is rejected so a typo never goes unnoticed.
 """
 
 from __future__ import annotations
@@ -99,12 +100,12 @@ _ARGUMENTS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "x-tierlog-delayed": ("delayed", _bool),
     "x-tierlog-delayed-horizon": ("delayed_horizon_seconds", parse_duration),
     "x-tierlog-ack": ("ack", str),
+    "stream-filter-size-bytes": ("filter_size", _int),
 }
 """Argument name → (StreamSettings field, parser)."""
 
-IGNORED_ARGUMENTS = frozenset({"initial-cluster-size", "stream-filter-size-bytes"})
-"""Arguments read elsewhere (the replication factor: ``initial_cluster_size``) or not
-settings of the stream's record."""
+IGNORED_ARGUMENTS = frozenset({"initial-cluster-size"})
+"""Arguments read elsewhere (the replication factor: ``initial_cluster_size``)."""
 
 LEADER_LOCATORS = ("client-local",)
 """``queue-leader-locator`` values tierlog implements: the node the client created the

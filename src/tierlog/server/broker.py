@@ -743,6 +743,7 @@ class Broker:
             settings.max_segment_chunks,
             self.config.server.frame_max,
             settings.sync,
+            settings.filter_size,
         )
         path = os.path.join(self.streams_dir, record.incarnation)
         executor = self.writers.lane(record.name)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
+from tierlog.formats.bloom import ChunkFilter
 from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogReader, LogSource
@@ -93,8 +94,11 @@ class ChunkCursor(Protocol):
 class ChunkSource(Protocol):
     """Anything a subscription can read chunks from."""
 
-    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> ChunkCursor:
-        """A cursor at ``spec``; ``want_file`` asks for file ranges (sendfile) when possible."""
+    def attach(
+        self, spec: OffsetSpec, *, want_file: bool = False, chunk_filter: ChunkFilter | None = None
+    ) -> ChunkCursor:
+        """A cursor at ``spec``; ``want_file`` asks for file ranges (sendfile) when possible;
+        ``chunk_filter`` passes over user chunks whose bloom filter rules them out."""
         ...
 
 
@@ -143,10 +147,14 @@ class LocalChunkSource:
     def first_offset(self) -> int:
         return self._log.segment_refs()[0].first_offset
 
-    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> LocalChunkCursor:
+    def attach(
+        self, spec: OffsetSpec, *, want_file: bool = False, chunk_filter: ChunkFilter | None = None
+    ) -> LocalChunkCursor:
         for _ in range(8):  # a segment may be deleted between listing and opening it
             try:
-                reader = LogReader(self._log, spec, verify_crc=self._verify)
+                reader = LogReader(
+                    self._log, spec, verify_crc=self._verify, chunk_filter=chunk_filter
+                )
             except FileNotFoundError:
                 continue
             return LocalChunkCursor(

@@ -414,6 +414,7 @@ class ClusterService:
             settings.max_segment_chunks,
             self.config.server.frame_max,
             settings.sync,
+            settings.filter_size,
         )
 
     def _read(self) -> tuple[DirectoryView, list[StreamRecord]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from tierlog.errors import ConfigError
+from tierlog.formats.bloom import DEFAULT_FILTER_SIZE
 from tierlog.formats.chunk import HEADER_SIZE, SUB_BATCH_HEADER_SIZE
 from tierlog.log.config import LogConfig, SyncMode
 from tierlog.logs import LOG_FORMATS, LOG_LEVELS
@@ -118,9 +119,11 @@ class LogSection:
         max_segment_chunks: int,
         frame_max: int,
         sync: str | None = None,
+        filter_size: int = DEFAULT_FILTER_SIZE,
     ) -> LogConfig:
         """The LogConfig of a stream: fsync is driven by the broker (one per group);
-        ``sync`` is the stream's own sync mode (None: the server's)."""
+        ``sync`` is the stream's own sync mode (None: the server's); ``filter_size`` its
+        chunks' bloom filter size (``stream-filter-size-bytes``)."""
         chunk = self.max_chunk_bytes or frame_max - DELIVER_OVERHEAD
         return LogConfig(
             max_segment_bytes=max_segment_bytes,
@@ -130,6 +133,7 @@ class LogSection:
             fsync="never",
             sync=_sync_mode(sync or self.sync),
             epoch=self.epoch,
+            filter_size=filter_size,
         )
 
 

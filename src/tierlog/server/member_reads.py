@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tierlog.formats.bloom import ChunkFilter
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
@@ -97,10 +98,17 @@ class WaitingCursor:
     once it has one, so ``next`` / ``last`` mean the commit it learned, never the start
     of a log nothing of which may be shown yet."""
 
-    def __init__(self, handle: MemberStreamHandle, spec: OffsetSpec, want_file: bool) -> None:
+    def __init__(
+        self,
+        handle: MemberStreamHandle,
+        spec: OffsetSpec,
+        want_file: bool,
+        chunk_filter: ChunkFilter | None = None,
+    ) -> None:
         self._handle = handle
         self._spec = spec
         self._want_file = want_file
+        self._filter = chunk_filter
         self._cursor: ChunkCursor | None = None
 
     @property
@@ -109,7 +117,9 @@ class WaitingCursor:
 
     def _attached(self) -> ChunkCursor | None:
         if self._cursor is None and self._handle.view.limit >= 0:
-            self._cursor = self._handle.chunks.attach(self._spec, want_file=self._want_file)
+            self._cursor = self._handle.chunks.attach(
+                self._spec, want_file=self._want_file, chunk_filter=self._filter
+            )
         return self._cursor
 
     async def read(self) -> DeliverableChunk | None:
@@ -151,11 +161,13 @@ class MemberStreamHandle(RemoteStreamHandle):
         self.chunks.tier_started(self.manifest_view)
         self.source = self
 
-    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> ChunkCursor:  # type: ignore[override]
+    def attach(  # type: ignore[override]
+        self, spec: OffsetSpec, *, want_file: bool = False, chunk_filter: ChunkFilter | None = None
+    ) -> ChunkCursor:
         """Subscriptions on the member (they wait for its first commit if need be)."""
         if self.view.limit < 0:
-            return WaitingCursor(self, spec, want_file)
-        return self.chunks.attach(spec, want_file=want_file)
+            return WaitingCursor(self, spec, want_file, chunk_filter)
+        return self.chunks.attach(spec, want_file=want_file, chunk_filter=chunk_filter)
 
     def first_offset(self) -> int:
         """The stream's first offset as this member's readers see it: the remote tier's

@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from tierlog.errors import TierlogError
+from tierlog.formats.bloom import ChunkFilter
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishBatch
 from tierlog.log.commit_point import CommitPoint
@@ -119,8 +120,11 @@ class RemoteChunkCursor:
     """A subscription's position in a followed stream: a cross-tier reader without a
     local log (every read on a thread), a few chunks read ahead per thread hop."""
 
-    def __init__(self, handle: RemoteStreamHandle, spec: OffsetSpec) -> None:
+    def __init__(
+        self, handle: RemoteStreamHandle, spec: OffsetSpec, chunk_filter: ChunkFilter | None = None
+    ) -> None:
         self._handle = handle
+        self._filter = chunk_filter
         # ``next`` / ``last`` are where the stream ends now (at Subscribe), not when the
         # first read runs: the leader is asked now, its answer awaited at the first read
         self._asked = spec
@@ -149,6 +153,7 @@ class RemoteChunkCursor:
             self._spec,
             strategy=ReadStrategy.NOT_IN_DISK,
             prefetcher=default_prefetcher(),
+            chunk_filter=self._filter,
         )
 
     def _read_run(self) -> TieredChunk | None:
@@ -314,8 +319,10 @@ class RemoteStreamHandle:
             return None
 
     # -- ChunkSource --------------------------------------------------------------------
-    def attach(self, spec: OffsetSpec, *, want_file: bool = False) -> RemoteChunkCursor:
-        return RemoteChunkCursor(self, spec)
+    def attach(
+        self, spec: OffsetSpec, *, want_file: bool = False, chunk_filter: ChunkFilter | None = None
+    ) -> RemoteChunkCursor:
+        return RemoteChunkCursor(self, spec, chunk_filter)
 
     def first_offset(self) -> int:
         tree = self.manifest_view.loaded_tree()

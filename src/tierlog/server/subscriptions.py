@@ -18,6 +18,7 @@ import contextlib
 from collections import deque
 from typing import Protocol
 
+from tierlog.formats.bloom import ChunkFilter
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
@@ -110,6 +111,7 @@ class Subscription:
         *,
         overtaken: str = "notify",
         want_file: bool = False,
+        chunk_filter: ChunkFilter | None = None,
     ) -> None:
         self.id = subscription_id
         self.stream_name = stream_name
@@ -120,9 +122,14 @@ class Subscription:
         self._sink = sink
         self._metrics = metrics
         self._want_file = want_file
+        self.chunk_filter = chunk_filter
+        """``filter.N`` / ``match-unfiltered``: chunks ruled out are never read or sent (the
+        client filters the records of the chunks it gets, as with RabbitMQ)."""
         self._credit_event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.cursor: ChunkCursor = source.attach(spec, want_file=want_file)
+        self.cursor: ChunkCursor = source.attach(
+            spec, want_file=want_file, chunk_filter=chunk_filter
+        )
         self.delivered_chunks = 0
 
     def start(self) -> None:
@@ -214,7 +221,9 @@ class Subscription:
         )
         if self.overtaken_action == "skip":
             self.cursor.close()
-            self.cursor = self.source.attach(OffsetSpec.first(), want_file=self._want_file)
+            self.cursor = self.source.attach(
+                OffsetSpec.first(), want_file=self._want_file, chunk_filter=self.chunk_filter
+            )
             return True
         self._sink.subscription_overtaken(self)
         return False

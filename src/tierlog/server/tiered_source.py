@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from tierlog.formats.bloom import ChunkFilter
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.reader import LogSource
@@ -84,11 +85,11 @@ class StreamChunkSource:
         return self._log.segment_refs()[0].first_offset
 
     def attach(
-        self, spec: OffsetSpec, *, want_file: bool = False
+        self, spec: OffsetSpec, *, want_file: bool = False, chunk_filter: ChunkFilter | None = None
     ) -> LocalChunkCursor | TieredChunkCursor:
         if self._manifest is None:
-            return self._local.attach(spec, want_file=want_file)
-        return TieredChunkCursor(self, spec, want_file)
+            return self._local.attach(spec, want_file=want_file, chunk_filter=chunk_filter)
+        return TieredChunkCursor(self, spec, want_file, chunk_filter)
 
     def strategy(self) -> ReadStrategy:
         return ReadStrategy.parse(self._strategy())
@@ -109,7 +110,7 @@ class StreamChunkSource:
             prefetcher=default_prefetcher(),
         )
 
-    def new_reader(self, spec: OffsetSpec) -> TieredReader:
+    def new_reader(self, spec: OffsetSpec, chunk_filter: ChunkFilter | None = None) -> TieredReader:
         assert self._manifest is not None
         return TieredReader(
             self._log,
@@ -117,6 +118,7 @@ class StreamChunkSource:
             spec,
             strategy=self.strategy(),
             prefetcher=default_prefetcher(),
+            chunk_filter=chunk_filter,
         )
 
 
@@ -125,10 +127,17 @@ class TieredChunkCursor:
     strategy reads local data) it hands over to a LocalChunkCursor, which can use
     sendfile, and takes over again if local retention frees the segment under it."""
 
-    def __init__(self, source: StreamChunkSource, spec: OffsetSpec, want_file: bool) -> None:
+    def __init__(
+        self,
+        source: StreamChunkSource,
+        spec: OffsetSpec,
+        want_file: bool,
+        chunk_filter: ChunkFilter | None = None,
+    ) -> None:
         self._source = source
         self._spec = spec
         self._want_file = want_file
+        self._filter = chunk_filter
         self._reader: TieredReader | None = None
         self._local: LocalChunkCursor | None = None
         self._next = -1
@@ -203,7 +212,9 @@ class TieredChunkCursor:
             return  # between local segments: the remote tier serves it
         try:
             local = self._source._local.attach(
-                OffsetSpec.offset(max(position, self._asked)), want_file=self._want_file
+                OffsetSpec.offset(max(position, self._asked)),
+                want_file=self._want_file,
+                chunk_filter=self._filter,
             )
         except (SourceClosedError, FileNotFoundError):
             return
@@ -234,7 +245,7 @@ class TieredChunkCursor:
             spec = self._spec
 
             def attach() -> None:
-                self._reader = self._source.new_reader(spec)
+                self._reader = self._source.new_reader(spec, self._filter)
                 return None
 
             await self._call(attach)

@@ -9,7 +9,7 @@ adopted only when it holds exactly the local chunks (``tiering.resolution``'s ru
 
 from __future__ import annotations
 
-from tierlog.formats.chunk import ChunkType, decode_header
+from tierlog.formats.chunk import BLOOM_SIZE_POS, ChunkType, decode_header
 from tierlog.formats.crc import crc32
 from tierlog.formats.errors import FormatError
 from tierlog.formats.fragment import (
@@ -19,6 +19,7 @@ from tierlog.formats.fragment import (
     encode_fragment,
     fragment_size,
 )
+from tierlog.formats.fragment_v2 import CODEC_NONE, FrameCoding, encode_fragment_v2
 from tierlog.log.segment_files import validate_chunk
 from tierlog.log.writer import StreamLog
 from tierlog.remote.errors import CorruptFragmentError
@@ -110,6 +111,12 @@ def build_fragment(
     if coder is not None and settings is not None and settings.cold_coding:
         body_v2 = coder.encode(key, placement, buffers, infos, settings)
         return body_v2, plan.entry(key), settings.encryption != "none"
+    if any(buf[BLOOM_SIZE_POS] for buf in buffers):
+        # chunks with bloom filters (filter values were published): format v2, whose index
+        # carries every chunk's bloom, so filtering readers skip chunks from the index alone
+        # (frames stored as they are, like v1's chunks)
+        parts_v2, _ = encode_fragment_v2(placement, buffers, infos, FrameCoding(codec=CODEC_NONE))
+        return bytearray().join(parts_v2), plan.entry(key), False
     parts, _trailer = encode_fragment(placement, buffers, infos)
     head, index, trailer = parts[0], parts[-2], parts[-1]
     body[:HEADER_SIZE] = head

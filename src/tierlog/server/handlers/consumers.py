@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tierlog.errors import TierlogError
+from tierlog.formats.bloom import filter_from_properties
 from tierlog.formats.protocol.commands import (
     CreditRequest,
     CreditResponse,
@@ -89,6 +90,7 @@ class ConsumerHandlers(ConnectionCore):
                         self.metrics,
                         overtaken=action,
                         want_file=self._use_sendfile,
+                        chunk_filter=filter_from_properties(cmd.properties),
                     )
                 except DamagedRangeError as exc:
                     # offsets lost with a damaged chunk (no healthy copy): refused with

@@ -45,11 +45,12 @@ tierlog offers, because clients switch features on by this number instead of ask
 The Node.js client (rabbitmq-stream-js-client) crashes without it and, from 3.13.0 on,
 turns on filtering (Publish v2 with filter values, ``filter.N`` subscriptions), asks for
 Deliver v2 and sends CreateSuperStream/DeleteSuperStream; the Go client turns on single
-active consumer from 3.11.0. tierlog has none of these yet, so it announces 3.10.0 (the
+active consumer from 3.11.0. tierlog filters (Publish v2 is advertised) but has no SAC,
+super streams or Deliver v2 yet, so it announces 3.10.0 (the
 last release before SAC and super streams): those clients then refuse SAC, filtering and
 super-stream management themselves with a clear error instead of meeting a server that
 ignores them. Raise it to 3.11.0 once SAC and super streams (Route, Partitions) work,
-and to 3.13.0 once filtering and CreateSuperStream/DeleteSuperStream do.
+and to 3.13.0 once CreateSuperStream/DeleteSuperStream and Deliver v2 do.
 ``tierlog_version`` carries tierlog's own version. See docs/compatibility.md."""
 
 SERVER_PROPERTIES = {
@@ -62,7 +63,7 @@ SERVER_PROPERTIES = {
 
 ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
     (Command.DECLARE_PUBLISHER, 1, 1),
-    (Command.PUBLISH, 1, 1),
+    (Command.PUBLISH, 1, 2),
     (Command.QUERY_PUBLISHER_SEQUENCE, 1, 1),
     (Command.DELETE_PUBLISHER, 1, 1),
     (Command.SUBSCRIBE, 1, 1),
@@ -81,10 +82,10 @@ ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
 serves, in key order like RabbitMQ's (rabbit_stream_utils:command_versions/0, which also
 leaves out the handshake commands, that run before this exchange can, and the commands
 only a server sends). It must start at key 1 with Publish second: rstream sends only
-``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Not listed, because they
-do not work yet: Publish v2 (filter values are decoded but no chunk bloom filter is
-built, so a filtering client must see "not supported"; rstream and the Go client decide
-by this entry), Route, Partitions, CreateSuperStream, DeleteSuperStream and
+``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Publish goes up to version
+2 (filter values build the chunks' bloom filters: rstream and the Go client turn filtering
+on from this entry, as with RabbitMQ). Not listed, because they do not work yet: Route,
+Partitions, CreateSuperStream, DeleteSuperStream and
 ResolveOffsetSpec (answered UNKNOWN_FRAME), and Deliver v2 (tierlog sends Deliver v1
 only; rstream accepts nothing else)."""
 
