@@ -59,11 +59,10 @@ from tierlog.log.errors import (
 )
 from tierlog.log.segment_files import SegmentChunkInfo, pread_exact, validate_chunk
 from tierlog.log.segments import SegmentSet, segment_full
-from tierlog.log.tail import LogTail
+from tierlog.log.tail import NO_CHUNK, LogTail
 from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.truncation import cut_files, remove_intent, write_intent
 
-NO_CHUNK = -1
 SPAN_RECORDS = 4096  # index records read per chunk_span call at most
 _CURSORS = 64  # remembered "next chunk id -> index record" positions per log
 
@@ -472,6 +471,7 @@ __all__ = [
     "AcceptError",
     "ChunkNotLocalError",
     "ChunkSpan",
+    "FollowerSink",
     "accept_chunks",
     "chunk_span",
     "recover_after_failure",
