@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.log.acceptor_helpers import SMALL, write_leader_chunks
+from tests.support import waiting
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.log.writer import StreamLog
 
@@ -73,11 +73,7 @@ def member_log(tmp_path: Path, node: str = "n2") -> StreamLog:
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.01)
+    await waiting.until(predicate, timeout, what, interval=0.01)
 
 
 def caught_up(follower: StreamLog, leader: StreamLog) -> Callable[[], bool]:

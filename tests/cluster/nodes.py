@@ -36,6 +36,8 @@ from rstream.utils import RawMessage
 
 from tests.plugins import seaweed
 from tests.plugins.tierlog_server import TierlogServerProcess
+from tests.support.streams import FAST_TIERING
+from tests.support.waiting import until
 from tierlog.cluster.membership import ClusterDirectory
 from tierlog.errors import TierlogError
 from tierlog.formats import replication as wire
@@ -46,12 +48,7 @@ HOST = "127.0.0.1"
 TTL = 5.0
 DRIFT = 1.0
 PRODUCER = "cluster-producer"
-STREAM_ARGS = {
-    "x-tierlog-fragment-bytes": str(1 << 20),
-    "x-tierlog-max-fragment-age": "1s",
-    "x-tierlog-debounce-seconds": "0.05",
-    "stream-max-segment-size-bytes": "65536",
-}
+STREAM_ARGS = dict(FAST_TIERING)
 
 
 class TcpProxy:
@@ -610,11 +607,7 @@ async def subscribe_retrying(consumer: Consumer, stream: str, *args: Any, **kwar
 
 
 async def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {timeout} s: {what}")
-        await asyncio.sleep(0.1)
+    await until(predicate, timeout, what, interval=0.1)
 
 
 def admin_json(node: Node, path: str) -> Any:

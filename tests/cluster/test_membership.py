@@ -6,10 +6,11 @@ changes by the current leader only."""
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 
 import pytest
 
+from tests.support import waiting
 from tierlog.cluster.disk_identity import DiskSeen, Standing
 from tierlog.cluster.errors import (
     LeaderAliveError,
@@ -37,12 +38,8 @@ def register(directory: ClusterDirectory, name: str, ttl: float = TTL) -> Lease:
     return directory.register_node(info(name), ttl)[1]
 
 
-def wait_until(predicate: object) -> None:
-    deadline = time.monotonic() + WAIT_LIMIT_S
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
+def wait_until(predicate: Callable[[], bool]) -> None:
+    waiting.wait_until(predicate, WAIT_LIMIT_S)
 
 
 def test_nodes_register_on_one_lease_each(meta_store: MetaStore) -> None:

@@ -7,12 +7,14 @@ message exactly once."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.server.test_inprocess import AsyncRawClient
+from tests.support import waiting
 from tierlog.cluster.membership import ClusterDirectory
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
@@ -69,12 +71,8 @@ async def metadata(client: AsyncRawClient, name: str) -> tuple[int, int | None]:
     return stream.response_code, ports.get(stream.leader_reference)
 
 
-async def until(predicate: object, timeout: float = 4 * TTL) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():  # type: ignore[operator]
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.1)
+async def until(predicate: Callable[[], Awaitable[bool]], timeout: float = 4 * TTL) -> None:
+    await waiting.until(predicate, timeout, interval=0.1)
 
 
 async def publish_confirmed(client: AsyncRawClient, ids: range, publisher: int = 1) -> None:

@@ -13,18 +13,16 @@ import pytest
 
 from tests.delayed.campaign import HOUR, T0
 from tests.delayed.world import World
+from tests.support.keyring import process_keyring
 from tierlog.formats.encryption import SEALED_MAGIC
-from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.encryption import Keyring, set_process_keyring
 from tierlog.remote.settings import StreamSettings
 
 
 @pytest.fixture
-def keyring() -> Iterator[None]:
-    set_process_keyring(Keyring([("k1", bytes(range(32)))]))
-    try:
-        yield
-    finally:
-        reset_process_keyring()
+def keyring() -> Iterator[Keyring]:
+    with process_keyring() as ring:
+        yield ring
 
 
 async def test_timer_objects_sealed_and_repaired_when_unopenable(

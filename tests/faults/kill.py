@@ -20,19 +20,14 @@ from pathlib import Path
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tests.server.test_inprocess import AsyncRawClient
+from tests.support.streams import TIERED_AWAY
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encode_publish
 
 STREAM = "killed"
 PRODUCER = "campaign-producer"
-STREAM_ARGS = {
-    "x-tierlog-fragment-bytes": str(1 << 20),
-    "x-tierlog-max-fragment-age": "1s",
-    "x-tierlog-debounce-seconds": "0.05",
-    "stream-max-segment-size-bytes": "65536",
-    "x-tierlog-local-max-bytes": "1",
-}
+STREAM_ARGS = dict(TIERED_AWAY)
 CONFIG = """
 [tier]
 retention_interval_seconds = 0.2

@@ -14,17 +14,13 @@ import pytest
 
 from tests.server.test_inprocess import AsyncRawClient
 from tests.server.test_tiering import config, publish, rstream_consume, status, wait_for
+from tests.support.streams import FAST_TIERING
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishConfirm, PublishError, encode_publish
 from tierlog.server.app import Server
 
-KEEP_LOCAL_ARGS = {
-    "x-tierlog-fragment-bytes": str(1 << 20),
-    "x-tierlog-max-fragment-age": "1s",
-    "x-tierlog-debounce-seconds": "0.05",
-    "stream-max-segment-size-bytes": "65536",
-}
+KEEP_LOCAL_ARGS = dict(FAST_TIERING)
 FRAMES = 30
 TOTAL = FRAMES * 20
 

@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from tests.faults.registry import DAMAGES, FILE_KINDS
 from tests.faults.segment_kinds import SEGMENT_CAMPAIGN, SegmentCampaign
 from tests.faults.stream import CampaignStream
 from tests.faults.test_corruption_matrix import damage_file
+from tests.support.keyring import process_keyring
 from tierlog.errors import TierlogError
 from tierlog.log.config import LogConfig
 from tierlog.log.offset_spec import OffsetSpec
@@ -37,7 +39,7 @@ from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.catalog import Catalog
 from tierlog.remote.committed import CatalogCommittedManifest
-from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.encryption import Keyring, set_process_keyring
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.fs_object_store import FsObjectStore
@@ -132,10 +134,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> SegmentCampaign:
 
 
 @pytest.fixture(autouse=True)
-def keyring() -> object:
-    set_process_keyring(KEYS)
-    yield
-    reset_process_keyring()
+def keyring() -> Iterator[Keyring]:
+    with process_keyring() as ring:
+        yield ring
 
 
 def copy_of(stream: SegmentCampaign, root: str) -> SegmentCampaign:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.logs import log_records
 from tierlog.formats.chunk import MAX_ENTRIES_PER_CHUNK
 from tierlog.formats.protocol.publish import PublishBatch, decode_publish, encode_publish
 from tierlog.formats.tracking import TrackingType, decode_delta
@@ -28,8 +29,7 @@ def frame(messages: list[tuple[int, bytes]]) -> PublishBatch:
 
 def records(log: StreamLog) -> list[bytes]:
     log.sync()  # readers see committed chunks only
-    with log.reader(OffsetSpec.first()) as r:
-        return [bytes(b) for _, b in r.records()]
+    return log_records(log)
 
 
 def chunk_sequences(log: StreamLog) -> list[tuple[int, dict[bytes, int]]]:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.logs import log_records_at as records
 from tierlog.formats.chunk import SubBatch, encode_entries, encode_records
 from tierlog.formats.protocol.publish import decode_publish, encode_publish
 from tierlog.log.config import LogConfig
@@ -17,11 +18,6 @@ from tierlog.log.writer import StreamLog
 
 def make(tmp_path: Path, **kw: object) -> StreamLog:
     return StreamLog.create(str(tmp_path), "/", "s", LogConfig(**kw), created_ns=1)  # type: ignore[arg-type]
-
-
-def records(log: StreamLog) -> list[tuple[int, bytes]]:
-    with log.reader(OffsetSpec.first()) as r:
-        return [(o, bytes(b)) for o, b in r.records()]
 
 
 def test_plain_and_sub_batch_data_round_trip(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.logs import log_records as records
 from tierlog.errors import ConfigError
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import decode_publish, encode_publish
 from tierlog.log.config import LogConfig
-from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
 from tierlog.remote.catalog import StreamRecord
 from tierlog.remote.settings import StreamSettings
@@ -43,11 +43,6 @@ def fdatasyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def make_log(tmp_path: Path, sync: str, **config: object) -> StreamLog:
     cfg = LogConfig(fsync="never", sync=sync, **config)  # type: ignore[arg-type]
     return StreamLog.create(str(tmp_path), "/", "s", cfg, created_ns=1)
-
-
-def records(log: StreamLog) -> list[bytes]:
-    with log.reader(OffsetSpec.first()) as r:
-        return [bytes(b) for _, b in r.records()]
 
 
 def test_fsync_mode_commits_only_after_fdatasync(tmp_path: Path, fdatasyncs: list[int]) -> None:

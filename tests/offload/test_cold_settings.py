@@ -6,14 +6,16 @@ arguments) and when a stream's settings are changed. Encryption applies to segme
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.server.test_offload import SEGMENTS, Running, make_config
+from tests.support.keyring import process_keyring
 from tierlog.errors import ConfigError
 from tierlog.formats.protocol.constants import ResponseCode
-from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.encryption import Keyring
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.app import Server
 from tierlog.server.arguments import settings_from_arguments
@@ -28,10 +30,9 @@ CODINGS = [
 
 
 @pytest.fixture(autouse=True)
-def keyring() -> object:
-    set_process_keyring(Keyring([("k1", bytes(32))]))
-    yield
-    reset_process_keyring()
+def keyring() -> Iterator[Keyring]:
+    with process_keyring(("k1", bytes(32))) as ring:
+        yield ring
 
 
 @pytest.mark.parametrize("coding", CODINGS)

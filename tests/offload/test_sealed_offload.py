@@ -25,6 +25,7 @@ from tests.offload.test_offload import (
     chunk_view,
     specs_for,
 )
+from tests.support.keyring import process_keyring
 from tierlog.formats.errors import AuthenticationError, UnknownKeyError
 from tierlog.formats.offload import FORMAT_VERSION_KEY, MIN_BLOCK_SIZE
 from tierlog.formats.offload_sealed import FRAME_OVERHEAD, SealedOffloadIndex
@@ -33,7 +34,7 @@ from tierlog.log.reader import LogReader
 from tierlog.log.segment_files import SegmentRef, index_chunks
 from tierlog.offload.errors import OffloadedDataCorruptError
 from tierlog.offload.offloader import ObjectStoreOffloader
-from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.encryption import Keyring, set_process_keyring
 from tierlog.remote.sealing import is_sealed
 from tierlog.remote.settings import StreamSettings
 from tierlog.storage.object_store import ObjectStore
@@ -51,10 +52,8 @@ def segments(tmp_path_factory: pytest.TempPathFactory) -> list[SegmentRef]:
 
 @pytest.fixture(autouse=True)
 def keyring() -> Iterator[Keyring]:
-    ring = Keyring([K1])
-    set_process_keyring(ring)
-    yield ring
-    reset_process_keyring()
+    with process_keyring(K1) as ring:
+        yield ring
 
 
 @pytest.fixture

@@ -23,13 +23,14 @@ from tests.server.test_offload import (
     running,  # noqa: F401 - the server fixture (filesystem and SeaweedFS)
     wait_for,
 )
+from tests.support.keyring import process_keyring
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.log.offset_spec import OffsetSpec
 from tierlog.read.errors import RemoteDataCorruptError
 from tierlog.read.manifest_source import ManifestSource
 from tierlog.read.tiered_reader import TieredReader
 from tierlog.remote.committed import CatalogCommittedManifest
-from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.encryption import Keyring, set_process_keyring
 from tierlog.remote.sealing import is_sealed
 from tierlog.spark.jobs.scrub import check_fragment
 
@@ -39,10 +40,9 @@ ENCRYPTED = {**SEGMENTS, "x-tierlog-encryption": "true"}
 
 
 @pytest.fixture(autouse=True)
-def keyring() -> Iterator[None]:
-    set_process_keyring(Keyring([K1]))
-    yield
-    reset_process_keyring()
+def keyring() -> Iterator[Keyring]:
+    with process_keyring(K1) as ring:
+        yield ring
 
 
 def manifest_source(srv: Running, incarnation: str) -> ManifestSource:

@@ -22,6 +22,7 @@ from tests.plugins.tierlog_server import TierlogServerProcess
 from tests.server.remote_ack_run import Published, check_oracle, create, publish_for
 from tests.server.test_inprocess import AsyncRawClient
 from tests.server.test_remote_ack_disk_loss import remote_config, s3_env
+from tests.support import streams
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 
@@ -29,9 +30,8 @@ pytestmark = [pytest.mark.s3, pytest.mark.etcd]
 
 STREAM = "anywhere"
 FAST_TIERING = {
-    "x-tierlog-fragment-bytes": str(1 << 20),
+    **streams.FAST_TIERING,
     "x-tierlog-max-fragment-age": "0.3s",
-    "x-tierlog-debounce-seconds": "0.05",
     "stream-max-segment-size-bytes": "262144",
 }
 READER = """

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, MessageC
 from tests.read.test_read_anywhere_inprocess import shared
 from tests.server.test_inprocess import AsyncRawClient
 from tests.server.test_tiering import config
+from tests.support.waiting import until
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
 from tierlog.server.app import Server
@@ -50,13 +50,6 @@ async def confirmed(client: AsyncRawClient, count: int) -> None:
     got = 0
     while got < count:
         got += len((await client.expect(PublishConfirm)).publishing_ids)
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 async def remote_next_offset(server: Server, name: str) -> int:

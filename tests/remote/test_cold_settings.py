@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from tests.support.keyring import process_keyring
 from tierlog.errors import ConfigError
-from tierlog.remote.encryption import Keyring, reset_process_keyring, set_process_keyring
+from tierlog.remote.encryption import Keyring, set_process_keyring
 from tierlog.remote.settings import StreamSettings
 from tierlog.server.arguments import settings_from_arguments
 
 
 @pytest.fixture(autouse=True)
-def keyring() -> object:
-    set_process_keyring(Keyring([("k1", bytes(32))]))
-    yield
-    reset_process_keyring()
+def keyring() -> Iterator[Keyring]:
+    with process_keyring(("k1", bytes(32))) as ring:
+        yield ring
 
 
 def test_arguments_map_to_settings() -> None:

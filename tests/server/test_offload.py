@@ -21,6 +21,7 @@ from tests.plugins.seaweed import SeaweedServer
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tests.server.test_inprocess import AsyncRawClient
 from tests.server.test_tiering import publish, rstream_consume
+from tests.support.waiting import until
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.server.app import Server
@@ -122,12 +123,7 @@ async def running(
 
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+    await until(predicate, timeout)
 
 
 async def consume_all_from_first(port: int, name: str) -> None:

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tests.support.logs import log_records as records
 from tierlog.formats.chunk import decode_chunk
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import (
@@ -38,11 +39,6 @@ def handle(tmp_path: Path, **config: Any) -> StreamHandle:
 def op(messages: list[tuple[int, bytes]], reference: str | None = "app") -> _PublishOp:
     batch = decode_publish(memoryview(encode_publish(1, messages))[4:])
     return _PublishOp(batch, reference, lambda code: None, len(batch.entry_data()))
-
-
-def records(log: StreamLog) -> list[bytes]:
-    with log.reader(OffsetSpec.first()) as r:
-        return [bytes(b) for _, b in r.records()]
 
 
 def trailers(log: StreamLog) -> list[dict[bytes, int]]:

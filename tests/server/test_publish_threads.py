@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support.logs import log_records as records
 from tierlog.concurrency import SerialPool
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import decode_publish, encode_publish
 from tierlog.log.config import LogConfig
-from tierlog.log.offset_spec import OffsetSpec
 from tierlog.log.writer import StreamLog
 from tierlog.metrics import Metrics
 from tierlog.remote.catalog import StreamRecord
@@ -56,11 +56,6 @@ async def publish_groups(
         await handle.flush()
     pool.shutdown()
     return threads, codes, log
-
-
-def records(log: StreamLog) -> list[bytes]:
-    with log.reader(OffsetSpec.first()) as r:
-        return [bytes(b) for _, b in r.records()]
 
 
 @pytest.mark.parametrize(("mode", "where"), [("os", "MainThread"), ("fsync", "writer-0")])

@@ -24,18 +24,13 @@ from tests.plugins.s3_fault_proxy import FaultProxy, wait_for
 from tests.plugins.seaweed import SeaweedServer, _s3_client
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tests.server.test_e2e import admin, consume, producer, publish
+from tests.support.streams import TIERED_AWAY
 from tierlog.storage.s3_object_store import PROBE_PREFIX
 
 pytestmark = pytest.mark.s3
 
 RESTART_CYCLES = int(os.environ.get("TIERLOG_FAULT_RESTARTS", "20"))
-STREAM_ARGS = {
-    "x-tierlog-fragment-bytes": str(1 << 20),
-    "x-tierlog-max-fragment-age": "0.5s",
-    "x-tierlog-debounce-seconds": "0.05",
-    "stream-max-segment-size-bytes": "65536",
-    "x-tierlog-local-max-bytes": "1",
-}
+STREAM_ARGS = {**TIERED_AWAY, "x-tierlog-max-fragment-age": "0.5s"}
 
 
 def server_config(seaweed: SeaweedServer, proxy: FaultProxy, prefix: str) -> str:

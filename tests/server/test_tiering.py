@@ -5,7 +5,6 @@ and deleting a stream removes its remote objects."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +14,8 @@ import pytest
 
 from tests.plugins.seaweed import SeaweedServer
 from tests.server.test_inprocess import AsyncRawClient
+from tests.support.streams import TIERED_AWAY
+from tests.support.waiting import until as wait_for
 from tierlog.formats.protocol import commands as c
 from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.formats.protocol.publish import PublishConfirm, encode_publish
@@ -38,13 +39,7 @@ def config(tmp_path: Path) -> ServerConfig:
     )
 
 
-STREAM_ARGS = {
-    "x-tierlog-fragment-bytes": str(1 << 20),
-    "x-tierlog-max-fragment-age": "1s",
-    "x-tierlog-debounce-seconds": "0.05",
-    "stream-max-segment-size-bytes": "65536",
-    "x-tierlog-local-max-bytes": "1",
-}
+STREAM_ARGS = dict(TIERED_AWAY)
 
 
 async def publish(client: AsyncRawClient, name: str, frames: int) -> None:
@@ -62,15 +57,6 @@ async def status(server: Server, name: str) -> dict:
         async with http.get(url) as response:
             assert response.status == 200
             return await response.json()
-
-
-async def wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 async def test_server_tiers_frees_local_and_restarts(tmp_path: Path) -> None:

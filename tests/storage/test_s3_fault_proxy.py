@@ -130,9 +130,7 @@ def test_outage_longer_than_the_policy_surfaces_transient(
 
 
 def _probe_keys(store: S3ObjectStore) -> list[str]:
-    from tierlog.storage.s3_object_store import PROBE_PREFIX
-
-    return [m.key for m in store._list(PROBE_PREFIX, PROBE_PREFIX.rstrip("/"), None, probes=True)]
+    return [m.key for m in store.probe_objects()]
 
 
 def test_probe_leaves_no_object_after_lost_replies(

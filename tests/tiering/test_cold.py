@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.keyring import process_keyring
 from tierlog.formats.chunk import SubBatch
 from tierlog.formats.fragment import TRAILER_SIZE
 from tierlog.formats.fragment_v2 import FragmentIndexV2, decode_trailer
@@ -126,10 +127,8 @@ class ColdStream:
 
 @pytest.fixture
 def keyring() -> Iterator[Keyring]:
-    ring = Keyring([("k1", KEK)])
-    set_process_keyring(ring)
-    yield ring
-    reset_process_keyring()
+    with process_keyring(("k1", KEK)) as ring:
+        yield ring
 
 
 def make(tmp_path: Path, **settings: object) -> ColdStream:

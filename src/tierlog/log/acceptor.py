@@ -27,7 +27,7 @@ import bisect
 import contextlib
 import os
 from collections import OrderedDict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -40,7 +40,9 @@ from tierlog.formats.segment import (
     index_record_count,
     index_record_position,
 )
+from tierlog.log.batching import CommitBatcher
 from tierlog.log.commit_point import CommitPoint
+from tierlog.log.config import LogConfig
 from tierlog.log.epoch_history import EpochHistory
 from tierlog.log.errors import (
     AcceptError,
@@ -55,16 +57,12 @@ from tierlog.log.errors import (
     SyncFailedError,
     TruncateBelowTieredError,
 )
-from tierlog.log.recovery import recover
-from tierlog.log.segment_files import pread_exact, validate_chunk
-from tierlog.log.segments import OpenSegment, SegmentSet, segment_full
+from tierlog.log.segment_files import SegmentChunkInfo, pread_exact, validate_chunk
+from tierlog.log.segments import SegmentSet, segment_full
+from tierlog.log.tail import NO_CHUNK, LogTail
 from tierlog.log.tracking import TrackingState, replay_chunk
 from tierlog.log.truncation import cut_files, remove_intent, write_intent
 
-if TYPE_CHECKING:
-    from tierlog.log.writer import StreamLog
-
-NO_CHUNK = -1
 SPAN_RECORDS = 4096  # index records read per chunk_span call at most
 _CURSORS = 64  # remembered "next chunk id -> index record" positions per log
 
@@ -85,10 +83,45 @@ class ChunkSpan(NamedTuple):
     chunk_count: int
 
 
+class FollowerSink(Protocol):
+    """What the acceptor path needs of a writable log (``StreamLog`` is one), in the
+    writer thread: the log's own parts, which the acceptor changes through their methods
+    and the shared ``LogTail``, never by reaching into the log; ``reload`` re-reads the
+    log's state from its files after a cut or a failed write."""
+
+    @property
+    def stream_dir(self) -> str: ...
+    @property
+    def config(self) -> LogConfig: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def log_tail(self) -> LogTail: ...
+    @property
+    def segments(self) -> SegmentSet: ...
+    @property
+    def commits(self) -> CommitBatcher: ...
+    @property
+    def history(self) -> EpochHistory: ...
+    @property
+    def tracking(self) -> TrackingState: ...
+    @property
+    def tiered_offset(self) -> int | None: ...
+    @property
+    def span_cursors(self) -> OrderedDict[int, tuple[int, int]]: ...
+    def check_open(self) -> None: ...
+    def roll(self, first_offset: int) -> None: ...
+    def write_snapshot_chunk(self) -> SegmentChunkInfo: ...
+    def after_write(self) -> None: ...
+    def reload(self) -> None: ...
+
+
 # --------------------------------------------------------------------- accepting
 
 
-def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bool = False) -> int:
+def accept_chunks(
+    log: FollowerSink, data: bytes | memoryview, *, segment_start: bool = False
+) -> int:
     """Append whole Osiris chunks verbatim; returns the log's new next offset.
 
     Each chunk must decode, lie wholly in ``data``, have a valid data CRC, entries and
@@ -109,17 +142,17 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bo
     log.check_open()
     view = memoryview(data).cast("B")
     size = len(view)
-    segments: SegmentSet = log._segments
-    config = log._config
-    history: EpochHistory = log._history
+    segments = log.segments
+    config = log.config
+    tail = log.log_tail
     pos = 0
     batch: list[memoryview] = []
     records: list[bytes] = []
     active = segments.active
     batch_size = 0
-    next_offset = log._next_offset
-    last_epoch = history.tail()[0]
-    last_timestamp = log._last_timestamp
+    next_offset = tail.next_offset
+    last_epoch = log.history.tail()[0]
+    last_timestamp = tail.last_timestamp
     try:
         while pos < size:
             if size - pos < HEADER_SIZE:
@@ -132,7 +165,7 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bo
             if end > size:
                 raise BadChunkError(f"chunk {header.chunk_id} is cut short", next_offset)
             chunk = view[pos:end]
-            empty_log = log._last_chunk_id == NO_CHUNK and not batch
+            empty_log = tail.last_chunk_id == NO_CHUNK and not batch
             if header.chunk_id != next_offset:
                 if header.chunk_id < next_offset:
                     raise ChunkOverlapError(
@@ -169,8 +202,8 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bo
                 raise BadChunkError(f"chunk {header.chunk_id}: {exc}", next_offset) from exc
             if header.chunk_id != next_offset:  # a late joiner's first chunk
                 segments.restart_empty(header.chunk_id)
-                log._next_offset = next_offset = header.chunk_id
-                log._commits.rewind(
+                tail.next_offset = next_offset = header.chunk_id
+                log.commits.rewind(
                     CommitPoint(NO_CHUNK, next_offset, next_offset, segments.active.size)
                 )
                 active = segments.active
@@ -182,7 +215,7 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bo
             ):
                 _flush(log, batch, records)
                 batch_size = 0
-                log._roll(header.chunk_id)
+                log.roll(header.chunk_id)
                 active = segments.active
             records.append(
                 encode_index_record(
@@ -203,34 +236,28 @@ def accept_chunks(log: StreamLog, data: bytes | memoryview, *, segment_start: bo
         _flush(log, batch, records)
         raise
     _flush(log, batch, records)
-    return log._next_offset
+    return tail.next_offset
 
 
-def _flush(log: StreamLog, batch: list[memoryview], records: list[bytes]) -> None:
+def _flush(log: FollowerSink, batch: list[memoryview], records: list[bytes]) -> None:
     """Write the pending chunks of the active segment and apply them to the log's state."""
     if not batch:
         return
-    segments: SegmentSet = log._segments
+    segments = log.segments
     active = segments.active
     last = decode_header(batch[-1])
     segments.append_raw(batch, records, last.next_offset)
-    history: EpochHistory = log._history
-    tracking = log._tracking
+    history = log.history
+    tracking = log.tracking
+    first_timestamp = 0
     for chunk in batch:
         header = decode_header(chunk)
         history.add(header.epoch, header.chunk_id)
         if header.chunk_type != ChunkType.USER or header.trailer_length:
             _replay(tracking, header, chunk)
-        if log._first_timestamp == 0:
-            log._first_timestamp = header.timestamp
-    log._next_offset = last.next_offset
-    log._last_chunk_id = last.chunk_id
-    log._last_timestamp = last.timestamp
-    if last.epoch > log._max_epoch:
-        log._max_epoch = last.epoch
-    if last.epoch > log._epoch:
-        log._epoch = last.epoch  # never write below an epoch the log holds
-    log._commits.written = CommitPoint(
+        first_timestamp = first_timestamp or header.timestamp
+    log.log_tail.wrote(last.chunk_id, last.next_offset, last.timestamp, last.epoch, first_timestamp)
+    log.commits.written = CommitPoint(
         last.chunk_id, last.next_offset, active.ref.first_offset, active.size
     )
     batch.clear()
@@ -244,16 +271,16 @@ def _replay(tracking: TrackingState, header: ChunkHeader, chunk: memoryview) -> 
 # --------------------------------------------------------------------- epochs
 
 
-def start_epoch(log: StreamLog, epoch: int) -> int:
+def start_epoch(log: FollowerSink, epoch: int) -> int:
     """Begin writing in ``epoch`` (a new leader): every following chunk carries it, and
     the first is a tracking snapshot, written now; returns its chunk id. Refuses an
     epoch below the log's highest (``StaleEpochError``)."""
     log.check_open()
-    if epoch < log._max_epoch:
-        raise StaleEpochError(f"epoch {epoch} is below epoch {log._max_epoch} in the log")
-    log._epoch = epoch
-    log._max_epoch = epoch
-    info = log._write_snapshot_chunk()
+    tail = log.log_tail
+    if epoch < tail.max_epoch:
+        raise StaleEpochError(f"epoch {epoch} is below epoch {tail.max_epoch} in the log")
+    tail.epoch = tail.max_epoch = epoch
+    info = log.write_snapshot_chunk()
     log.after_write()
     return info.chunk_id
 
@@ -261,33 +288,33 @@ def start_epoch(log: StreamLog, epoch: int) -> int:
 # --------------------------------------------------------------------- truncation
 
 
-def truncate_after(log: StreamLog, keep_through: int) -> int:
+def truncate_after(log: FollowerSink, keep_through: int) -> int:
     """Cut every chunk after chunk id ``keep_through`` (``-1``: every chunk), durably and
     crash-safely; returns the new next offset. Refuses (``TruncateBelowTieredError``) to
     cut offsets the remote tier durably holds (``set_tiered_offset``)."""
     log.check_open()
-    if keep_through >= log._last_chunk_id:
-        return log._next_offset
+    if keep_through >= log.log_tail.last_chunk_id:
+        return log.log_tail.next_offset
     new_next = _next_offset_after(log, keep_through)
-    tiered = log._tiered_next
+    tiered = log.tiered_offset
     if tiered is not None and new_next < tiered:
         raise TruncateBelowTieredError(
-            f"{log._dir}: cutting after chunk {keep_through} would cut offsets from "
+            f"{log.stream_dir}: cutting after chunk {keep_through} would cut offsets from "
             f"{new_next}, below {tiered} which the remote tier holds"
         )
-    stream_dir = log._dir
-    log._commits.sync_to_disk()  # what stays is durable before anything is cut
-    log._segments.close(sync=True)
+    stream_dir = log.stream_dir
+    log.commits.sync_to_disk()  # what stays is durable before anything is cut
+    log.segments.close(sync=True)
     write_intent(stream_dir, keep_through)
     cut_files(stream_dir, keep_through)
     remove_intent(stream_dir)
-    _reload(log)
-    return log._next_offset
+    log.reload()
+    return log.log_tail.next_offset
 
 
-def _next_offset_after(log: StreamLog, keep_through: int) -> int:
+def _next_offset_after(log: FollowerSink, keep_through: int) -> int:
     """The next offset of the log cut after ``keep_through``."""
-    refs = log._segments.refs
+    refs = log.segments.refs
     if keep_through < refs[0].first_offset:
         return refs[0].first_offset
     firsts = [r.first_offset for r in refs]
@@ -308,42 +335,10 @@ def _next_offset_after(log: StreamLog, keep_through: int) -> int:
         os.close(fd)
 
 
-def _reload(log: StreamLog) -> None:
-    """Re-read the cut log's state from disk (recovery of the new last segment)."""
-    recovered = recover(log._dir, repair=True)
-    log._segments = SegmentSet(
-        log._dir,
-        [
-            OpenSegment(
-                s.ref,
-                s.size,
-                s.num_chunks,
-                s.last_chunk.next_offset if s.last_chunk else s.ref.first_offset,
-            )
-            for s in recovered.segments
-        ],
-    )
-    log._commits._sync_data = log._segments.sync_data
-    last = recovered.last_chunk
-    log._tracking = recovered.tracking
-    log._next_offset = recovered.next_offset
-    log._last_timestamp = recovered.last_timestamp
-    log._last_chunk_id = last.chunk_id if last else NO_CHUNK
-    log._first_timestamp = next(
-        (s.first_chunk.timestamp for s in recovered.segments if s.first_chunk), 0
-    )
-    log._max_epoch = max(recovered.max_epoch, 0)
-    log._history = EpochHistory.load(log._segments.refs)
-    active = log._segments.active
-    point = CommitPoint(log._last_chunk_id, log._next_offset, active.ref.first_offset, active.size)
-    log._commits.rewind(point)
-    log._span_cursors.clear()
-
-
 # --------------------------------------------------------------------- failed writes
 
 
-def recover_after_failure(log: StreamLog) -> int:
+def recover_after_failure(log: FollowerSink) -> int:
     """Make a log whose write or fdatasync failed writable again, in place: what this
     process believed it wrote is forgotten, recovery reads what the files hold (a torn
     tail is cut, an index that disagrees is rebuilt), the active segment is fsynced, and
@@ -355,22 +350,22 @@ def recover_after_failure(log: StreamLog) -> int:
     after a failed writeback a page may stay in the cache, marked clean, with bytes the
     disk never got; recovery must judge the disk, not the cache. Raises (``OSError``,
     ``SyncFailedError``) while the disk still refuses; call again later."""
-    if log._closed:
-        raise LogClosedError(f"{log._dir} is closed")
-    old = log._segments
+    if log.closed:
+        raise LogClosedError(f"{log.stream_dir} is closed")
+    old = log.segments
     if old.sync_failed is None:  # any failed write: nothing more until recovered
         old.sync_failed = OSError("recovering after a failed write")
     with contextlib.suppress(OSError):  # the descriptors are gone either way
         old.close(sync=False)
     _drop_cached_pages(old.active.ref.segment_path, old.active.ref.index_path)
-    _reload(log)
-    segments = log._segments
+    log.reload()
+    segments = log.segments
     try:
         segments.sync_all()
     except OSError as exc:
         segments.sync_failed = exc
-        raise SyncFailedError(f"{log._dir}: fsync after recovery failed: {exc!r}") from exc
-    return log._next_offset
+        raise SyncFailedError(f"{log.stream_dir}: fsync after recovery failed: {exc!r}") from exc
+    return log.log_tail.next_offset
 
 
 def _drop_cached_pages(*paths: str) -> None:
@@ -390,22 +385,22 @@ def _drop_cached_pages(*paths: str) -> None:
 # --------------------------------------------------------------------- fetch spans
 
 
-def chunk_span(log: StreamLog, from_offset: int, max_bytes: int) -> ChunkSpan | None:
+def chunk_span(log: FollowerSink, from_offset: int, max_bytes: int) -> ChunkSpan | None:
     """Whole chunks from chunk id ``from_offset`` in one segment file, at most
     ``max_bytes`` of them (at least one chunk), among the chunks written so far; None
     when ``from_offset`` is the next offset (nothing to send yet). Any thread."""
-    written = log._commits.written
+    written = log.commits.written
     if from_offset >= written.next_offset:
         if from_offset == written.next_offset:
             return None
         raise ChunkNotLocalError(f"chunk {from_offset} is past the log's end")
-    refs = log._segments.refs
+    refs = log.segments.refs
     firsts = [r.first_offset for r in refs]
     i = bisect.bisect_right(firsts, from_offset) - 1
     if i < 0:
         raise ChunkNotLocalError(f"chunk {from_offset} is below the local log")
     ref = refs[i]
-    cursors: OrderedDict[int, tuple[int, int]] = log._span_cursors
+    cursors = log.span_cursors
     fd = os.open(ref.index_path, os.O_RDONLY)
     try:
         count = index_record_count(os.fstat(fd).st_size)
@@ -476,6 +471,7 @@ __all__ = [
     "AcceptError",
     "ChunkNotLocalError",
     "ChunkSpan",
+    "FollowerSink",
     "accept_chunks",
     "chunk_span",
     "recover_after_failure",

@@ -111,6 +111,10 @@ class CommitBatcher:
             self.publish(self.written)
             self._last_sync = time.monotonic()
 
+    def rebind(self, sync_data: Callable[[], None]) -> None:
+        """The log's segment set was replaced (a cut, a recovery): fdatasync the new one."""
+        self._sync_data = sync_data
+
     def rewind(self, point: CommitPoint) -> None:
         """The log was cut (a replica's divergent suffix): written, committed and
         durable all become ``point`` (fsynced by the cut). Listeners are not called:

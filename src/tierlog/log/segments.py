@@ -20,7 +20,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from tierlog.formats.chunk import HEADER_SIZE, ChunkHeader, ChunkType, make_header
 from tierlog.formats.crc import crc32
@@ -30,7 +30,7 @@ from tierlog.formats.segment import (
     SEGMENT_HEADER,
     encode_index_record,
 )
-from tierlog.log.errors import SegmentNotSealedError, SyncFailedError
+from tierlog.log.errors import SegmentNotSealedError, StreamExistsError, SyncFailedError
 from tierlog.log.segment_files import (
     ASYNC_CRC_MIN_BYTES,
     SegmentChunkInfo,
@@ -42,6 +42,9 @@ from tierlog.log.segment_files import (
     read_segment_into,
     segment_ref,
 )
+
+if TYPE_CHECKING:
+    from tierlog.log.recovery import RecoveredLog
 
 DEFAULT_MAX_OPEN = 4096
 
@@ -119,6 +122,22 @@ class SegmentSet:
         self._files_lock = threading.Lock()  # held by the writer while it uses the files
         self._dirty = False  # data written since the last fdatasync: never evicted then
         self.sync_failed: OSError | None = None
+
+    @classmethod
+    def recovered(cls, recovered: RecoveredLog) -> SegmentSet:
+        """The segments recovery found in a stream directory, opened for writing."""
+        return cls(
+            recovered.stream_dir,
+            [
+                OpenSegment(
+                    s.ref,
+                    s.size,
+                    s.num_chunks,
+                    s.last_chunk.next_offset if s.last_chunk else s.ref.first_offset,
+                )
+                for s in recovered.segments
+            ],
+        )
 
     def __hash__(self) -> int:
         return id(self)
@@ -403,6 +422,20 @@ def segment_full(size: int, num_chunks: int, max_bytes: int, max_chunks: int) ->
     next chunk starts a new one. The one roll rule: the writer and the acceptor path
     both ask it before every chunk, so replicas roll at the same chunk as the leader."""
     return (size >= max_bytes and num_chunks >= 2) or num_chunks >= max_chunks
+
+
+def create_stream_dir(stream_dir: str) -> None:
+    """Make a new stream directory with an empty first segment, durably (the directory
+    and its parent fsynced); ``StreamExistsError`` when it already exists."""
+    parent = os.path.dirname(os.path.abspath(stream_dir))
+    os.makedirs(parent, exist_ok=True)
+    try:
+        os.mkdir(stream_dir)
+    except FileExistsError:
+        raise StreamExistsError(f"{stream_dir} already exists") from None
+    create_segment_files(segment_ref(stream_dir, 0))
+    fsync_dir(stream_dir)
+    fsync_dir(parent)
 
 
 def create_segment_files(ref: SegmentRef) -> None:

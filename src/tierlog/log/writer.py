@@ -40,7 +40,6 @@ from tierlog.log.errors import (
     LogClosedError,
     OffsetReuseError,
     StaleEpochError,
-    StreamExistsError,
     SyncFailedError,
 )
 from tierlog.log.names import stream_dir_name
@@ -51,15 +50,9 @@ from tierlog.log.segment_files import (
     SegmentChunkInfo,
     SegmentRef,
     fsync_dir,
-    segment_ref,
 )
-from tierlog.log.segments import (
-    OpenSegment,
-    SegmentInfo,
-    SegmentSet,
-    create_segment_files,
-    segment_full,
-)
+from tierlog.log.segments import SegmentInfo, SegmentSet, create_stream_dir, segment_full
+from tierlog.log.tail import LogTail
 from tierlog.log.tracking import TrackingState
 
 __all__ = [
@@ -83,37 +76,12 @@ class StreamLog:
             raise StaleEpochError(
                 f"{stream_dir}: writer epoch {config.epoch} is below epoch {max_epoch} on disk"
             )
-        self._epoch = config.epoch
-        self._max_epoch = max(max_epoch, config.epoch)
-        self._segments = SegmentSet(
-            stream_dir,
-            [
-                OpenSegment(
-                    s.ref,
-                    s.size,
-                    s.num_chunks,
-                    s.last_chunk.next_offset if s.last_chunk else s.ref.first_offset,
-                )
-                for s in recovered.segments
-            ],
-        )
-        self._first_timestamp = next(
-            (s.first_chunk.timestamp for s in recovered.segments if s.first_chunk), 0
-        )
+        self._tail = LogTail.recovered(recovered, config.epoch, max(max_epoch, config.epoch))
+        self._segments = SegmentSet.recovered(recovered)
         self._tracking = recovered.tracking
-        last = recovered.last_chunk
-        self._next_offset = recovered.next_offset
-        self._last_timestamp = recovered.last_timestamp
-        self._last_chunk_id = last.chunk_id if last else -1
-        active = self._segments.active
         self._segments.sync_all()
-        self._commits = CommitBatcher(
-            config,
-            CommitPoint(
-                self._last_chunk_id, self._next_offset, active.ref.first_offset, active.size
-            ),
-            self._segments.sync_data,
-        )
+        self._commits = CommitBatcher(config, self._tail_point(), self._segments.sync_data)
+        active = self._segments.active
         self._trusted_from = active.ref.first_offset  # recovery CRC-checked the tail segment
         self._closed = False
         self._stream_first: int | None = None
@@ -137,16 +105,8 @@ class StreamLog:
     ) -> StreamLog:
         """Create a new stream directory ``{vhost}_{name}_{created_ns}`` under ``data_dir``."""
         config = config or LogConfig()
-        dir_name = stream_dir_name(vhost, name, created_ns)
-        os.makedirs(data_dir, exist_ok=True)
-        stream_dir = os.path.join(data_dir, dir_name)
-        try:
-            os.mkdir(stream_dir)
-        except FileExistsError:
-            raise StreamExistsError(f"{stream_dir} already exists") from None
-        create_segment_files(segment_ref(stream_dir, 0))
-        fsync_dir(stream_dir)
-        fsync_dir(data_dir)
+        stream_dir = os.path.join(data_dir, stream_dir_name(vhost, name, created_ns))
+        create_stream_dir(stream_dir)
         return cls.open(stream_dir, config)
 
     @classmethod
@@ -197,17 +157,17 @@ class StreamLog:
     @property
     def epoch(self) -> int:
         """The epoch new chunks are written with."""
-        return self._epoch
+        return self._tail.epoch
 
     @property
     def max_epoch(self) -> int:
         """The largest epoch in the log (never above the writer's)."""
-        return self._max_epoch
+        return self._tail.max_epoch
 
     @property
     def next_offset(self) -> int:
         """The offset the next chunk will get (written, not necessarily committed)."""
-        return self._next_offset
+        return self._tail.next_offset
 
     @property
     def first_offset(self) -> int:
@@ -217,7 +177,7 @@ class StreamLog:
     @property
     def last_chunk_id(self) -> int:
         """The last written chunk's id (-1 when the log is empty)."""
-        return self._last_chunk_id
+        return self._tail.last_chunk_id
 
     @property
     def committed(self) -> CommitPoint:
@@ -488,36 +448,31 @@ class StreamLog:
         trailer: bytes,
         bloom: bytes = b"",
     ) -> SegmentChunkInfo:
-        segments = self._segments
+        segments, config, tail = self._segments, self._config, self._tail
         active = segments.active
-        config = self._config
         if segment_full(
             active.size, active.num_chunks, config.max_segment_bytes, config.max_segment_chunks
         ):
-            self._roll(self._next_offset)
+            self.roll(tail.next_offset)
             if not self._tracking.is_empty():
-                self._write_snapshot_chunk()
+                self.write_snapshot_chunk()
             active = segments.active
-        chunk_id = self._next_offset
-        timestamp = max(time.time_ns() // 1_000_000, self._last_timestamp)
+        chunk_id = tail.next_offset
+        epoch = tail.epoch
+        timestamp = max(time.time_ns() // 1_000_000, tail.last_timestamp)
         position = active.size
-        epoch = self._epoch
         header = segments.append_chunk(
             chunk_type, chunk_id, epoch, timestamp, data, num_entries, num_records, trailer, bloom
         )
-        self._next_offset = header.next_offset
-        self._last_timestamp = timestamp
-        self._last_chunk_id = chunk_id
-        self._history.add(self._epoch, chunk_id)
-        if self._first_timestamp == 0:
-            self._first_timestamp = timestamp
+        tail.wrote(chunk_id, header.next_offset, timestamp, epoch, timestamp)
+        self._history.add(epoch, chunk_id)
         self._commits.written = CommitPoint(
             chunk_id, header.next_offset, active.ref.first_offset, active.size
         )
         return SegmentChunkInfo(
             chunk_id,
             timestamp,
-            self._epoch,
+            epoch,
             position,
             header.total_size,
             num_records,
@@ -525,14 +480,18 @@ class StreamLog:
             header.data_crc,
         )
 
-    def _write_snapshot_chunk(self) -> SegmentChunkInfo:
+    def write_snapshot_chunk(self) -> SegmentChunkInfo:
+        """Write a tracking snapshot chunk (writer thread; a roll's first chunk, a new
+        epoch's first chunk)."""
         floor = self.first_offset
         if self._stream_first is not None:
             floor = min(floor, self._stream_first)
-        body = self._tracking.snapshot(floor, self._first_timestamp, self._config.max_producers)
+        body = self._tracking.snapshot(
+            floor, self._tail.first_timestamp, self._config.max_producers
+        )
         return self._write_chunk(ChunkType.TRACKING_SNAPSHOT, simple_entry(body), 1, 1, b"")
 
-    def _roll(self, first_offset: int) -> None:
+    def roll(self, first_offset: int) -> None:
         """Seal the active segment (fsync, commit) and start a new one at ``first_offset``."""
         self._segments.roll(first_offset, self._commits.not_durable)
         self._commits.synced_by_roll()
@@ -550,28 +509,28 @@ class StreamLog:
         a snapshot chunk carrying the new epoch, fsynced before this returns.
         """
         self.check_open()
-        if next_offset < self._next_offset:
+        if next_offset < self._tail.next_offset:
             raise OffsetReuseError(
-                f"restart at {next_offset} would reuse offsets below {self._next_offset}"
+                f"restart at {next_offset} would reuse offsets below {self._tail.next_offset}"
             )
-        if epoch <= self._max_epoch:
-            raise StaleEpochError(f"restart epoch {epoch} must exceed {self._max_epoch}")
+        if epoch <= self._tail.max_epoch:
+            raise StaleEpochError(f"restart epoch {epoch} must exceed {self._tail.max_epoch}")
         tracking = TrackingState.from_bytes(tracking_snapshot)
         active = self._segments.active
         empty_active = active.num_chunks == 0
         if empty_active and active.ref.first_offset == next_offset:
             pass  # the empty active segment already starts there
         else:
-            self._roll(next_offset)
+            self.roll(next_offset)
         if empty_active:
             self._segments.drop_empty_sealed(active)
-        self._next_offset = next_offset
-        self._epoch = epoch
-        self._max_epoch = epoch
+        self._tail.next_offset = next_offset
+        self._tail.epoch = epoch
+        self._tail.max_epoch = epoch
         # timestamps never go back across the restart: the remote tail may be newer
-        self._last_timestamp = max(self._last_timestamp, last_timestamp)
+        self._tail.last_timestamp = max(self._tail.last_timestamp, last_timestamp)
         self._tracking = tracking
-        self._write_snapshot_chunk()
+        self.write_snapshot_chunk()
         fsync_dir(self._dir)
         self.sync_to_disk()
 
@@ -614,15 +573,7 @@ class StreamLog:
         directory, the same name on every member). With ``first_chunk`` (a leader's
         tracking-snapshot chunk) the log starts at its offset; without, the first
         accepted chunk decides (offset 0, or a snapshot past it for a late joiner)."""
-        parent = os.path.dirname(os.path.abspath(stream_dir))
-        os.makedirs(parent, exist_ok=True)
-        try:
-            os.mkdir(stream_dir)
-        except FileExistsError:
-            raise StreamExistsError(f"{stream_dir} already exists") from None
-        create_segment_files(segment_ref(stream_dir, 0))
-        fsync_dir(stream_dir)
-        fsync_dir(parent)
+        create_stream_dir(stream_dir)
         log = cls.open(stream_dir, config, adopt_disk_epoch=True)
         if first_chunk is not None:
             try:
@@ -632,6 +583,54 @@ class StreamLog:
                 log.close()
                 raise
         return log
+
+    # The acceptor's follower sink (``acceptor.FollowerSink``), writer thread only: the
+    # log's own parts, which the acceptor changes through their methods and ``tail``.
+
+    @property
+    def log_tail(self) -> LogTail:
+        return self._tail
+
+    @property
+    def segments(self) -> SegmentSet:
+        return self._segments
+
+    @property
+    def commits(self) -> CommitBatcher:
+        return self._commits
+
+    @property
+    def history(self) -> EpochHistory:
+        return self._history
+
+    @property
+    def tracking(self) -> TrackingState:
+        return self._tracking
+
+    @property
+    def tiered_offset(self) -> int | None:
+        """What ``set_tiered_offset`` last said (None before)."""
+        return self._tiered_next
+
+    @property
+    def span_cursors(self) -> OrderedDict[int, tuple[int, int]]:
+        """``chunk_span``'s remembered positions (next chunk id -> index record)."""
+        return self._span_cursors
+
+    def reload(self) -> None:
+        """Re-read the log's state from its files (recovery of the last segment) after a
+        cut or a failed write; the writer's epoch stays."""
+        recovered = recover(self._dir, repair=True)
+        self._segments = SegmentSet.recovered(recovered)
+        self._commits.rebind(self._segments.sync_data)
+        self._tracking = recovered.tracking
+        self._tail = LogTail.recovered(recovered, self._tail.epoch, recovered.max_epoch)
+        self._history = EpochHistory.load(self._segments.refs)
+        self._commits.rewind(self._tail_point())
+        self._span_cursors.clear()
+
+    def _tail_point(self) -> CommitPoint:
+        return self._tail.commit_point(self._segments.active)
 
     def accept_chunks(self, data: bytes | memoryview, *, segment_start: bool = False) -> int:
         """Append a leader's whole chunks verbatim (``acceptor.accept_chunks``); returns

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tierlog.formats import msgstore as fmt
 from tierlog.formats.errors import TornRecordError
 from tierlog.logs import get_logger
 from tierlog.msgstore.errors import MixedStoreError
 from tierlog.msgstore.files import file_format
-
-if TYPE_CHECKING:
-    from tierlog.msgstore.store import MessageStore
+from tierlog.msgstore.port import StoreFiles
 
 log = get_logger(__name__)
 
@@ -43,7 +40,7 @@ class CompactionResult:
     size_after: int
 
 
-def compact_file(store: MessageStore, file: int) -> CompactionResult:
+def compact_file(store: StoreFiles, file: int) -> CompactionResult:
     """Move messages from the end of a v2 file into earlier holes, then truncate.
 
     Every gap is already one hole on disk (removals merge holes), so the inside of a gap
@@ -61,7 +58,7 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
     if file_format(file, store.last_v1_file) != "v2":
         raise MixedStoreError(f"file {file} is a v1 file: v1 files are never written")
     info = store.files[file]
-    fd = store._settled_fd(file)
+    fd = store.write_fd(file)
     live = sorted(
         ((store.index[m].offset, store.index[m].size, m) for m in info.msg_ids),
         key=lambda t: t[0],
@@ -89,23 +86,23 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
         bytes_moved += moved
         written += os.pwrite(fd, view[fmt.HOLE_MIN :], start + fmt.HOLE_MIN)
         flips.append((start, bytes(view[: fmt.HOLE_MIN])))
-    store._step("compact.fill_holes")
+    store.crash_point("compact.fill_holes")
     if flips:
         os.fsync(fd)
-    store._step("compact.fsync_fill")
+    store.crash_point("compact.fsync_fill")
     # 3. switch each hole header to its first moved record's header
     for start, head in flips:
         os.pwrite(fd, head, start)
         written += len(head)
-    store._step("compact.flip_headers")
+    store.crash_point("compact.flip_headers")
     os.fsync(fd)
-    store._step("compact.fsync_headers")
+    store.crash_point("compact.fsync_headers")
     for _src, _size, msg_id, dst in moves:
         store.index[msg_id].offset = dst
-    store._step("compact.index_updated")
+    store.crash_point("compact.index_updated")
     # Not fsynced here (RabbitMQ does not sync it either): a truncation lost in a crash
     # leaves the moved originals past the end, second copies that recovery turns into
-    # holes. It is made durable before the file's next write (``_settled_fd``).
+    # holes. It is made durable before the file's next write (``write_fd``).
     os.ftruncate(fd, truncate_at)
     info.size = truncate_at
     info.truncate_unsynced = True
@@ -114,7 +111,7 @@ def compact_file(store: MessageStore, file: int) -> CompactionResult:
         fmt.HEADER_SIZE,
         truncate_at,
     )
-    store._step("compact.truncate")
+    store.crash_point("compact.truncate")
     store.bytes_written += written
     log.info(
         "msgstore_compacted",

@@ -19,7 +19,7 @@ from tierlog.formats import msgstore as fmt
 from tierlog.logs import get_logger
 from tierlog.msgstore.files import TMP_SUFFIX, V1_EXT, V2_EXT, fsync_dir, list_segments
 from tierlog.msgstore.index import FileInfo
-from tierlog.msgstore.store import MessageStore
+from tierlog.msgstore.port import StoreFiles
 
 log = get_logger(__name__)
 
@@ -40,7 +40,7 @@ class MigrationResult:
     bytes_written: int
 
 
-def migrate_v1(store: MessageStore) -> MigrationResult:
+def migrate_v1(store: StoreFiles) -> MigrationResult:
     """Migrate every ``.rdq`` file of ``store`` to v2 and set ``last_v1_file`` to none."""
     files = messages = bytes_read = bytes_written = 0
     for v1_file in list_segments(store.directory, V1_EXT):
@@ -60,7 +60,7 @@ def migrate_v1(store: MessageStore) -> MigrationResult:
     return MigrationResult(files, messages, bytes_read, bytes_written)
 
 
-def _migrate_one(store: MessageStore, v1_file: int) -> tuple[int, int, int]:
+def _migrate_one(store: StoreFiles, v1_file: int) -> tuple[int, int, int]:
     directory = store.directory
     info = store.files.get(v1_file)
     live = sorted(
@@ -91,10 +91,10 @@ def _migrate_one(store: MessageStore, v1_file: int) -> tuple[int, int, int]:
             finally:
                 os.close(fd)
             written = len(blob)
-            store._step("migrate.tmp_written")
+            store.crash_point("migrate.tmp_written")
             os.rename(tmp, directory / f"{new_file}{V2_EXT}")
             fsync_dir(directory)
-            store._step("migrate.renamed")
+            store.crash_point("migrate.renamed")
             new_info = FileInfo(len(blob))
             for msg_id, position, size in placed:
                 loc = store.index[msg_id]
@@ -104,16 +104,16 @@ def _migrate_one(store: MessageStore, v1_file: int) -> tuple[int, int, int]:
             store.files[new_file] = new_info
             if store.current_file is None:
                 store.current_file = new_file
-            store._step("migrate.index_swapped")
+            store.crash_point("migrate.index_swapped")
     finally:
         os.close(v1_fd)
-    store._drop_fd(v1_file)
+    store.close_fd(v1_file)
     os.unlink(directory / f"{v1_file}{V1_EXT}")
     fsync_dir(directory)
     store.files.pop(v1_file, None)
     remaining = list_segments(directory, V1_EXT)
     store.last_v1_file = remaining[-1] if remaining else None
-    store._step("migrate.v1_deleted")
+    store.crash_point("migrate.v1_deleted")
     log.info(
         "msgstore_v1_file_migrated",
         directory=str(directory),

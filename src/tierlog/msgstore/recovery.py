@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from tierlog.formats import msgstore as fmt
 from tierlog.formats.errors import EtsFileError, MsgStoreFormatError
@@ -24,14 +23,12 @@ from tierlog.msgstore.files import (
     scan_v2_fd,
 )
 from tierlog.msgstore.index import FileInfo, Location
-
-if TYPE_CHECKING:
-    from tierlog.msgstore.store import MessageStore
+from tierlog.msgstore.port import StoreFiles
 
 log = get_logger(__name__)
 
 
-def recover_clean(store: MessageStore, data: bytes) -> None:
+def recover_clean(store: StoreFiles, data: bytes) -> None:
     state = decode_clean(data)
     if state.last_v1_file != last_v1_file_on_disk(store.directory):
         raise MixedStoreError("clean-shutdown file's last_v1_file does not match the files")
@@ -50,13 +47,13 @@ def recover_clean(store: MessageStore, data: bytes) -> None:
         info.set_holes([(loc.offset, loc.size) for loc in locs], fmt.HEADER_SIZE, info.size)
 
 
-def load_file_sizes(store: MessageStore) -> None:
+def load_file_sizes(store: StoreFiles) -> None:
     for ext in (V1_EXT, V2_EXT):
         for file in list_segments(store.directory, ext):
             store.files[file] = FileInfo(os.stat(store.directory / f"{file}{ext}").st_size)
 
 
-def recover_dirty(store: MessageStore) -> None:
+def recover_dirty(store: StoreFiles) -> None:
     """Rebuild the index and ``last_v1_file`` by scanning: v2 files first (a message in
     both a v1 file and a v2 file was migrated: the v2 copy wins), then v1 files with
     liveness from RabbitMQ's index when it was written at a clean shutdown."""
@@ -79,11 +76,11 @@ def recover_dirty(store: MessageStore) -> None:
     )
 
 
-def _recover_v2_file(store: MessageStore, file: int) -> int:
+def _recover_v2_file(store: StoreFiles, file: int) -> int:
     """Index a v2 file's messages (first copy of a msg id wins), cut a torn tail, and make
     each gap one hole again: a second copy left by a crash during compaction becomes part
     of the hole around it, so it can never come back."""
-    fd = store._fd(file)
+    fd = store.file_fd(file)
     try:
         result = scan_v2_fd(fd)
     except MsgStoreFormatError as exc:
@@ -127,14 +124,12 @@ def _recover_v2_file(store: MessageStore, file: int) -> int:
             merged += 1
     if merged or end < result.file_size:
         os.fsync(fd)
-    store._step("recover.file_scanned")
+    store.crash_point("recover.file_scanned")
     return duplicates
 
 
-def _recover_v1_file(
-    store: MessageStore, file: int, rabbit: dict[bytes, MsgLocation] | None
-) -> None:
-    result = scan_v1_fd(store._fd(file))
+def _recover_v1_file(store: StoreFiles, file: int, rabbit: dict[bytes, MsgLocation] | None) -> None:
+    result = scan_v1_fd(store.file_fd(file))
     info = store.files[file]
     for rec in result.records:
         msg_id = rec.msg_id

@@ -183,7 +183,7 @@ class MessageStore:
         self.files.clear()
         self.last_v1_file = None
 
-    def _step(self, name: str) -> None:
+    def crash_point(self, name: str) -> None:
         if self.crash_hook is not None:
             self.crash_hook(name)
 
@@ -192,7 +192,7 @@ class MessageStore:
     def path_of(self, file: int) -> Path:
         return self.directory / filenum_to_name(file, self.last_v1_file)
 
-    def _fd(self, file: int) -> int:
+    def file_fd(self, file: int) -> int:
         fd = self._fds.get(file)
         if fd is None:
             if self._closed:
@@ -202,16 +202,16 @@ class MessageStore:
             self._fds[file] = fd
         return fd
 
-    def _settled_fd(self, file: int) -> int:
+    def write_fd(self, file: int) -> int:
         """The file's descriptor for a write, after making a pending truncation durable."""
-        fd = self._fd(file)
+        fd = self.file_fd(file)
         info = self.files[file]
         if info.truncate_unsynced:
             os.fsync(fd)
             info.truncate_unsynced = False
         return fd
 
-    def _drop_fd(self, file: int) -> None:
+    def close_fd(self, file: int) -> None:
         fd = self._fds.pop(file, None)
         if fd is not None:
             os.close(fd)
@@ -259,7 +259,7 @@ class MessageStore:
         ):
             file = self._new_v2_file()
         info = self.files[file]
-        fd = self._settled_fd(file)
+        fd = self.write_fd(file)
         os.pwrite(fd, record, info.size)
         if self.config.sync_writes:
             os.fdatasync(fd)
@@ -274,7 +274,7 @@ class MessageStore:
         loc = self.index.get(msg_id)
         if loc is None:
             raise MsgNotFoundError(f"msg id {msg_id.hex()} is not in {self.directory}")
-        data = os.pread(self._fd(loc.file), loc.size, loc.offset)
+        data = os.pread(self.file_fd(loc.file), loc.size, loc.offset)
         if len(data) != loc.size:
             raise TornRecordError(
                 f"{self.path_of(loc.file)}: record at {loc.offset} is cut off "
@@ -304,7 +304,7 @@ class MessageStore:
             return
         info = self.files[loc.file]
         if file_format(loc.file, self.last_v1_file) == "v2":
-            fd = self._settled_fd(loc.file)
+            fd = self.write_fd(loc.file)
             # one header over the record and the holes next to it: the gap stays one hole
             start, end = info.add_hole(loc.offset, loc.offset + loc.size)
             marker = fmt.hole_marker(end - start)
@@ -328,7 +328,7 @@ class MessageStore:
         if info is None or info.msg_ids or file == self.current_file:
             return False
         path = self.path_of(file)
-        self._drop_fd(file)
+        self.close_fd(file)
         os.unlink(path)
         fsync_dir(self.directory)
         del self.files[file]

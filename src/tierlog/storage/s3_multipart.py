@@ -3,7 +3,7 @@
 obstore's Python API only exposes multipart inside ``put``, which cuts parts itself at a
 fixed ``chunk_size``; the offloader needs part N to be exactly the N-th block it hands over.
 Listing the uploads a crash left behind uses boto3 too. Every request goes through the
-store's retry policy (``S3ObjectStore._call``).
+store's retry policy (``S3ObjectStore.retried_call``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def list_pending_uploads(store: S3ObjectStore, prefix: str) -> Iterator[PendingU
     markers: dict[str, str] = {}
     found: list[PendingUpload] = []
     while True:
-        page = store._call(
+        page = store.retried_call(
             f"list_uploads {prefix!r}",
             partial(
                 client.list_multipart_uploads,
@@ -78,7 +78,7 @@ class S3MultipartUpload(MultipartUpload):
         self._parts: dict[int, tuple[str, int]] = {}  # part number -> (etag, size)
         self._lock = threading.Lock()
         self._done = False
-        created = store._call(
+        created = store.retried_call(
             f"create multipart {short_key(key)}",
             lambda: self._client.create_multipart_upload(
                 Bucket=self._bucket, Key=self._full_key, Metadata=metadata
@@ -99,7 +99,7 @@ class S3MultipartUpload(MultipartUpload):
         validate_part(part_number, size)
         self._check_open()
         body = data if isinstance(data, bytes) else bytes(data)
-        result = self._store._call(
+        result = self._store.retried_call(
             f"upload part {part_number} of {short_key(self.key)}",
             lambda: self._client.upload_part(
                 Bucket=self._bucket,
@@ -138,7 +138,7 @@ class S3MultipartUpload(MultipartUpload):
             )
 
         try:
-            self._store._call(f"complete multipart {short_key(self.key)}", complete_once)
+            self._store.retried_call(f"complete multipart {short_key(self.key)}", complete_once)
         except NotFoundError:
             # NoSuchUpload after a retry: an earlier, ambiguous attempt completed it
             meta = self._store.head(self.key)
@@ -151,7 +151,7 @@ class S3MultipartUpload(MultipartUpload):
         if self._done:
             return
         with contextlib.suppress(NotFoundError):
-            self._store._call(
+            self._store.retried_call(
                 f"abort multipart {short_key(self.key)}",
                 lambda: self._client.abort_multipart_upload(
                     Bucket=self._bucket, Key=self._full_key, UploadId=self.upload_id

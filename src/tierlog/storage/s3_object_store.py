@@ -142,7 +142,7 @@ class S3ObjectStore(ObjectStore):
                     raise
                 raise classify(exc, what) from exc
 
-    def _call(
+    def retried_call(
         self,
         what: str,
         operation: Callable[[], T],
@@ -151,7 +151,8 @@ class S3ObjectStore(ObjectStore):
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> T:
         """``_request`` retried under the policy; raises the typed error. ``what`` is
-        "<operation> <key>": the retry report's op and key."""
+        "<operation> <key>": the retry report's op and key. Public for the multipart
+        upload (``s3_multipart``), which calls S3 under the same policy."""
         op, _, key = what.partition(" ")
         try:
             return self.retry.call(
@@ -181,7 +182,7 @@ class S3ObjectStore(ObjectStore):
 
         self._check(key)
         attributes: Any = validate_metadata(metadata) or None
-        result = self._call(
+        result = self.retried_call(
             f"put {short_key(key)}",
             lambda: obstore.put(
                 self._store,
@@ -215,7 +216,7 @@ class S3ObjectStore(ObjectStore):
             unsure = unsure or is_transient(exc)
 
         try:
-            result = self._call(
+            result = self.retried_call(
                 f"create {short_key(key)}",
                 lambda: obstore.put(
                     self._store,
@@ -249,7 +250,7 @@ class S3ObjectStore(ObjectStore):
         self._check(key)
         what = f"get {short_key(key)}"
         if start is None and end is None:
-            return self._call(what, lambda: bytes(obstore.get(self._store, key).bytes()))
+            return self.retried_call(what, lambda: bytes(obstore.get(self._store, key).bytes()))
         lo = 0 if start is None else start
         if lo < 0 or (end is not None and end < 0):
             raise InvalidRangeError(f"negative byte range [{start}, {end})")
@@ -274,7 +275,7 @@ class S3ObjectStore(ObjectStore):
         what = f"get {short_key(key)}"
         fetch = lambda: memoryview(obstore.get_range(self._store, key, start=lo, end=end))  # noqa: E731
         try:
-            return self._call(what, fetch)
+            return self.retried_call(what, fetch)
         except PermanentError as exc:
             if "HTTP 416" in str(exc):
                 return memoryview(b"")
@@ -282,7 +283,7 @@ class S3ObjectStore(ObjectStore):
 
     def _get_range(self, what: str, fetch: Callable[[], bytes]) -> bytes:
         try:
-            return self._call(what, fetch)
+            return self.retried_call(what, fetch)
         except PermanentError as exc:
             if "HTTP 416" in str(exc):  # range starts past the end: the object exists
                 return b""
@@ -308,7 +309,7 @@ class S3ObjectStore(ObjectStore):
 
         self._check(key)
         options: Any = {"head": True}
-        result = self._call(
+        result = self.retried_call(
             f"head {short_key(key)}", lambda: obstore.get(self._store, key, options=options)
         )
         meta = result.meta
@@ -334,6 +335,10 @@ class S3ObjectStore(ObjectStore):
             validate_key(prefix.rstrip("/") or "x")
         directory = prefix.rsplit("/", 1)[0] if "/" in prefix else None
         return self._list(prefix, directory, start_after)
+
+    def probe_objects(self) -> Iterator[ObjectMeta]:
+        """The create-only probe's objects (``s3_probe``), which ``list`` hides."""
+        return self._list(PROBE_PREFIX, PROBE_PREFIX.rstrip("/"), None, probes=True)
 
     def _list(
         self, prefix: str, directory: str | None, offset: str | None, *, probes: bool = False
@@ -384,7 +389,7 @@ class S3ObjectStore(ObjectStore):
 
         self._check(key)
         with contextlib.suppress(NotFoundError):
-            self._call(f"delete {short_key(key)}", lambda: obstore.delete(self._store, key))
+            self.retried_call(f"delete {short_key(key)}", lambda: obstore.delete(self._store, key))
 
     def delete_many(self, keys: Iterable[str]) -> None:
         import obstore
@@ -401,7 +406,7 @@ class S3ObjectStore(ObjectStore):
     def _delete_batch(self, obstore: Any, batch: Sequence[str]) -> None:
         keys = [*batch]
         with contextlib.suppress(NotFoundError):
-            self._call(f"delete {len(keys)} keys", lambda: obstore.delete(self._store, keys))
+            self.retried_call(f"delete {len(keys)} keys", lambda: obstore.delete(self._store, keys))
 
     def create_multipart(
         self, key: str, *, metadata: Mapping[str, str] | None = None
@@ -422,7 +427,7 @@ class S3ObjectStore(ObjectStore):
         self._check(key)
         client = self.boto_client()
         with contextlib.suppress(NotFoundError):
-            self._call(
+            self.retried_call(
                 f"abort multipart {short_key(key)}",
                 lambda: client.abort_multipart_upload(
                     Bucket=self.config.bucket, Key=self._full_key(key), UploadId=upload_id

@@ -72,12 +72,10 @@ def _delete_probe(store: S3ObjectStore, key: str, rounds: int = 3) -> None:
 
 
 def _remove_stale_probes(store: S3ObjectStore) -> None:
-    from tierlog.storage.s3_object_store import PROBE_PREFIX
-
     cutoff = time.time() - STALE_PROBE_S
     stale = [
         m.key
-        for m in store._list(PROBE_PREFIX, PROBE_PREFIX.rstrip("/"), None, probes=True)
+        for m in store.probe_objects()
         if m.last_modified is not None and m.last_modified < cutoff
     ]
     if stale:
