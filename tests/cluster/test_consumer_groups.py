@@ -33,7 +33,12 @@ def test_first_is_active_others_wait_next_takes_over() -> None:
 
 def test_groups_are_per_vhost_stream_and_name() -> None:
     groups = ConsumerGroups()
-    keys = [PLAIN, GroupKey("/", "s", "other"), GroupKey("/", "t", "app"), GroupKey("v", "s", "app")]
+    keys = [
+        PLAIN,
+        GroupKey("/", "s", "other"),
+        GroupKey("/", "t", "app"),
+        GroupKey("v", "s", "app"),
+    ]
     for key in keys:
         assert groups.register(key, "a", len(key.name))[0]
 
@@ -44,7 +49,9 @@ def test_super_stream_partitions_spread_and_rebalance_through_step_down() -> Non
     for i, key in enumerate(parts):
         assert groups.register(key, "a", i, partition_index=i)[0]
     # b joins every partition: partition 1 (1 % 2) moves to b, through a's step-down
-    effects = [groups.register(key, "b", 10 + i, partition_index=i)[1] for i, key in enumerate(parts)]
+    effects = [
+        groups.register(key, "b", 10 + i, partition_index=i)[1] for i, key in enumerate(parts)
+    ]
     assert effects == [[], [Notify("a", 1, parts[1], False, stepping_down=True)], []]
     assert groups.active_consumers(parts[1]) == []  # nobody delivers until a answered
     assert groups.stepped_down(parts[1], "a", 1) == [Notify("b", 11, parts[1], True)]

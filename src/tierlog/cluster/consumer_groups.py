@@ -15,7 +15,7 @@ The rules are RabbitMQ's (``rabbit_stream_sac_coordinator`` in rabbitmq-server):
   the two never deliver at the same time. A former active consumer that leaves instead
   of answering counts as an answer.
 
-The owner of a consumer (its connection) is opaque here: anything hashable. Effects are
+The owner of a consumer (its connection) is opaque here, compared with ``==``. Effects are
 returned as ``Notify`` records for the caller to carry out (send ConsumerUpdate). The
 invariant every operation keeps: at most one consumer of a group is active, and one is
 active whenever the group is not waiting for a former active consumer to step down.
@@ -23,7 +23,6 @@ active whenever the group is not waiting for a former active consumer to step do
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 NO_PARTITION = -1
@@ -44,7 +43,7 @@ class Notify:
     ``stepping_down``: the consumer loses its turn to another one of a super-stream
     group; the group waits for its answer (``ConsumerGroups.stepped_down``)."""
 
-    owner: Hashable
+    owner: object
     subscription_id: int
     group: GroupKey
     active: bool
@@ -53,7 +52,7 @@ class Notify:
 
 @dataclass(slots=True)
 class _Consumer:
-    owner: Hashable
+    owner: object
     subscription_id: int
     active: bool = False
 
@@ -62,10 +61,10 @@ class _Consumer:
 class _Group:
     partition_index: int
     consumers: list[_Consumer] = field(default_factory=list)
-    stepping_down: tuple[Hashable, int] | None = None
+    stepping_down: tuple[object, int] | None = None
     """The former active consumer whose step-down answer the group waits for."""
 
-    def find(self, owner: Hashable, subscription_id: int) -> _Consumer | None:
+    def find(self, owner: object, subscription_id: int) -> _Consumer | None:
         for consumer in self.consumers:
             if consumer.owner == owner and consumer.subscription_id == subscription_id:
                 return consumer
@@ -94,7 +93,7 @@ class ConsumerGroups:
     def register(
         self,
         key: GroupKey,
-        owner: Hashable,
+        owner: object,
         subscription_id: int,
         partition_index: int = NO_PARTITION,
     ) -> tuple[bool, list[Notify]]:
@@ -111,7 +110,7 @@ class ConsumerGroups:
         effects = self._settle(key, group)
         return consumer.active, effects
 
-    def unregister(self, key: GroupKey, owner: Hashable, subscription_id: int) -> list[Notify]:
+    def unregister(self, key: GroupKey, owner: object, subscription_id: int) -> list[Notify]:
         """Remove a consumer (Unsubscribe, stream gone); unknown ones are ignored."""
         group = self._groups.get(key)
         if group is None:
@@ -124,7 +123,7 @@ class ConsumerGroups:
             group.stepping_down = None  # gone instead of answering: as good as an answer
         return self._settle(key, group)
 
-    def owner_down(self, owner: Hashable) -> list[Notify]:
+    def owner_down(self, owner: object) -> list[Notify]:
         """Remove every consumer of a connection that ended."""
         effects: list[Notify] = []
         for key in list(self._groups):
@@ -137,7 +136,7 @@ class ConsumerGroups:
             effects.extend(self._settle(key, group))
         return effects
 
-    def stepped_down(self, key: GroupKey, owner: Hashable, subscription_id: int) -> list[Notify]:
+    def stepped_down(self, key: GroupKey, owner: object, subscription_id: int) -> list[Notify]:
         """The former active consumer answered its step-down ConsumerUpdate: the chosen
         consumer is activated. A stale answer (the group moved on) does nothing."""
         group = self._groups.get(key)
@@ -167,19 +166,19 @@ class ConsumerGroups:
 
     # ----------------------------------------------------------------- queries
 
-    def is_active(self, key: GroupKey, owner: Hashable, subscription_id: int) -> bool:
+    def is_active(self, key: GroupKey, owner: object, subscription_id: int) -> bool:
         group = self._groups.get(key)
         consumer = group.find(owner, subscription_id) if group is not None else None
         return consumer is not None and consumer.active
 
-    def active_consumers(self, key: GroupKey) -> list[tuple[Hashable, int]]:
+    def active_consumers(self, key: GroupKey) -> list[tuple[object, int]]:
         """(owner, subscription id) of the group's active consumers: never more than one."""
         group = self._groups.get(key)
         if group is None:
             return []
         return [(c.owner, c.subscription_id) for c in group.consumers if c.active]
 
-    def consumers(self, key: GroupKey) -> list[tuple[Hashable, int, bool]]:
+    def consumers(self, key: GroupKey) -> list[tuple[object, int, bool]]:
         """(owner, subscription id, active) of every consumer, in arrival order."""
         group = self._groups.get(key)
         if group is None:
