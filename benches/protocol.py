@@ -24,8 +24,10 @@ publish_cpu_ratio=<RabbitMQ CPU per message ÷ tierlog's (default mode)>
 confirm_p99_ratio=<tierlog (os mode) p99 ÷ RabbitMQ p99> confirm_p99_excess_ms=<tierlog
 (default) p99 - RabbitMQ p99 - fdatasync p99> steady_cpu_growth=<last 10 s window ÷
 second> publish_cpu_ratio_os=<RabbitMQ CPU per message ÷ tierlog's in os mode, the same
-durability contract as RabbitMQ streams, which never fsync>`` (or ``rabbitmq=absent
-reason=… …`` when RabbitMQ could not be started).
+durability contract as RabbitMQ streams, which never fsync> sac_handover_ms=<median ms from
+the active single-active consumer's process killed to the waiting one receiving,
+benches/sac_handover.py, 5 rounds (3 with --quick), tierlog only>`` (or ``rabbitmq=absent
+reason=… …`` when RabbitMQ could not be started, sac_handover_ms included).
 
     .venv/bin/python benches/protocol.py [--messages 500000] [--size 100] [--batch 1000]
         [--rate 20000] [--rate-seconds 60] [--steady-seconds 120]
@@ -57,6 +59,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer  # noqa: E402
 from rstream.consumer import Consumer, MessageContext  # noqa: E402
 from rstream.producer import ConfirmationStatus  # noqa: E402
+from sac_handover import measure_handover  # noqa: E402
 from steady_publish import percentile  # noqa: E402
 from steady_publish import publish as publish_on_clock  # noqa: E402
 from steady_publish import run as steady_run  # noqa: E402
@@ -231,6 +234,9 @@ def main() -> int:
 
     with tierlog_server() as (host, port, _pid):
         t_pub, t_con = run(host, port, args, "tierlog")
+        handovers = measure_handover(host, port, 3 if args.quick else 5)
+    sac_ms = statistics.median(handovers)
+    print(f"single active consumer hand-over ms per round: {[round(t) for t in handovers]}")
     probe_dir = tempfile.mkdtemp(prefix="tierlog-bench-")  # where the servers keep data
     try:
         sync_p99 = fdatasync_p99_ms(probe_dir)
@@ -262,7 +268,7 @@ def main() -> int:
         reason = str(exc).replace("\n", " ")[:200]
         print(
             f"rabbitmq=absent reason={reason!r} "
-            f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f}"
+            f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f} sac_handover_ms={sac_ms:.0f}"
         )
         return 0
     os_us, os_p99 = (statistics.median(x) for x in zip(*results["os"], strict=True))
@@ -287,7 +293,8 @@ def main() -> int:
         f"publish_ratio={t_pub / r_pub:.2f} consume_ratio={t_con / r_con:.2f} "
         f"publish_cpu_ratio={r_us / fs_us:.2f} confirm_p99_ratio={os_p99 / r_p99:.2f} "
         f"confirm_p99_excess_ms={fs_p99 - r_p99 - sync_p99:.2f} "
-        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f} publish_cpu_ratio_os={r_us / os_us:.2f}"
+        f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f} publish_cpu_ratio_os={r_us / os_us:.2f} "
+        f"sac_handover_ms={sac_ms:.0f}"
     )
     return 0
 
