@@ -161,6 +161,16 @@ class GroupsMachine(RuleBasedStateMachine):
                 assert any(n.group == key and n.stepping_down for n in self.unanswered)
 
     @invariant()
+    def owner_index_matches(self) -> None:
+        owned = {
+            o: {k for k in self.KEYS if any(c[0] == o for c in self.groups.consumers(k))}
+            for o in "abcd"
+        }
+        assert {o: ks for o, ks in owned.items() if ks} == {
+            str(o): ks for o, ks in self.groups._owned.items()
+        }
+
+    @invariant()
     def state_matches_members(self) -> None:
         for key in self.KEYS:
             held = {(str(o), s) for o, s, _ in self.groups.consumers(key)}

@@ -15,7 +15,7 @@ The rules are RabbitMQ's (``rabbit_stream_sac_coordinator`` in rabbitmq-server):
   the two never deliver at the same time. A former active consumer that leaves instead
   of answering counts as an answer.
 
-The owner of a consumer (its connection) is opaque here, compared with ``==``. Effects are
+The owner of a consumer (its connection) is opaque here: anything hashable. Effects are
 returned as ``Notify`` records for the caller to carry out (send ConsumerUpdate). The
 invariant every operation keeps: at most one consumer of a group is active, and one is
 active whenever the group is not waiting for a former active consumer to step down.
@@ -89,6 +89,7 @@ class ConsumerGroups:
 
     def __init__(self) -> None:
         self._groups: dict[GroupKey, _Group] = {}
+        self._owned: dict[object, set[GroupKey]] = {}  # owner → groups it has consumers in
 
     def register(
         self,
@@ -107,6 +108,7 @@ class ConsumerGroups:
             raise ValueError(f"consumer {subscription_id} of {owner!r} already in {key}")
         consumer = _Consumer(owner, subscription_id)
         group.consumers.append(consumer)
+        self._owned.setdefault(owner, set()).add(key)
         effects = self._settle(key, group)
         return consumer.active, effects
 
@@ -119,6 +121,8 @@ class ConsumerGroups:
         if consumer is None:
             return []
         group.consumers.remove(consumer)
+        if not any(c.owner == owner for c in group.consumers):
+            self._disown(owner, key)
         if group.stepping_down == (owner, subscription_id):
             group.stepping_down = None  # gone instead of answering: as good as an answer
         return self._settle(key, group)
@@ -126,10 +130,8 @@ class ConsumerGroups:
     def owner_down(self, owner: object) -> list[Notify]:
         """Remove every consumer of a connection that ended."""
         effects: list[Notify] = []
-        for key in list(self._groups):
+        for key in sorted(self._owned.pop(owner, ()), key=lambda k: (k.vhost, k.stream, k.name)):
             group = self._groups[key]
-            if not any(c.owner == owner for c in group.consumers):
-                continue
             group.consumers = [c for c in group.consumers if c.owner != owner]
             if group.stepping_down is not None and group.stepping_down[0] == owner:
                 group.stepping_down = None
@@ -144,6 +146,13 @@ class ConsumerGroups:
             return []
         group.stepping_down = None
         return self._settle(key, group)
+
+    def _disown(self, owner: object, key: GroupKey) -> None:
+        keys = self._owned.get(owner)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._owned[owner]
 
     def _settle(self, key: GroupKey, group: _Group) -> list[Notify]:
         """Bring the group to its rule: drop it when empty; else make the chosen consumer

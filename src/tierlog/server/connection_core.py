@@ -157,7 +157,9 @@ class ConnectionCore(asyncio.Protocol):
             sub.stop_nowait()
         self.subscriptions.clear()
         self.sac_requests.close()
-        self.broker.sac.member_down(self)  # its single active consumers leave their groups
+        # its single active consumers leave their groups (every one: an Unsubscribe cut
+        # short by the close has already taken its subscription out of ``subscriptions``)
+        self.broker.sac.member_down(self)
         self.publishers.clear()
         for handle in self.streams_used:
             handle.listeners.discard(self)
