@@ -41,7 +41,7 @@ class OffsetSpecType:
     ``allow_none`` accepts type 0 (NONE), which only ConsumerUpdate answers use; there the
     spec is the frame's last field, and after types 0..3 RabbitMQ ignores whatever follows
     (``rabbit_stream_core:offset_spec/2``): the Node.js client writes the type alone,
-    rstream always adds an 8-byte value. Both are accepted.
+    rstream always adds an 8-byte value. Both are accepted; other lengths stay malformed.
     """
 
     __slots__ = ("allow_none", "min_size")
@@ -66,8 +66,8 @@ class OffsetSpecType:
         if raw_type in (OffsetType.FIRST, OffsetType.LAST, OffsetType.NEXT) or (
             self.allow_none and raw_type == OffsetType.NONE
         ):
-            if self.allow_none:
-                reader.raw(reader.remaining())  # a value after these types means nothing
+            if self.allow_none and reader.remaining() == I64.size:
+                reader.raw(I64.size)  # rstream's value after these types: meaningless
             return WireOffsetSpec(OffsetType(raw_type))
         raise ProtocolError(f"unknown offset type {raw_type}")
 
