@@ -27,8 +27,10 @@ second> publish_cpu_ratio_os=<RabbitMQ CPU per message ÷ tierlog's in os mode, 
 durability contract as RabbitMQ streams, which never fsync>
 filtered_fraction_read=<bytes fetched from the remote tier ÷ bytes of the stream, for a
 consumer of 1 % of the stream by filter value: benches/filtered_consume.py, 5,000 chunks,
-1,000 with --quick>`` (or ``rabbitmq=absent reason=… …`` when RabbitMQ could not be
-started).
+1,000 with --quick> sac_handover_ms=<median ms from the active single-active consumer's
+process killed to the waiting one receiving, benches/sac_handover.py, 5 rounds (3 with
+--quick), tierlog only>`` (or ``rabbitmq=absent reason=… …`` when RabbitMQ could not be
+started, filtered_fraction_read and sac_handover_ms included).
 
     .venv/bin/python benches/protocol.py [--messages 500000] [--size 100] [--batch 1000]
         [--rate 20000] [--rate-seconds 60] [--steady-seconds 120]
@@ -61,6 +63,7 @@ from filtered_consume import run as filtered_run  # noqa: E402
 from rstream import ConsumerOffsetSpecification, OffsetType, Producer  # noqa: E402
 from rstream.consumer import Consumer, MessageContext  # noqa: E402
 from rstream.producer import ConfirmationStatus  # noqa: E402
+from sac_handover import measure_handover  # noqa: E402
 from steady_publish import percentile  # noqa: E402
 from steady_publish import publish as publish_on_clock  # noqa: E402
 from steady_publish import run as steady_run  # noqa: E402
@@ -235,6 +238,9 @@ def main() -> int:
 
     with tierlog_server() as (host, port, _pid):
         t_pub, t_con = run(host, port, args, "tierlog")
+        handovers = measure_handover(host, port, 3 if args.quick else 5)
+    sac_ms = statistics.median(handovers)
+    print(f"single active consumer hand-over ms per round: {[round(t) for t in handovers]}")
     fraction, delivered, expected = filtered_run(1_000 if args.quick else 5_000, 20, 200)
     print(f"filtered consume: {delivered} of {expected} chunks, {fraction:.4f} read", flush=True)
     probe_dir = tempfile.mkdtemp(prefix="tierlog-bench-")  # where the servers keep data
@@ -269,7 +275,7 @@ def main() -> int:
         print(
             f"rabbitmq=absent reason={reason!r} "
             f"tierlog_publish={t_pub:.0f} tierlog_consume={t_con:.0f} "
-            f"filtered_fraction_read={fraction:.4f}"
+            f"filtered_fraction_read={fraction:.4f} sac_handover_ms={sac_ms:.0f}"
         )
         return 0
     os_us, os_p99 = (statistics.median(x) for x in zip(*results["os"], strict=True))
@@ -295,7 +301,7 @@ def main() -> int:
         f"publish_cpu_ratio={r_us / fs_us:.2f} confirm_p99_ratio={os_p99 / r_p99:.2f} "
         f"confirm_p99_excess_ms={fs_p99 - r_p99 - sync_p99:.2f} "
         f"steady_cpu_growth={cpus[-1] / cpus[1]:.2f} publish_cpu_ratio_os={r_us / os_us:.2f} "
-        f"filtered_fraction_read={fraction:.4f}"
+        f"filtered_fraction_read={fraction:.4f} sac_handover_ms={sac_ms:.0f}"
     )
     return 0
 

@@ -154,29 +154,9 @@ def test_stream_stats_error_carries_the_empty_map(open_client: RawClient) -> Non
     assert raw == expected
 
 
-def test_single_active_consumer_subscription_is_refused(open_client: RawClient) -> None:
-    """Not served yet: PRECONDITION_FAILED, never two "single active" consumers that both
-    receive everything."""
-    stream = "compat-sac"
-    open_client.send(c.CreateRequest(31, stream, {}).encode())
-    created = open_client.expect(c.SimpleResponse)
-    assert isinstance(created, c.SimpleResponse) and created.response_code == ResponseCode.OK
-    sac = {"single-active-consumer": "true", "name": "group"}
-    first = c.WireOffsetSpec(OffsetType.FIRST, 0)
-    open_client.send(c.SubscribeRequest(32, 1, stream, first, 10, sac).encode())
-    refused = open_client.expect(c.SimpleResponse)
-    assert isinstance(refused, c.SimpleResponse)
-    assert (refused.correlation_id, refused.response_code) == (32, ResponseCode.PRECONDITION_FAILED)
-    open_client.send(c.SubscribeRequest(33, 1, stream, first, 10, {"name": "group"}).encode())
-    plain = open_client.expect(c.SimpleResponse)
-    assert isinstance(plain, c.SimpleResponse)
-    assert (plain.correlation_id, plain.response_code) == (33, ResponseCode.OK)
-    open_client.send(c.DeleteRequest(34, stream).encode())
-
-
 def test_unsolicited_consumer_update_answer_is_ignored(open_client: RawClient) -> None:
-    """A ConsumerUpdate answer with no ConsumerUpdate asked (tierlog has no single active
-    consumer yet): ignored like any unexpected response, the connection goes on."""
+    """A ConsumerUpdate answer with no ConsumerUpdate asked (no such correlation id):
+    ignored like any unexpected response, as RabbitMQ does; the connection goes on."""
     answer = c.ConsumerUpdateResponse(
         77, ResponseCode.OK, c.WireOffsetSpec(OffsetType.NONE, 0)
     ).encode()

@@ -58,6 +58,7 @@ from tierlog.remote.settings import StreamSettings
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
 from tierlog.server.remote_ack import check_creatable
+from tierlog.server.sac import SacCoordinator
 from tierlog.server.subscriptions import DeliveryTurns
 from tierlog.server.tiered_source import StreamChunkSource
 
@@ -599,6 +600,8 @@ class Broker:
         self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.writers = SerialPool(config.server.writer_threads, "writer")
         self.delivery_turns = DeliveryTurns()
+        self.sac = SacCoordinator()
+        """The node's single-active-consumer groups (``server/sac.py``)."""
         self.all_open = asyncio.Event()
         self._closing = False
         self.placement: StreamPlacement | None = None

@@ -231,6 +231,9 @@ class LimitsSection:
     """Largest frame accepted before authentication (PeerProperties, SASL)."""
     handshake_timeout_seconds: float = 10.0
     """A connection not open (authenticated, tuned, vhost opened) by then is closed."""
+    request_timeout_seconds: float = 60.0
+    """A client that leaves a server request (ConsumerUpdate) unanswered this long is
+    disconnected, as RabbitMQ does (``request_timeout``); its consumers leave their groups."""
     connection_memory_bytes: int = 16 * 1024 * 1024
     """Decoded publishes held (by their estimated cost in memory, not their wire size)
     plus unsent output of one connection; over it, reading stops until it drains."""
@@ -253,6 +256,8 @@ class LimitsSection:
             raise ConfigError("limits.preauth_frame_max must be 64..1048576")
         if self.handshake_timeout_seconds <= 0:
             raise ConfigError("limits.handshake_timeout_seconds must be > 0")
+        if self.request_timeout_seconds <= 0:
+            raise ConfigError("limits.request_timeout_seconds must be > 0")
         if self.connection_memory_bytes < 65536:
             raise ConfigError("limits.connection_memory_bytes must be >= 65536")
         if self.publish_memory_bytes < 65536:

@@ -57,9 +57,7 @@ class Connection(HandshakeHandlers, StreamHandlers, PublisherHandlers, ConsumerH
             Heartbeat: lambda _c: None,
             CloseRequest: self._on_close,
             SimpleResponse: lambda _c: None,  # e.g. the answer to our Close
-            # no ConsumerUpdate is ever asked (no single active consumer yet): an answer
-            # is an unexpected response, ignored like the others
-            ConsumerUpdateResponse: lambda _c: None,
+            ConsumerUpdateResponse: self._on_consumer_update,  # single active consumer
             CreateRequest: self._spawn(self._on_create),
             DeleteRequest: self._spawn(self._on_delete),
             MetadataRequest: self._on_metadata,

@@ -42,6 +42,7 @@ from tierlog.server.chunk_source import DeliverableChunk
 from tierlog.server.config import ServerConfig
 from tierlog.server.handlers.publisher import Publisher
 from tierlog.server.limits import Gatekeeper
+from tierlog.server.sac import UpdateRequests
 from tierlog.server.subscriptions import (
     Subscription,
 )
@@ -99,6 +100,7 @@ class ConnectionCore(asyncio.Protocol):
         self.heartbeat = config.server.heartbeat
         self.publishers: dict[int, Publisher] = {}
         self.subscriptions: dict[int, Subscription] = {}
+        self.sac_requests = UpdateRequests()  # ConsumerUpdates awaiting the client's answer
         self.streams_used: set[StreamHandle] = set()
         self._pause_reasons: set[str] = set()
         self._can_write = asyncio.Event()
@@ -154,6 +156,10 @@ class ConnectionCore(asyncio.Protocol):
         for sub in self.subscriptions.values():
             sub.stop_nowait()
         self.subscriptions.clear()
+        self.sac_requests.close()
+        # its single active consumers leave their groups (every one: an Unsubscribe cut
+        # short by the close has already taken its subscription out of ``subscriptions``)
+        self.broker.sac.member_down(self)
         self.publishers.clear()
         for handle in self.streams_used:
             handle.listeners.discard(self)
@@ -354,13 +360,28 @@ class ConnectionCore(asyncio.Protocol):
         for pid in [p.id for p in self.publishers.values() if p.stream is stream]:
             del self.publishers[pid]
         for sid in [s.id for s in self.subscriptions.values() if s.stream_name == stream.name]:
-            self.subscriptions.pop(sid).stop_nowait()
+            self._subscription_ended(self.subscriptions.pop(sid))
         self.streams_used.discard(stream)
         self.unpause(f"stream:{stream.name}")
         self.send(MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, stream.name).encode())
 
     def resume_publishing(self, stream: StreamHandle) -> None:
         self.unpause(f"stream:{stream.name}")
+
+    def _subscription_ended(self, subscription: Subscription) -> None:
+        """A subscription removed from ``subscriptions`` stops; a single active consumer
+        leaves its group (the next one is activated)."""
+        subscription.stop_nowait()
+        self._sac_leave(subscription)
+
+    def _sac_leave(self, subscription: Subscription) -> None:
+        if subscription.sac is not None:
+            self.sac_requests.forget(subscription.id)
+            self.broker.sac.unregister(subscription.sac.group, self, subscription.id)
+
+    def consumer_update(self, subscription_id: int, active: bool, stepping_down: bool) -> None:
+        """The ``SacMember`` port (``server/sac.py``); ``SacHandlers`` implements it."""
+        raise NotImplementedError
 
     def _use_stream(self, handle: StreamHandle) -> None:
         handle.listeners.add(self)
@@ -432,7 +453,7 @@ class ConnectionCore(asyncio.Protocol):
     def subscription_overtaken(self, subscription: Subscription) -> None:
         if self.subscriptions.get(subscription.id) is subscription:
             del self.subscriptions[subscription.id]
-            subscription.stop_nowait()
+            self._subscription_ended(subscription)
         self.send(
             MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, subscription.stream_name).encode()
         )

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
+from tierlog.cluster.consumer_groups import GroupKey
 from tierlog.formats.bloom import ChunkFilter
 from tierlog.log.errors import CorruptChunkError
 from tierlog.log.offset_spec import OffsetSpec
@@ -86,6 +88,33 @@ class DeliveryTurns:
             self._arm()
 
 
+@dataclass(frozen=True, slots=True)
+class SacMembership:
+    """A single-active-consumer subscription's group, and its Subscribe's offset spec
+    (a ConsumerUpdate answer of type 0 keeps it)."""
+
+    group: GroupKey
+    subscribe_spec: OffsetSpec
+
+
+class _IdleCursor:
+    """The cursor of a single active consumer that is not active: nothing to read."""
+
+    next_offset = 0
+
+    async def read(self) -> DeliverableChunk | None:
+        return None
+
+    async def wait(self, timeout: float | None = None) -> None:
+        await asyncio.sleep(timeout if timeout is not None else 3600)
+
+    def close(self) -> None:
+        return None
+
+
+_IDLE = _IdleCursor()
+
+
 class DeliverySink(Protocol):
     """The connection side of a subscription."""
 
@@ -112,6 +141,7 @@ class Subscription:
         overtaken: str = "notify",
         want_file: bool = False,
         chunk_filter: ChunkFilter | None = None,
+        sac: SacMembership | None = None,
     ) -> None:
         self.id = subscription_id
         self.stream_name = stream_name
@@ -127,14 +157,44 @@ class Subscription:
         client filters the records of the chunks it gets, as with RabbitMQ)."""
         self._credit_event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.cursor: ChunkCursor = source.attach(
-            spec, want_file=want_file, chunk_filter=chunk_filter
+        self._counted = False
+        self.sac = sac
+        self.cursor: ChunkCursor = (
+            _IDLE
+            if sac is not None
+            else source.attach(spec, want_file=want_file, chunk_filter=chunk_filter)
         )
+        self.delivering = sac is None
         self.delivered_chunks = 0
 
     def start(self) -> None:
+        """Count the subscription; deliver unless it is a single active consumer, which
+        delivers only once activated (``activate``)."""
         self._metrics.subscriptions.inc()
+        self._counted = True
+        if self.delivering:
+            self._task = asyncio.create_task(self._run(), name=f"subscription-{self.id}")
+
+    def activate(self, spec: OffsetSpec) -> None:
+        """(Single active consumer) start delivering at ``spec``, the offset the client's
+        ConsumerUpdate answer gave; raises what ``ChunkSource.attach`` raises."""
+        if self.delivering or not self._counted:
+            return
+        self.cursor = self.source.attach(
+            spec, want_file=self._want_file, chunk_filter=self.chunk_filter
+        )
+        self.spec = spec
+        self.delivering = True
         self._task = asyncio.create_task(self._run(), name=f"subscription-{self.id}")
+
+    def deactivate(self) -> None:
+        """(Single active consumer) stop delivering at once, keep the subscription."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        self.cursor.close()
+        self.cursor = _IDLE
+        self.delivering = False
 
     def add_credit(self, credit: int) -> None:
         self.credit = min(self.credit + credit, MAX_CREDIT)
@@ -146,15 +206,20 @@ class Subscription:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-            self._metrics.subscriptions.dec()
+        self._uncount()
         self.cursor.close()
 
     def stop_nowait(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            self._metrics.subscriptions.dec()
+        self._uncount()
         self.cursor.close()
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._metrics.subscriptions.dec()
 
     async def _run(self) -> None:
         metrics = self._metrics

@@ -38,7 +38,10 @@ class WireOffsetSpec:
 class OffsetSpecType:
     """``Type:uint16`` then, for OFFSET a uint64, for TIMESTAMP an int64, else nothing.
 
-    ``allow_none`` accepts type 0 (NONE), which only ConsumerUpdate answers use.
+    ``allow_none`` accepts type 0 (NONE), which only ConsumerUpdate answers use; there the
+    spec is the frame's last field, and after types 0..3 RabbitMQ ignores whatever follows
+    (``rabbit_stream_core:offset_spec/2``): the Node.js client writes the type alone,
+    rstream always adds an 8-byte value. Both are accepted; other lengths stay malformed.
     """
 
     __slots__ = ("allow_none", "min_size")
@@ -63,6 +66,8 @@ class OffsetSpecType:
         if raw_type in (OffsetType.FIRST, OffsetType.LAST, OffsetType.NEXT) or (
             self.allow_none and raw_type == OffsetType.NONE
         ):
+            if self.allow_none and reader.remaining() == I64.size:
+                reader.raw(I64.size)  # rstream's value after these types: meaningless
             return WireOffsetSpec(OffsetType(raw_type))
         raise ProtocolError(f"unknown offset type {raw_type}")
 

@@ -18,7 +18,6 @@ from tierlog.formats.protocol.commands import (
     StoreOffsetRequest,
     SubscribeRequest,
     UnsubscribeRequest,
-    WireOffsetSpec,
 )
 from tierlog.formats.protocol.constants import (
     Command,
@@ -26,10 +25,9 @@ from tierlog.formats.protocol.constants import (
     ResponseCode,
 )
 from tierlog.log.errors import DamagedRangeError
-from tierlog.log.offset_spec import OffsetSpec
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
-from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.handlers.sac import SacHandlers, log_spec
 from tierlog.server.member_reads import MemberStreamHandle
 from tierlog.server.meta_offsets import leader_query_offset
 from tierlog.server.remote_stream import RemoteStreamHandle
@@ -42,7 +40,7 @@ from tierlog.server.subscriptions import (
 log = get_logger("tierlog.server.connection")
 
 
-class ConsumerHandlers(ConnectionCore):
+class ConsumerHandlers(SacHandlers):
     """Commands of consumers."""
 
     def _on_subscribe(self, cmd: SubscribeRequest) -> None:
@@ -62,10 +60,8 @@ class ConsumerHandlers(ConnectionCore):
             code = ResponseCode.ACCESS_REFUSED
         elif self._reserved("consumer name", cmd.properties.get("name")):
             code = ResponseCode.PRECONDITION_FAILED
-        elif cmd.properties.get("single-active-consumer", "").lower() == "true":
-            # no single active consumer yet: refused, never every consumer getting
-            # everything (docs/compatibility.md)
-            code = ResponseCode.PRECONDITION_FAILED
+        elif (refusal := self._sac_refusal(cmd)) is not None:
+            code = refusal
         elif len(self.subscriptions) >= self.limits.max_subscriptions_per_connection:
             self.metrics.limits_hit.labels(limit="max_subscriptions").inc()
             code = ResponseCode.PRECONDITION_FAILED
@@ -84,13 +80,14 @@ class ConsumerHandlers(ConnectionCore):
                         cmd.subscription_id,
                         handle.name,
                         handle.source,
-                        _log_spec(cmd.offset_spec),
+                        log_spec(cmd.offset_spec),
                         cmd.credit,
                         self,
                         self.metrics,
                         overtaken=action,
                         want_file=self._use_sendfile,
                         chunk_filter=filter_from_properties(cmd.properties),
+                        sac=self._sac_membership(cmd, handle.name),
                     )
                 except DamagedRangeError as exc:
                     # offsets lost with a damaged chunk (no healthy copy): refused with
@@ -111,6 +108,8 @@ class ConsumerHandlers(ConnectionCore):
                     self._use_stream(handle)
                     self.send(SimpleResponse(Command.SUBSCRIBE, corr, ResponseCode.OK).encode())
                     subscription.start()
+                    if subscription.sac is not None:
+                        self._sac_join(subscription, cmd)
                     return
         self.send(SimpleResponse(Command.SUBSCRIBE, corr, code).encode())
 
@@ -128,6 +127,7 @@ class ConsumerHandlers(ConnectionCore):
             code = ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST
         else:
             await subscription.stop()
+            self._sac_leave(subscription)
             code = ResponseCode.OK
         self.send(SimpleResponse(Command.UNSUBSCRIBE, cmd.correlation_id, code).encode())
 
@@ -196,15 +196,3 @@ def _overtaken_at_subscribe(handle: Any, cmd: SubscribeRequest) -> bool:
         " (subscribe at first, or with x-tierlog-overtaken=skip)",
     )
     return True
-
-
-def _log_spec(spec: WireOffsetSpec) -> OffsetSpec:
-    if spec.type == OffsetType.FIRST:
-        return OffsetSpec.first()
-    if spec.type == OffsetType.LAST:
-        return OffsetSpec.last()
-    if spec.type == OffsetType.NEXT:
-        return OffsetSpec.next()
-    if spec.type == OffsetType.OFFSET:
-        return OffsetSpec.offset(spec.value)
-    return OffsetSpec.timestamp(spec.value)
