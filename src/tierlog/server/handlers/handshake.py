@@ -75,7 +75,11 @@ ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
     (Command.METADATA, 1, 1),
     (Command.CLOSE, 1, 1),
     (Command.HEARTBEAT, 1, 1),
+    (Command.ROUTE, 1, 1),
+    (Command.PARTITIONS, 1, 1),
     (Command.STREAM_STATS, 1, 1),
+    (Command.CREATE_SUPER_STREAM, 1, 1),
+    (Command.DELETE_SUPER_STREAM, 1, 1),
 )
 """The ExchangeCommandVersions answer: (key, min, max) of every client command this server
 serves, in key order like RabbitMQ's (rabbit_stream_utils:command_versions/0, which also
@@ -84,9 +88,8 @@ only a server sends). It must start at key 1 with Publish second: rstream sends 
 ``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Not listed, because they
 do not work yet: Publish v2 (filter values are decoded but no chunk bloom filter is
 built, so a filtering client must see "not supported"; rstream and the Go client decide
-by this entry), Route, Partitions, CreateSuperStream, DeleteSuperStream and
-ResolveOffsetSpec (answered UNKNOWN_FRAME), and Deliver v2 (tierlog sends Deliver v1
-only; rstream accepts nothing else)."""
+by this entry), ResolveOffsetSpec (answered UNKNOWN_FRAME), and Deliver v2 (tierlog
+sends Deliver v1 only; rstream accepts nothing else)."""
 
 
 class HandshakeHandlers(ConnectionCore):
