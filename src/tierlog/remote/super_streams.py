@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
@@ -114,7 +114,9 @@ class SuperStreamRecord:
     def route(self, routing_key: str) -> list[str]:
         """The partitions bound with exactly ``routing_key``, in partition order (a direct
         exchange); empty when none is."""
-        return [p for p, k in zip(self.partitions, self.binding_keys, strict=True) if k == routing_key]
+        return [
+            p for p, k in zip(self.partitions, self.binding_keys, strict=True) if k == routing_key
+        ]
 
     def encode(self) -> bytes:
         return json.dumps(self.to_dict()).encode()
@@ -167,7 +169,8 @@ class SuperStreamCatalog:
 
     def list(self) -> list[SuperStreamRecord]:
         return [
-            SuperStreamRecord.decode(v.value, v.version) for v in self.meta.list(SUPER_STREAM_PREFIX)
+            SuperStreamRecord.decode(v.value, v.version)
+            for v in self.meta.list(SUPER_STREAM_PREFIX)
         ]
 
     def begin_create(self, definition: SuperStreamDefinition) -> tuple[SuperStreamRecord, bool]:

@@ -52,7 +52,9 @@ class SuperStreams:
 
     def _writable(self, what: str, name: str) -> None:
         if isinstance(self.broker, ReadOnlyBroker):
-            raise ReadOnlyNodeError(f"this node is read-only: {what} super stream {name!r} on a member")
+            raise ReadOnlyNodeError(
+                f"this node is read-only: {what} super stream {name!r} on a member"
+            )
 
     async def create(self, definition: SuperStreamDefinition) -> SuperStreamRecord:
         """Create the super stream and its partitions. ``ConfigError`` for a bad
