@@ -28,6 +28,7 @@ and answers Route by exact binding key only (RabbitMQ's direct exchange).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -229,7 +230,5 @@ class SuperStreamCatalog:
 
     def remove(self, record: SuperStreamRecord) -> None:
         """Delete the entry (idempotent: gone already is fine)."""
-        try:
+        with contextlib.suppress(NotFoundError):
             self.meta.delete(super_stream_key(record.vhost, record.name))
-        except NotFoundError:
-            pass

@@ -13,6 +13,7 @@ leaves the entry ``creating`` and the same CreateSuperStream resumes it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import TypeVar
@@ -111,10 +112,8 @@ class SuperStreams:
         )
         try:
             for partition in reversed(created):
-                try:
+                with contextlib.suppress(StreamNotFoundError):
                     await self.broker.delete_stream(record.vhost, partition)
-                except StreamNotFoundError:
-                    pass
             if not resumed:
                 await self._run(self.catalog.remove, record)
         except (TierlogError, OSError) as exc:
@@ -128,10 +127,9 @@ class SuperStreams:
         async with self._lock:
             record = await self._run(self.catalog.begin_delete, vhost, name)
             for partition in record.partitions:
-                try:
+                # not found: never made (a creation cut short), or deleted on its own
+                with contextlib.suppress(StreamNotFoundError):
                     await self.broker.delete_stream(vhost, partition)
-                except StreamNotFoundError:
-                    pass  # never made (a creation cut short), or deleted on its own
             await self._run(self.catalog.remove, record)
         log.info("super_stream_deleted", vhost=vhost, super_stream=name)
         return record
