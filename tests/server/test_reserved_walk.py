@@ -102,6 +102,12 @@ def _walk_raw(server: TierlogServerProcess, user: str) -> None:
             assert _answer(client, c.QueryOffsetRequest(n(), "c", name)) == R.ACCESS_REFUSED
             assert _answer(client, c.RouteRequest(n(), "k", name)) == R.ACCESS_REFUSED
             assert _answer(client, c.PartitionsRequest(n(), name)) == R.ACCESS_REFUSED
+            # as the super stream or as a partition of one: refused before permissions
+            for super_stream, partition in ((name, "ss-part"), ("ss", name)):
+                ss = c.CreateSuperStreamRequest(n(), super_stream, [partition], ["k"], {})
+                assert _answer(client, ss) == R.PRECONDITION_FAILED
+            ss_delete = c.DeleteSuperStreamRequest(n(), name)
+            assert _answer(client, ss_delete) == R.ACCESS_REFUSED
         # the publisher was never declared: a Publish for it reaches nothing
         client.send(encode_publish(7, [(1, b"forged")]))
         error = client.expect(c.PublishError)
