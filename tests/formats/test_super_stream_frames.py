@@ -46,7 +46,9 @@ PARTITIONS_RESPONSE = bytes.fromhex(
     "00000026" "8019" "0001" "0000000a" "0001" "00000002"
     "000a" "696e766f696365732d30" "000a" "696e766f696365732d31"
 )  # fmt: skip
-PARTITIONS_MISSING = bytes.fromhex("0000000e" "8019" "0001" "0000000a" "0002" "00000000")  # fmt: skip
+PARTITIONS_MISSING = bytes.fromhex(
+    "0000000e" "8019" "0001" "0000000a" "0002" "00000000"
+)  # fmt: skip
 
 # Both super-stream management responses: Key Version CorrelationId ResponseCode
 CREATE_SUPER_STREAM_EXISTS = bytes.fromhex("0000000a" "801d" "0001" "00000007" "0005")  # fmt: skip
