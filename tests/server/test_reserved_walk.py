@@ -192,7 +192,11 @@ def _admin_calls(method: str, path: str) -> list[tuple[str, Any]]:
     }.get((method, path))
     if path == "/api/streams" and method == "POST":
         return [("/api/streams", {"name": name}) for name in RESERVED_STREAMS]
-    if "{name}" in path and path.startswith("/api/streams/"):
+    if path == "/api/super-streams" and method == "POST":  # as the super stream or partition
+        named = [{"name": name, "partitions": 1} for name in RESERVED_STREAMS]
+        parts = [{"name": "ss", "partitions": [n], "binding_keys": ["k"]} for n in RESERVED_STREAMS]
+        return [(path, body) for body in named + parts]
+    if "{name}" in path and path.startswith(("/api/streams/", "/api/super-streams/")):
         quoted = (urllib.parse.quote(name, safe="") for name in RESERVED_STREAMS)
         return [(path.replace("{name}", q), body) for q in quoted]
     return [(path.replace("{name}", "n1"), body)]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote
@@ -232,3 +232,24 @@ class SuperStreamCatalog:
         """Delete the entry (idempotent: gone already is fine)."""
         with contextlib.suppress(NotFoundError):
             self.meta.delete(super_stream_key(record.vhost, record.name))
+
+
+def partitions_for(
+    name: str, count: int | None = None, binding_keys: Sequence[str] | None = None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(partitions, binding keys) named as RabbitMQ's ``rabbitmq-streams
+    add_super_stream`` names them (``rabbit_stream_utils``): ``count`` partitions
+    ``{name}-0`` … bound with ``"0"`` …, or one partition ``{name}-{key}`` per binding
+    key. Exactly one of the two; ``ConfigError`` otherwise."""
+    if (count is None) == (binding_keys is None):
+        raise ConfigError("give either a number of partitions or the binding keys")
+    if binding_keys is not None:
+        keys = tuple(str(k) for k in binding_keys)
+        return tuple(f"{name}-{k}" for k in keys), keys
+    assert count is not None
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"the number of partitions must be a positive integer, not {count!r}")
+    if count > MAX_PARTITIONS:
+        raise ConfigError(f"{count} partitions: at most {MAX_PARTITIONS}")
+    keys = tuple(str(i) for i in range(count))
+    return tuple(f"{name}-{k}" for k in keys), keys
