@@ -64,7 +64,7 @@ def add_super_stream_routes(app: web.Application, broker: Broker, guard: AdminGu
     ) -> None:
         guard.require(request, vhost, "configure", name)
         guard.require(request, vhost, "read", name)
-        for partition in parts:
+        for partition in partitions:
             guard.require(request, vhost, "configure", partition)
             guard.require(request, vhost, "write", partition)
 
