@@ -29,8 +29,8 @@ HOST = "127.0.0.1"
 # by hand: the keys RabbitMQ lists, less ResolveOffsetSpec, with Publish at version 1 only
 # (no filtering yet).
 GOLDEN_EXCHANGE_VERSIONS_7 = bytes.fromhex(
-    "00000086801b0001000000070001"  # size 134, key 0x801b, v1, correlation 7, OK
-    "00000014"  # 20 commands
+    "00000080801b0001000000070001"  # size 128, key 0x801b, v1, correlation 7, OK
+    "00000013"  # 19 commands
     "000100010001000200010001000500010001"
     "000600010001000700010001000900010001"
     "000a00010001000b00010001000c00010001"
