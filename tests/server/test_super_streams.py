@@ -30,6 +30,7 @@ from tests.plugins.tierlog_server import (  # noqa: F401
     session_tierlog_server,
 )
 from tierlog.formats.protocol import commands as c
+from tierlog.formats.protocol.constants import OffsetType as WireOffsetType
 from tierlog.formats.protocol.constants import ResponseCode as R
 from tierlog.remote.super_streams import (
     SuperStreamCatalog,
@@ -105,7 +106,17 @@ def test_create_route_partitions_delete_answer_as_rabbitmq(client: RawClient) ->
     assert route(client, "ss-inv", "EU") == (R.OK, [])  # no match: OK, no stream
     assert route(client, "ss-none", "eu") == (R.STREAM_DOES_NOT_EXIST, [])
     assert partitions(client, "ss-none") == (R.STREAM_DOES_NOT_EXIST, [])
+    # a consumer of a partition is told when the super stream goes, as Delete tells it
+    watcher = RawClient(HOST, client.sock.getpeername()[1], timeout=10)
+    assert watcher.handshake() == R.OK
+    first = c.WireOffsetSpec(WireOffsetType.FIRST, 0)
+    subscribe = c.SubscribeRequest(watcher.next_corr(), 1, parts[1], first, 1)
+    assert ask(watcher, subscribe).response_code == R.OK
     assert delete(client, "ss-inv") == R.OK
+    update = watcher.expect(c.MetadataUpdate)
+    assert isinstance(update, c.MetadataUpdate)
+    assert (update.stream, update.code) == (parts[1], R.STREAM_NOT_AVAILABLE)
+    watcher.close()
     assert metadata_codes(client, parts) == dict.fromkeys(parts, R.STREAM_DOES_NOT_EXIST)
     assert partitions(client, "ss-inv") == (R.STREAM_DOES_NOT_EXIST, [])
     assert delete(client, "ss-inv") == R.STREAM_DOES_NOT_EXIST
