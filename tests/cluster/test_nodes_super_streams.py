@@ -188,6 +188,7 @@ def test_super_stream_across_nodes_through_a_leader_kill(cluster: Cluster) -> No
     assert all(len(where) == 1 for where in seen.values())  # each read exactly once
     assert {w[0] for w in seen.values()} <= set(PARTS)
 
+    incarnations = [cluster.incarnation(p) for p in PARTS]
     raw = _client(cluster, "n3")
     try:
         gone = _ask(raw, c.DeleteSuperStreamRequest(raw.next_corr(), NAME))
@@ -196,3 +197,6 @@ def test_super_stream_across_nodes_through_a_leader_kill(cluster: Cluster) -> No
         raw.close()
     assert SuperStreamCatalog(cluster.meta).get("/", NAME) is None
     assert all(Catalog(cluster.meta).get("/", p) is None for p in PARTS)
+    # each partition deleted as Delete deletes a stream: its incarnation's tombstone, and
+    # its remote data through the stream-cleanup queue
+    assert all(Catalog(cluster.meta).is_deleted(i) for i in incarnations)
