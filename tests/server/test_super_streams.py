@@ -121,8 +121,13 @@ def test_create_route_partitions_delete_answer_as_rabbitmq(client: RawClient) ->
     assert partitions(client, "ss-inv") == (R.STREAM_DOES_NOT_EXIST, [])
     assert delete(client, "ss-inv") == R.STREAM_DOES_NOT_EXIST
     # the name is free again
-    assert create(client, "ss-inv", parts[:1], ["eu"]) == R.OK
-    assert delete(client, "ss-inv") == R.OK
+    assert create(client, "ss-inv", parts, ["eu", "us", "eu"]) == R.OK
+    # a partition deleted on its own leaves the answers, as a deleted queue's binding does
+    assert ask(client, c.DeleteRequest(client.next_corr(), parts[0])).response_code == R.OK
+    assert partitions(client, "ss-inv") == (R.OK, parts[1:])
+    assert route(client, "ss-inv", "eu") == (R.OK, ["ss-inv-apac"])
+    assert delete(client, "ss-inv") == R.OK  # the others go with it
+    assert metadata_codes(client, parts) == dict.fromkeys(parts, R.STREAM_DOES_NOT_EXIST)
 
 
 def test_bad_definitions_are_refused_and_leave_nothing(client: RawClient) -> None:

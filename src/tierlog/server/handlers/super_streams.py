@@ -13,7 +13,8 @@ Codes and permission checks as RabbitMQ's stream plugin (``rabbit_stream_reader`
   binding key matches is OK with no stream.
 * Partitions: ``read`` or ``write`` on the super stream and on every partition.
 * Route and Partitions of a super stream that does not exist (or is being created or
-  deleted) answer STREAM_DOES_NOT_EXIST with the empty stream list.
+  deleted) answer STREAM_DOES_NOT_EXIST with the empty stream list; a partition deleted on
+  its own is left out of both answers, as RabbitMQ drops a deleted queue's binding.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class SuperStreamHandlers(ConnectionCore):
         except (TierlogError, OSError) as exc:
             log.error("super_stream_lookup_failed", super_stream=name, error=repr(exc))
             return ResponseCode.INTERNAL_ERROR, []
-        if routing_key is None:
-            return ResponseCode.OK, list(record.partitions)
-        return ResponseCode.OK, record.route(routing_key)
+        streams = list(record.partitions) if routing_key is None else record.route(routing_key)
+        # a partition deleted on its own (Delete) is no longer answered: RabbitMQ drops the
+        # binding of a deleted queue
+        return ResponseCode.OK, [s for s in streams if await self.broker.exists(self.vhost, s)]
