@@ -83,9 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_spark_commands(sub)
     from tierlog.msgstore.cli import add_msgstore_commands
     from tierlog.server.node_cli import add_node_commands
+    from tierlog.server.super_stream_cli import add_super_stream_commands
 
     add_msgstore_commands(sub)
     add_node_commands(sub)
+    add_super_stream_commands(sub)
     return parser
 
 

@@ -117,11 +117,7 @@ def body_of(frame: bytes) -> memoryview:
 def test_every_command_without_a_hot_path_is_declared() -> None:
     hot = {Command.PUBLISH, Command.PUBLISH_CONFIRM, Command.DELIVER}
     # known to the server only to answer UNKNOWN_FRAME (docs/compatibility.md)
-    unsupported = {
-        Command.CREATE_SUPER_STREAM,
-        Command.DELETE_SUPER_STREAM,
-        Command.RESOLVE_OFFSET_SPEC,
-    }
+    unsupported = {Command.RESOLVE_OFFSET_SPEC}
     declared = {cls.KEY & ~RESPONSE_FLAG for cls in DECLARED}
     assert declared == set(Command) - hot - unsupported
     for cls in DECLARED:

@@ -24,25 +24,28 @@ from tierlog.server.handlers.handshake import exchange_versions_answer
 HOST = "127.0.0.1"
 
 # Key Version CorrelationId ResponseCode [Command Key MinVersion MaxVersion] (PROTOCOL.adoc),
-# by hand: the keys RabbitMQ lists, less Route, Partitions and the super-stream and
-# ResolveOffsetSpec commands; Publish up to version 2 (filtering), as RabbitMQ's.
+# by hand: the keys RabbitMQ lists, less ResolveOffsetSpec; Publish up to version 2
+# (filtering), as RabbitMQ's.
 GOLDEN_EXCHANGE_VERSIONS_7 = bytes.fromhex(
-    "00000068801b0001000000070001"  # size 104, key 0x801b, v1, correlation 7, OK
-    "0000000f"  # 15 commands
+    "00000080801b0001000000070001"  # size 128, key 0x801b, v1, correlation 7, OK
+    "00000013"  # 19 commands
     "000100010001000200010002000500010001"
     "000600010001000700010001000900010001"
     "000a00010001000b00010001000c00010001"
     "000d00010001000e00010001000f00010001"
-    "001600010001001700010001001c00010001"
+    "001600010001001700010001"
+    "001800010001001900010001001c00010001"  # Route, Partitions, StreamStats
+    "001d00010001001e00010001"  # CreateSuperStream, DeleteSuperStream
 )
 """The answer with correlation id 7, byte by byte: (1,1,1) (2,1,2) (5..7) (9..15) (22,1,1)
-(23,1,1) (28,1,1)."""
+(23,1,1) (24,1,1) (25,1,1) (28,1,1) (29,1,1) (30,1,1)."""
 
 
 def _golden_exchange_versions(correlation_id: int) -> bytes:
     entries = [(1, 1, 1), (2, 1, 2), (5, 1, 1), (6, 1, 1), (7, 1, 1), (9, 1, 1)]
     entries += [(10, 1, 1), (11, 1, 1), (12, 1, 1), (13, 1, 1), (14, 1, 1), (15, 1, 1)]
-    entries += [(0x16, 1, 1), (0x17, 1, 1), (0x1C, 1, 1)]
+    entries += [(0x16, 1, 1), (0x17, 1, 1), (0x18, 1, 1), (0x19, 1, 1), (0x1C, 1, 1)]
+    entries += [(0x1D, 1, 1), (0x1E, 1, 1)]
     body = struct.pack(">HHIHi", 0x801B, 1, correlation_id, 1, len(entries))
     body += b"".join(struct.pack(">HHH", *entry) for entry in entries)
     return struct.pack(">I", len(body)) + body
@@ -101,18 +104,6 @@ def _no_map() -> bytes:
 
 
 UNSUPPORTED = {
-    "route": c.RouteRequest(11, "key", "invoices").encode(),
-    "partitions": c.PartitionsRequest(12, "invoices").encode(),
-    "create_super_stream": _bare(
-        Command.CREATE_SUPER_STREAM,
-        13,
-        struct.pack(">i", 1)
-        + encode_string("invoices-0")
-        + struct.pack(">i", 1)
-        + encode_string("0")
-        + _no_map(),
-    ),
-    "delete_super_stream": _bare(Command.DELETE_SUPER_STREAM, 14, encode_string("invoices")),
     "resolve_offset_spec": _bare(
         Command.RESOLVE_OFFSET_SPEC, 15, encode_string("s") + struct.pack(">H", 1) + _no_map()
     ),
@@ -126,11 +117,8 @@ def test_unsupported_command_answers_unknown_frame(open_client: RawClient, name:
     open_client.send(frame)
     assert not open_client.frames
     # Key|0x8000 Version CorrelationId ResponseCode, read raw: the client-side codec
-    # does not know every one of these responses. Route and Partitions add the empty
-    # stream list, as RabbitMQ's errors do (the Node.js client crashes without it).
-    with_list = key in (Command.ROUTE, Command.PARTITIONS)
-    expected = struct.pack(">IHHIH", 14 if with_list else 10, key | 0x8000, 1, correlation_id, 0x0D)
-    expected += struct.pack(">i", 0) if with_list else b""
+    # does not know every one of these responses.
+    expected = struct.pack(">IHHIH", 10, key | 0x8000, 1, correlation_id, 0x0D)
     raw = b""
     while len(raw) < len(expected):
         chunk = open_client.sock.recv(len(expected) - len(raw))

@@ -119,7 +119,7 @@ def test_unknown_command_answered_and_connection_kept(
     client.send(c.RouteRequest(5, "key", "super").encode())
     route = client.expect(c.RouteResponse)
     assert isinstance(route, c.RouteResponse)
-    assert route.response_code == ResponseCode.UNKNOWN_FRAME  # super streams: not yet
+    assert route.response_code == ResponseCode.STREAM_DOES_NOT_EXIST  # no such super stream
     # publish for an undeclared publisher → PublishError, connection stays
     client.send(encode_publish(7, [(1, b"x"), (2, b"y")]))
     error = client.expect(c.PublishError)

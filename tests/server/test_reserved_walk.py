@@ -102,6 +102,12 @@ def _walk_raw(server: TierlogServerProcess, user: str) -> None:
             assert _answer(client, c.QueryOffsetRequest(n(), "c", name)) == R.ACCESS_REFUSED
             assert _answer(client, c.RouteRequest(n(), "k", name)) == R.ACCESS_REFUSED
             assert _answer(client, c.PartitionsRequest(n(), name)) == R.ACCESS_REFUSED
+            # as the super stream or as a partition of one: refused before permissions
+            for super_stream, partition in ((name, "ss-part"), ("ss", name)):
+                ss = c.CreateSuperStreamRequest(n(), super_stream, [partition], ["k"], {})
+                assert _answer(client, ss) == R.PRECONDITION_FAILED
+            ss_delete = c.DeleteSuperStreamRequest(n(), name)
+            assert _answer(client, ss_delete) == R.ACCESS_REFUSED
         # the publisher was never declared: a Publish for it reaches nothing
         client.send(encode_publish(7, [(1, b"forged")]))
         error = client.expect(c.PublishError)
@@ -186,7 +192,11 @@ def _admin_calls(method: str, path: str) -> list[tuple[str, Any]]:
     }.get((method, path))
     if path == "/api/streams" and method == "POST":
         return [("/api/streams", {"name": name}) for name in RESERVED_STREAMS]
-    if "{name}" in path and path.startswith("/api/streams/"):
+    if path == "/api/super-streams" and method == "POST":  # as the super stream or partition
+        named = [{"name": name, "partitions": 1} for name in RESERVED_STREAMS]
+        parts = [{"name": "ss", "partitions": [n], "binding_keys": ["k"]} for n in RESERVED_STREAMS]
+        return [(path, body) for body in named + parts]
+    if "{name}" in path and path.startswith(("/api/streams/", "/api/super-streams/")):
         quoted = (urllib.parse.quote(name, safe="") for name in RESERVED_STREAMS)
         return [(path.replace("{name}", q), body) for q in quoted]
     return [(path.replace("{name}", "n1"), body)]

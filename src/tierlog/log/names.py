@@ -116,8 +116,8 @@ def check_client_name(kind: str, name: str | None) -> None:
 
 
 def check_super_stream(name: str, partitions: Sequence[str]) -> None:
-    """The rule for CreateSuperStream / DeleteSuperStream (not served yet; Route and
-    Partitions answer for the super-stream name): the super stream and every partition."""
+    """The rule for CreateSuperStream (and the admin API's creation): the super stream and
+    every partition. Route, Partitions and DeleteSuperStream check the super-stream name."""
     check_client_name("super stream", name)
     for partition in partitions:
         check_client_name("partition", partition)

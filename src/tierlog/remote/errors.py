@@ -100,3 +100,13 @@ class AckModeError(ConfigError):
     """A stream's ack mode cannot be combined with its other settings (``segments``
     offload with ``ack = remote``: whole sealed segments reach the remote tier hours
     after a publish, so a confirm would wait that long)."""
+
+
+class SuperStreamExistsError(StreamExistsError):
+    """A super stream of that name already exists in the vhost (or is being created or
+    deleted there): CreateSuperStream answers STREAM_ALREADY_EXISTS, as RabbitMQ does."""
+
+
+class SuperStreamNotFoundError(StreamNotFoundError):
+    """No super stream of that name in the vhost (none, or one still being created or
+    deleted)."""

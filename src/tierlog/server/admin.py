@@ -26,6 +26,8 @@ user's permission on the stream again. Routes (``vhost`` is a query parameter, d
 * ``GET /api/streams/{name}/messages?key=K[&from=T&to=T]`` — the stream's records whose
   key is ``K`` (times: ms or ISO-8601), found through its key index:
   ``{"stream", "key", "windows", "messages": [{"offset", "body" (base64 record)}]}``
+* ``/api/super-streams…`` — list, create, show and delete super streams
+  (``admin_super_streams.py``)
 * ``GET /metrics`` — Prometheus text format (OpenMetrics when the scraper asks for it)
 """
 
@@ -46,6 +48,7 @@ from tierlog.remote.errors import RemoteTierError, StreamExistsError, StreamNotF
 from tierlog.remote.key_lookup import lookup_key, parse_timestamp
 from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
 from tierlog.server.admin_security import HEALTH_LIVE, HEALTH_READY, AdminGuard
+from tierlog.server.admin_super_streams import add_super_stream_routes
 from tierlog.server.arguments import settings_changes
 from tierlog.server.broker import Broker
 from tierlog.server.cluster_service import ClusterService
@@ -319,4 +322,5 @@ def build_admin_app(
     app.router.add_get("/api/streams/{name}/offload", get_offload)
     app.router.add_get("/api/streams/{name}/messages", get_messages)
     app.router.add_get("/metrics", prometheus)
+    add_super_stream_routes(app, broker, guard)
     return app

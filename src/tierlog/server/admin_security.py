@@ -53,6 +53,9 @@ CONFIGURE, READ, READ_OR_CONFIGURE = "configure", "read", "read or configure"
 """Permissions on the stream the path names (``vhost`` query parameter, default ``/``);
 ``POST /api/streams`` checks ``configure`` on the name in its body."""
 STREAM_ROUTE_PREFIX = "/api/streams/{name}"
+SUPER_STREAM_ROUTE_PREFIX = "/api/super-streams/{name}"
+"""Routes naming a super stream: checked like stream routes, against the super stream's
+name (RabbitMQ checks its exchange); the handler checks the partitions too."""
 
 ROUTE_PERMISSIONS: dict[tuple[str, str], str] = {
     ("GET", "/api/health"): USER,
@@ -69,6 +72,10 @@ ROUTE_PERMISSIONS: dict[tuple[str, str], str] = {
     ("GET", "/api/streams/{name}/delayed"): READ_OR_CONFIGURE,
     ("POST", "/api/streams/{name}/delayed/cancel"): CONFIGURE,
     ("POST", "/api/streams/{name}/members"): CONFIGURE,
+    ("GET", "/api/super-streams"): USER,
+    ("POST", "/api/super-streams"): CONFIGURE,
+    ("GET", "/api/super-streams/{name}"): READ_OR_CONFIGURE,
+    ("DELETE", "/api/super-streams/{name}"): CONFIGURE,
     ("GET", "/api/cluster"): ADMINISTRATOR,
     ("GET", "/api/nodes"): ADMINISTRATOR,
     ("GET", "/api/nodes/{name}"): ADMINISTRATOR,
@@ -196,8 +203,8 @@ class AdminGuard:
                 return None
             self.gate.refused("admin", ADMINISTRATOR)
             return _json_error(403, f"user {user!r} is not an administrator (auth.tags)")
-        if not key[1].startswith(STREAM_ROUTE_PREFIX):
-            return None  # USER / METRICS, or checked on the body's name (POST /api/streams)
+        if not key[1].startswith((STREAM_ROUTE_PREFIX, SUPER_STREAM_ROUTE_PREFIX)):
+            return None  # USER / METRICS, or checked on the body's name (POST ...)
         vhost, name = request.query.get("vhost", "/"), request.match_info["name"]
         if is_reserved(name):
             self.gate.refused("admin", "reserved_name")

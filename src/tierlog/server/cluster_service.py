@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from tierlog.server.config import ServerConfig
 
 log = get_logger("tierlog.server.cluster")
+ACQUIRE_ATTEMPTS = 5  # acquisitions in a row while the record moves (a member's disk claim)
 
 
 class LeadershipHooks(Protocol):
@@ -533,16 +534,23 @@ class ClusterService:
         voters = self._new_voters.pop((handle.vhost, handle.name), (self.name,))
         try:
             await self._directory(register_stream, self.directory, incarnation, voters)
-            disk = await self._directory(self.disks.claim_for, incarnation)
-            sent_at = time.monotonic()
-            leadership: Leadership = await self._directory(
-                self.directory.acquire_leadership,
-                incarnation,
-                self.name,
-                node_lease,
-                (handle.log.max_epoch, handle.log.read_member_epoch()),
-                disk,
-            )
+            for attempt in range(ACQUIRE_ATTEMPTS):
+                disk = await self._directory(self.disks.claim_for, incarnation)
+                sent_at = time.monotonic()
+                try:
+                    leadership: Leadership = await self._directory(
+                        self.directory.acquire_leadership,
+                        incarnation,
+                        self.name,
+                        node_lease,
+                        (handle.log.max_epoch, handle.log.read_member_epoch()),
+                        disk,
+                    )
+                    return leadership, sent_at
+                except VersionConflictError:  # e.g. a member claimed its disk on the new
+                    if attempt + 1 == ACQUIRE_ATTEMPTS:  # stream: re-read, decide again
+                        raise
+            raise AssertionError("unreachable")
         except (
             LeaderAliveError,
             NotAMemberError,
@@ -551,7 +559,6 @@ class ClusterService:
             LeaseLostError,
         ) as exc:
             raise NotLeaderError(f"{handle.name}: {exc}") from exc
-        return leadership, sent_at
 
     # -- effects --------------------------------------------------------------------------
     def _feed(self, incarnation: str, event: Event) -> None:

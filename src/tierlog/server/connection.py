@@ -15,10 +15,12 @@ from tierlog.formats.protocol.commands import (
     CloseRequest,
     ConsumerUpdateResponse,
     CreateRequest,
+    CreateSuperStreamRequest,
     CreditRequest,
     DeclarePublisherRequest,
     DeletePublisherRequest,
     DeleteRequest,
+    DeleteSuperStreamRequest,
     ExchangeCommandVersionsRequest,
     Heartbeat,
     MetadataRequest,
@@ -42,9 +44,12 @@ from tierlog.server.handlers.consumers import ConsumerHandlers
 from tierlog.server.handlers.handshake import HandshakeHandlers
 from tierlog.server.handlers.publishers import PublisherHandlers
 from tierlog.server.handlers.streams import StreamHandlers
+from tierlog.server.handlers.super_streams import SuperStreamHandlers
 
 
-class Connection(HandshakeHandlers, StreamHandlers, PublisherHandlers, ConsumerHandlers):
+class Connection(
+    HandshakeHandlers, StreamHandlers, SuperStreamHandlers, PublisherHandlers, ConsumerHandlers
+):
     """The server side of one client connection."""
 
     def _dispatch_table(self) -> dict[type, Callable[[Any], None]]:
@@ -62,8 +67,10 @@ class Connection(HandshakeHandlers, StreamHandlers, PublisherHandlers, ConsumerH
             DeleteRequest: self._spawn(self._on_delete),
             MetadataRequest: self._on_metadata,
             StreamStatsRequest: self._on_stream_stats,
-            RouteRequest: self._on_super_stream,
-            PartitionsRequest: self._on_super_stream,
+            RouteRequest: self._spawn(self._on_route),
+            PartitionsRequest: self._spawn(self._on_partitions),
+            CreateSuperStreamRequest: self._spawn(self._on_create_super_stream),
+            DeleteSuperStreamRequest: self._spawn(self._on_delete_super_stream),
             ExchangeCommandVersionsRequest: self._on_exchange_versions,
             DeclarePublisherRequest: self._on_declare_publisher,
             QueryPublisherSequenceRequest: self._on_query_publisher_sequence,

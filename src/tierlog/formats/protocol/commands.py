@@ -76,7 +76,9 @@ from tierlog.formats.protocol.schema import (
 from tierlog.formats.protocol.streams import (
     BrokerAddress,
     CreateRequest,
+    CreateSuperStreamRequest,
     DeleteRequest,
+    DeleteSuperStreamRequest,
     MetadataRequest,
     MetadataResponse,
     MetadataUpdate,
@@ -150,6 +152,8 @@ ClientCommand = (
     | StreamStatsRequest
     | RouteRequest
     | PartitionsRequest
+    | CreateSuperStreamRequest
+    | DeleteSuperStreamRequest
     | ExchangeCommandVersionsRequest
     | DeclarePublisherRequest
     | PublishBatch
@@ -303,11 +307,13 @@ __all__ = [
     "ConsumerUpdateRequest",
     "ConsumerUpdateResponse",
     "CreateRequest",
+    "CreateSuperStreamRequest",
     "CreditRequest",
     "CreditResponse",
     "DeclarePublisherRequest",
     "DeletePublisherRequest",
     "DeleteRequest",
+    "DeleteSuperStreamRequest",
     "Deliver",
     "ExchangeCommandVersionsRequest",
     "ExchangeCommandVersionsResponse",

@@ -84,14 +84,7 @@ class OffsetType(enum.IntEnum):
 
 
 SUPPORTED_VERSIONS: dict[Command, tuple[int, int]] = {
-    command: (1, 1)
-    for command in Command
-    if command
-    not in (
-        Command.CREATE_SUPER_STREAM,
-        Command.DELETE_SUPER_STREAM,
-        Command.RESOLVE_OFFSET_SPEC,
-    )
+    command: (1, 1) for command in Command if command not in (Command.RESOLVE_OFFSET_SPEC,)
 }
 """(min, max) version of every command this codec can decode. Not what the server
 advertises: ExchangeCommandVersions lists only what the server really serves

@@ -127,3 +127,26 @@ class PartitionsResponse(Message):
     correlation_id: Annotated[int, UInt32]
     response_code: Annotated[int, UInt16]
     streams: Annotated[Sequence[str], Array(String)]
+
+
+@command(Command.CREATE_SUPER_STREAM, sent_by=CLIENT)
+@dataclass(frozen=True, slots=True)
+class CreateSuperStreamRequest(Message):
+    """``Name [Partition] [BindingKey] Arguments`` (PROTOCOL.adoc, key 0x001d): partitions
+    in their order, one binding key per partition (the same count, checked by the server),
+    the partitions' stream arguments. Answered with a bare response code."""
+
+    correlation_id: Annotated[int, UInt32]
+    name: Annotated[str, String]
+    partitions: Annotated[Sequence[str], Array(String, tuple)]
+    binding_keys: Annotated[Sequence[str], Array(String, tuple)]
+    arguments: Annotated[Mapping[str, str], StringMap]
+
+
+@command(Command.DELETE_SUPER_STREAM, sent_by=CLIENT)
+@dataclass(frozen=True, slots=True)
+class DeleteSuperStreamRequest(Message):
+    """``Name`` (PROTOCOL.adoc, key 0x001e); answered with a bare response code."""
+
+    correlation_id: Annotated[int, UInt32]
+    name: Annotated[str, String]

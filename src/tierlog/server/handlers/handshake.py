@@ -76,7 +76,11 @@ ADVERTISED_COMMAND_VERSIONS: tuple[tuple[Command, int, int], ...] = (
     (Command.METADATA, 1, 1),
     (Command.CLOSE, 1, 1),
     (Command.HEARTBEAT, 1, 1),
+    (Command.ROUTE, 1, 1),
+    (Command.PARTITIONS, 1, 1),
     (Command.STREAM_STATS, 1, 1),
+    (Command.CREATE_SUPER_STREAM, 1, 1),
+    (Command.DELETE_SUPER_STREAM, 1, 1),
 )
 """The ExchangeCommandVersions answer: (key, min, max) of every client command this server
 serves, in key order like RabbitMQ's (rabbit_stream_utils:command_versions/0, which also
@@ -84,10 +88,9 @@ leaves out the handshake commands, that run before this exchange can, and the co
 only a server sends). It must start at key 1 with Publish second: rstream sends only
 ``(Publish, 1, 2)`` and reads the answer at index ``key - 1``. Publish goes up to version
 2 (filter values build the chunks' bloom filters: rstream and the Go client turn filtering
-on from this entry, as with RabbitMQ). Not listed, because they do not work yet: Route,
-Partitions, CreateSuperStream, DeleteSuperStream and
-ResolveOffsetSpec (answered UNKNOWN_FRAME), and Deliver v2 (tierlog sends Deliver v1
-only; rstream accepts nothing else)."""
+on from this entry, as with RabbitMQ). Not listed, because they do not work yet:
+ResolveOffsetSpec (answered UNKNOWN_FRAME) and Deliver v2 (tierlog sends Deliver v1 only;
+rstream accepts nothing else)."""
 
 
 class HandshakeHandlers(ConnectionCore):

@@ -1,4 +1,4 @@
-"""Stream commands: create, delete, metadata, stream stats, super-stream routing.
+"""Stream commands: create, delete, metadata, stream stats (super streams: ``super_streams``).
 
 Mixed into ``Connection``; methods run on the event loop with the connection as ``self``.
 """
@@ -12,10 +12,6 @@ from tierlog.formats.protocol.commands import (
     DeleteRequest,
     MetadataRequest,
     MetadataResponse,
-    PartitionsRequest,
-    PartitionsResponse,
-    RouteRequest,
-    RouteResponse,
     SimpleResponse,
     StreamMetadata,
     StreamStatsRequest,
@@ -140,18 +136,3 @@ class StreamHandlers(ConnectionCore):
             "committed_chunk_id": reads.commit_point().chunk_id,
         }
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
-
-    def _on_super_stream(self, cmd: RouteRequest | PartitionsRequest) -> None:
-        # super streams are not supported yet: the unknown-command code, not a claim that
-        # this one super stream does not exist (docs/compatibility.md); with the empty
-        # stream list, as RabbitMQ answers errors (the Node.js client reads it). A reserved
-        # name is refused as everywhere.
-        if self._reserved("super stream", cmd.super_stream):
-            code = ResponseCode.ACCESS_REFUSED
-        else:
-            code = ResponseCode.UNKNOWN_FRAME
-            self.metrics.unknown_commands.inc()
-        if isinstance(cmd, RouteRequest):
-            self.send(RouteResponse(cmd.correlation_id, code, []).encode())
-        else:
-            self.send(PartitionsResponse(cmd.correlation_id, code, []).encode())
