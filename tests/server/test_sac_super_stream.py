@@ -90,3 +90,35 @@ async def test_partitions_spread_and_step_down_before_the_hand_over(server: Serv
     assert (back.subscription_id, back.active) == (2, True)
     for client in (a, producer):
         client.close()
+
+
+async def test_partition_indexes_come_from_the_super_stream_catalog(tmp_path: Path) -> None:
+    """Without a fixed table: the super stream created through the protocol places each
+    partition in its group, so two consumers of a two-partition super stream are each
+    active on one partition (0 % 2 and 1 % 2), not both on both as plain groups."""
+    srv = Server(_config(tmp_path))
+    await srv.start()
+    try:
+        admin = await AsyncRawClient.connect(srv.stream_port)
+        created = await admin.request(
+            c.CreateSuperStreamRequest(admin.next_corr(), "inv", ("inv-0", "inv-1"), ("0", "1"), {})
+        )
+        assert created.response_code == ResponseCode.OK
+        a = await AsyncRawClient.connect(srv.stream_port)
+        b = await AsyncRawClient.connect(srv.stream_port)
+        for sid, stream in ((1, "inv-0"), (2, "inv-1")):
+            await _subscribe(a, sid, stream)
+            update = await _update(a)
+            assert (update.subscription_id, update.active) == (sid, True)
+            a.send(c.ConsumerUpdateResponse(update.correlation_id, ResponseCode.OK, NONE).encode())
+        await _subscribe(b, 1, "inv-0")
+        await _subscribe(b, 2, "inv-1")
+        down = await _update(a)  # partition 1 moves to b: a steps down on it
+        assert (down.subscription_id, down.active) == (2, False)
+        a.send(c.ConsumerUpdateResponse(down.correlation_id, ResponseCode.OK, NONE).encode())
+        up = await _update(b)
+        assert (up.subscription_id, up.active) == (2, True)
+        for client in (a, b, admin):
+            client.close()
+    finally:
+        await srv.stop()

@@ -253,3 +253,30 @@ def partitions_for(
         raise ConfigError(f"{count} partitions: at most {MAX_PARTITIONS}")
     keys = tuple(str(i) for i in range(count))
     return tuple(f"{name}-{k}" for k in keys), keys
+
+
+class PartitionIndexes:
+    """Where a stream sits in a super stream, for single active consumer's ``super-stream``
+    groups (``server/sac.py``'s ``PartitionLookup``). It answers on the event loop at
+    Subscribe, so entries are read at most once per ``ttl`` seconds per super stream: a
+    super stream's partitions change only when it is deleted and created again, and a
+    stale answer for that moment only spreads the group's partitions differently."""
+
+    def __init__(self, catalog: SuperStreamCatalog, ttl: float = 5.0) -> None:
+        self.catalog = catalog
+        self.ttl = ttl
+        self._seen: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+
+    def __call__(self, vhost: str, super_stream: str, stream: str) -> int | None:
+        key = (vhost, super_stream)
+        now = time.monotonic()
+        seen = self._seen.get(key)
+        if seen is None or now - seen[0] > self.ttl:
+            record = self.catalog.get(vhost, super_stream)
+            ready = record is not None and record.state == READY
+            seen = (now, record.partitions if ready and record is not None else ())
+            if len(self._seen) >= 10_000:
+                self._seen.clear()  # bounded: one entry per super stream looked up
+            self._seen[key] = seen
+        partitions = seen[1]
+        return partitions.index(stream) if stream in partitions else None

@@ -55,6 +55,7 @@ from tierlog.metrics import Metrics
 from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.errors import StreamExistsError
 from tierlog.remote.settings import StreamSettings
+from tierlog.remote.super_streams import PartitionIndexes, SuperStreamCatalog
 from tierlog.server.chunk_source import ChunkSource, CommitNotifier
 from tierlog.server.config import ServerConfig
 from tierlog.server.remote_ack import check_creatable
@@ -600,7 +601,7 @@ class Broker:
         self._open_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.writers = SerialPool(config.server.writer_threads, "writer")
         self.delivery_turns = DeliveryTurns()
-        self.sac = SacCoordinator()
+        self.sac = SacCoordinator(PartitionIndexes(SuperStreamCatalog(catalog.meta)))
         """The node's single-active-consumer groups (``server/sac.py``)."""
         self.all_open = asyncio.Event()
         self._closing = False
