@@ -110,3 +110,12 @@ def test_stream_arguments() -> None:
         settings_from_arguments({"x-tierlog-fragment-bytes": "10"})  # below 1 MiB
     with pytest.raises(ConfigError):
         settings_from_arguments({"max-length-bytes": "-5"})
+
+
+def test_local_limits_are_refused_on_segment_streams() -> None:
+    """A segment-offload stream frees offloaded segments after its deletion lag; a local
+    limit on it would be accepted and do nothing."""
+    for extra in ({"x-tierlog-local-max-bytes": "1"}, {"x-tierlog-local-max-age": "1h"}):
+        with pytest.raises(ConfigError, match="tier_mode 'fragments' only"):
+            settings_from_arguments({"x-tierlog-tier-mode": "segments", **extra})
+        assert settings_from_arguments(extra).tier_mode == "fragments"

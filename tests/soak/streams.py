@@ -18,6 +18,15 @@ BASE_ARGS = {
 steady state within a minute, so growth after that is a leak."""
 
 
+def _arguments(extra: dict[str, str]) -> dict[str, str]:
+    """A stream's arguments: the base ones and its own; a segment-offload stream has no
+    local limit (it frees offloaded segments after its deletion lag, and refuses one)."""
+    arguments = {**BASE_ARGS, **extra}
+    if arguments.get("x-tierlog-tier-mode") == "segments":
+        del arguments["x-tierlog-local-max-bytes"]
+    return arguments
+
+
 @dataclass(frozen=True)
 class StreamSpec:
     name: str
@@ -54,7 +63,7 @@ def build_streams(profile: Profile) -> list[StreamSpec]:
                     f"soak-{kind}-{i}",
                     kind,
                     replicas,
-                    {**BASE_ARGS, **extra},
+                    _arguments(extra),
                     rate * profile.rate_scale,
                     batch,
                     **flags,

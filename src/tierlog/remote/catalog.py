@@ -34,7 +34,11 @@ from urllib.parse import quote
 from tierlog.errors import TierlogError
 from tierlog.log.names import stream_dir_name
 from tierlog.remote.errors import CorruptPointerError, StreamExistsError, StreamNotFoundError
-from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
+from tierlog.remote.settings import (
+    StreamSettings,
+    check_new_settings,
+    check_tier_mode_unchanged,
+)
 from tierlog.storage.errors import AlreadyExistsError, NotFoundError, VersionConflictError
 from tierlog.storage.meta_store import CleanupItem, MetaStore
 
@@ -169,6 +173,7 @@ class Catalog:
             record = self.require(vhost, name)
             check_tier_mode_unchanged(record.settings, changes)
             settings = record.settings.updated(**changes)
+            check_new_settings(settings)
             body = {
                 "vhost": vhost,
                 "name": name,

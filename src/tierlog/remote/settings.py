@@ -233,6 +233,21 @@ class StreamSettings:
         return self.from_dict({**self.to_dict(), **changes})
 
 
+def check_new_settings(settings: StreamSettings) -> None:
+    """Rules for the settings a stream is created or changed with (not for entries already
+    stored, which must keep opening). ``local_max_bytes`` / ``local_max_age_seconds`` bound
+    the local tier of fragment-tiered streams; a ``segments`` stream frees each offloaded
+    segment after ``offload_deletion_lag_seconds`` and applies no local limit, so the
+    setting would be accepted and do nothing."""
+    if settings.tier_mode == "segments" and (
+        settings.local_max_bytes is not None or settings.local_max_age_seconds is not None
+    ):
+        raise ConfigError(
+            "local_max_bytes and local_max_age_seconds apply to tier_mode 'fragments' only: "
+            "a 'segments' stream frees offloaded segments after offload_deletion_lag_seconds"
+        )
+
+
 def check_tier_mode_unchanged(current: StreamSettings, changes: dict[str, Any]) -> None:
     """ConfigError when ``changes`` would change the tier mode: it is fixed at creation
     (the remote tier of a stream holds fragments or whole segments, never both)."""

@@ -46,7 +46,11 @@ from tierlog.offload.errors import OffloadRunningError
 from tierlog.offload.service import SegmentOffloadService
 from tierlog.remote.errors import RemoteTierError, StreamExistsError, StreamNotFoundError
 from tierlog.remote.key_lookup import lookup_key, parse_timestamp
-from tierlog.remote.settings import StreamSettings, check_tier_mode_unchanged
+from tierlog.remote.settings import (
+    StreamSettings,
+    check_new_settings,
+    check_tier_mode_unchanged,
+)
 from tierlog.server.admin_security import HEALTH_LIVE, HEALTH_READY, AdminGuard
 from tierlog.server.admin_super_streams import add_super_stream_routes
 from tierlog.server.arguments import settings_changes
@@ -169,6 +173,7 @@ def build_admin_app(
         guard.require(request, vhost, "configure", name)
         try:
             settings = StreamSettings().updated(**_changes(data))
+            check_new_settings(settings)
             _check_log_limits(broker, settings)
             handle = await broker.create_stream(vhost, name, settings)
         except StreamExistsError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tierlog.errors import ConfigError
 from tierlog.remote.encryption import process_keyring
-from tierlog.remote.settings import StreamSettings, check_index_key
+from tierlog.remote.settings import StreamSettings, check_index_key, check_new_settings
 
 _UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([YMDhms]?)\s*$")
@@ -148,7 +148,9 @@ def settings_from_arguments(
     """StreamSettings for Create: ``base`` (defaults) updated with the arguments."""
     base = base or StreamSettings()
     changes = settings_changes(arguments)
-    return base.updated(**changes) if changes else base
+    settings = base.updated(**changes) if changes else base
+    check_new_settings(settings)
+    return settings
 
 
 CLUSTER_SIZE_ARGUMENTS = ("initial-cluster-size", "x-initial-cluster-size")
