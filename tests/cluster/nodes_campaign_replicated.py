@@ -217,7 +217,7 @@ async def check_cycle(run: _Run, where: str, more: int = 20) -> list[str]:
                 pinned=True,
             )
         except Exception as exc:
-            problems.append(f"reading on {member}: {exc!r}")
+            problems.append(f"reading on {member}: {exc!r}{_why_refused(cluster.node(member))}")
             continue
         run.result.member_reads += 1
         problems += [f"read on {member}: {p}" for p in oracle(publisher.confirmed, mine)]
@@ -238,6 +238,19 @@ async def check_cycle(run: _Run, where: str, more: int = 20) -> list[str]:
             break
         await asyncio.sleep(0.5)
     return [f"{where}: {p}" for p in problems + differences]
+
+
+def _why_refused(node: Node) -> str:
+    """The node's last logged reason for refusing a Subscribe (empty if none): a failed
+    member read says why the member did not serve."""
+    lines = node.log_events("subscribe_refused_member") + node.log_events(
+        "subscribe_refused_not_available"
+    )
+    if not lines:
+        return ""
+    last = max(lines, key=lambda fields: fields["ts"])
+    fields = {k: v for k, v in last.items() if k in ("ts", "event", "reason", "opening", "error")}
+    return f" (last refusal: {fields})"
 
 
 def _settled(cluster: Cluster) -> bool:

@@ -29,8 +29,10 @@ from tests.cluster.hub_helpers import (
 from tests.log.acceptor_helpers import stream_files, write_leader_chunks
 from tierlog.formats.chunk import decode_header
 from tierlog.formats.segment import FILE_HEADER_SIZE
+from tierlog.log import member_epoch
 from tierlog.log.errors import BadChunkError
 from tierlog.log.writer import StreamLog
+from tierlog.server.member_reads import MemberBound
 
 
 class LosingDisk:
@@ -149,6 +151,54 @@ async def test_chunks_before_a_refused_one_are_reported_only_once_fsynced(hubs, 
     await until(lambda: check.written.get("n2") == leader.last_chunk_id, what="WRITTEN")
     assert refused and check.written["n2"] == leader.last_chunk_id
     assert check.not_on_disk == []
+    n2.unfollow(STREAM)
+    member.close()
+    leader.close()
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["refused", "written-then-failed"])
+async def test_a_member_failed_once_while_caught_up_serves_again_without_new_data(
+    hubs, tmp_path, monkeypatch: pytest.MonkeyPatch, written: bool
+):
+    """A failure that loses nothing while the member holds the leader's whole log, on
+    an idle stream: the member epoch file of a new leader's epoch could not be written
+    once (a full disk for a moment), or was written but its fsync failed. The member
+    recovers in place and follows the leader again; with no new chunk there is no
+    chunk write to succeed, so the epoch written on the retry, or the leader's answer
+    that the member holds everything, must end the failed state, or the member's bound
+    (``server.member_reads``) refuses its consumers for as long as nothing is
+    published."""
+    n1, n2 = [await hubs.add(n, retry_delay=0.05) for n in ("n1", "n2")]
+    leader = leader_log(tmp_path)
+    write_leader_chunks(leader, 10)
+    member = member_log(tmp_path, "n2")
+    recorder = lead_and_follow(n1, n2, leader, member)
+    await until(caught_up(member, leader), what="the member catching up")
+    real = member_epoch.persist_member_epoch
+    refused: list[int] = []
+
+    def full_once(directory: str, epoch: int) -> None:
+        if not refused:
+            refused.append(epoch)
+            if written:
+                real(directory, epoch)
+                raise OSError(5, "Input/output error")
+            raise OSError(28, "No space left on device")
+        real(directory, epoch)
+
+    monkeypatch.setattr(member_epoch, "persist_member_epoch", full_once)
+    n1.unlead(STREAM)  # a new epoch of the same leader, nothing new written
+    n1.lead(STREAM, leader, 2, ("n2",), recorder)
+    n1.serve(STREAM)
+    n2.follow(STREAM, member, "n1", 2)
+    followed = n2.followed[STREAM]
+    await until(lambda: followed.recoveries >= 1, what="the failed epoch write, recovered")
+    await until(lambda: followed.failures == 0, timeout=5.0, what="the failed state to end")
+    status = n2.replica_status(STREAM)
+    assert status is not None and status.state == "following" and status.epoch == 2
+    assert status.last_error is None and status.recoveries >= 1
+    assert MemberBound(heard_within=5.0).refusal(status, 0.0) is None
+    assert member.read_member_epoch() == 2
     n2.unfollow(STREAM)
     member.close()
     leader.close()

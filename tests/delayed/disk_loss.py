@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.delayed.test_process import body_of, consume_all, publish, wait_scheduler
+from tests.delayed.test_process import QUIET, body_of, consume_all, publish, wait_scheduler
 from tests.plugins.seaweed import SeaweedServer
 from tests.plugins.tierlog_server import TierlogServerProcess
 from tierlog.server.delayed_intake import system_stream_name
@@ -189,7 +189,7 @@ async def run_disk_loss(
     result.confirmed = len(due_of)
     last_due = max(due_of.values())
     await asyncio.sleep(max(0.0, (last_due - time.time() * 1000 + 2000) / 1000))
-    got = await consume_all(server, stream, len(due_of) + 1, timeout=8)
+    got = await consume_all(server, stream, len(due_of), timeout=8, quiet=QUIET)
     counts = collections.Counter(body_of(raw) for _ts, raw in got)
     result.appended = len(got)
     result.missing = len(set(due_of) - set(counts))

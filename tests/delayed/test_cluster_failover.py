@@ -36,7 +36,7 @@ from tests.cluster.nodes import (
     running_cluster,
     wait_for,
 )
-from tests.delayed.test_process import body_of, consume_all
+from tests.delayed.test_process import QUIET, body_of, consume_all
 from tests.faults.registry import CrashPoint, register_crash_point
 from tests.plugins.seaweed import SeaweedServer
 from tierlog.server.delayed_intake import system_stream_name
@@ -158,7 +158,7 @@ async def test_leader_lost_while_messages_are_due(cluster: Cluster, fault: str) 
 
     last_due = max(due for _b, due in messages.values())
     await asyncio.sleep(max(0.0, (last_due - time.time() * 1000 + 1500) / 1000))
-    got = await consume_all(new.process, STREAM, MESSAGES + 1, timeout=6)
+    got = await consume_all(new.process, STREAM, MESSAGES, timeout=6, quiet=QUIET)
 
     due_of = {body: due for body, due in messages.values()}
     counts = collections.Counter(body_of(raw) for _ts, raw in got)

@@ -30,7 +30,7 @@ from tests.delayed.test_cluster_failover import (
     publish,
     scheduler_running,
 )
-from tests.delayed.test_process import body_of, consume_all
+from tests.delayed.test_process import QUIET, body_of, consume_all
 from tests.plugins.seaweed import SeaweedServer
 
 pytestmark = [pytest.mark.etcd, pytest.mark.s3]
@@ -76,7 +76,7 @@ async def test_whole_cluster_restart_keeps_stream_and_system_stream_together(
 
     last_due = max(due for _b, due in messages.values())
     await asyncio.sleep(max(0.0, (last_due - time.time() * 1000 + 1500) / 1000))
-    got = await consume_all(node.process, STREAM, MESSAGES + 1, timeout=6)
+    got = await consume_all(node.process, STREAM, MESSAGES, timeout=6, quiet=QUIET)
     due_of = {body: due for body, due in messages.values()}
     counts = collections.Counter(body_of(raw) for _ts, raw in got)
     assert set(counts) == set(due_of), f"{len(set(due_of) - set(counts))} missing"

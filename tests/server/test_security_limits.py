@@ -77,6 +77,17 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return True
 
 
+def _wait_closed(sockets: list[socket.socket], at_least: int, timeout: float) -> int:
+    """How many of ``sockets`` the server closed, polled until ``at_least`` are (or
+    ``timeout``): the test waits on the closes, not a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        closed = sum(_closed_by_peer(s) for s in sockets)
+        if closed >= at_least or time.monotonic() > deadline:
+            return closed
+        time.sleep(0.05)
+
+
 def test_2000_idle_preauth_connections(limited_server: TierlogServerProcess) -> None:
     server = limited_server
     pid = _server_pid(server)
@@ -127,8 +138,7 @@ def test_150_connections_holding_partial_1mib_frames(limited_server: TierlogServ
         print(f"150 partial 1 MiB frames: RSS +{grown / 2**20:.1f} MiB")
         assert grown < RSS_HEADROOM, f"RSS grew {grown >> 20} MiB"
         # refused at the header: frames before authentication are a few KiB at most
-        time.sleep(1.0)
-        closed = sum(_closed_by_peer(s) for s in sockets)
+        closed = _wait_closed(sockets, len(sockets), timeout=1.0)
         assert closed == len(sockets)
     finally:
         for s in sockets:
@@ -252,8 +262,7 @@ max_subscriptions_per_connection = 1
         assert codes == [1, ResponseCode.PRECONDITION_FAILED]
         # total cap: the 21st socket is dropped at once
         extra = [socket.create_connection((server.host, server.stream_port)) for _ in range(20)]
-        time.sleep(0.5)
-        assert sum(_closed_by_peer(s) for s in extra) >= 3
+        assert _wait_closed(extra, 3, timeout=0.5) >= 3
         for s in extra:
             s.close()
     finally:

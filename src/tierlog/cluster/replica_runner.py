@@ -15,7 +15,8 @@ disk, an I/O error) does not stop the member for good: the log is recovered in p
 (``StreamLog.recover_after_failure``: what the files hold, fsynced), the session is
 rebuilt from it, and replication resumes from there, retried with a growing pause (up
 to ``MAX_FAILURE_DELAY``) while the disk keeps refusing. The last failure stays in
-``status()`` until a write succeeds again.
+``status()`` until a write succeeds again, or until the leader answers that the member
+holds its whole log (nothing left to write: the member serves its consumers again).
 
 A fetch that gets no answer within ``fetch_timeout`` (a cut link, a lost frame) is sent
 again (logged as ``replica_fetch_timed_out`` and counted); only an answer to the fetch
@@ -403,6 +404,8 @@ class FollowedStream:
             assert isinstance(item, wire.Adopt | wire.History | wire.Chunks | wire.Commit)
             before = session.leader_epoch
             actions = session.on_frame(item)
+            if self.failures and self._holds_leaders_log(peer, item, session):
+                self._succeeded()
             if (
                 peer is not None
                 and session.leader_epoch == item.epoch
@@ -419,6 +422,22 @@ class FollowedStream:
             # that asked for nothing more (stale, refused append) cannot stall it
             self._arm(self.fetch_timeout)
 
+    def _holds_leaders_log(
+        self, peer: str | None, frame: wire.Frame, session: ReplicaSession
+    ) -> bool:
+        """Whether ``frame`` is the followed leader saying it has nothing past our log (an
+        empty answer at our next offset, in the epoch we follow). After a failure that
+        lost nothing (the log recovered as it was, the session rebuilt) this ends the
+        failed state: with no new chunk to write, a successful write would never come,
+        and a member caught up on an idle stream would refuse its consumers for good."""
+        return (
+            peer == self.leader
+            and isinstance(frame, wire.Chunks)
+            and not frame.chunk_count
+            and frame.epoch == session.leader_epoch
+            and frame.first_chunk_id == session.next_offset
+        )
+
     async def _execute(self, actions: list[Action], peer: str | None) -> None:
         session = self.session
         assert session is not None
@@ -427,6 +446,7 @@ class FollowedStream:
             action = queue.popleft()
             if isinstance(action, PersistEpoch):
                 await self._run(self.log.persist_member_epoch, action.epoch)
+                self._succeeded()
             elif isinstance(action, Truncate):
                 await self._run(self.log.truncate_after, action.keep_through)
                 self._succeeded()

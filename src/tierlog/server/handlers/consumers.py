@@ -52,6 +52,8 @@ class ConsumerHandlers(SacHandlers):
             code = ResponseCode.ACCESS_REFUSED
         elif handle is None:
             code = self._missing(cmd.stream)
+            if code == ResponseCode.STREAM_NOT_AVAILABLE:
+                self._log_not_readable(cmd.stream)
         elif handle.unavailable == OPENING:  # its first resolution runs: retry shortly
             code = ResponseCode.STREAM_NOT_AVAILABLE
         elif isinstance(handle, MemberStreamHandle) and _member_refuses(handle, cmd):
@@ -112,6 +114,19 @@ class ConsumerHandlers(SacHandlers):
                         self._sac_join(subscription, cmd)
                     return
         self.send(SimpleResponse(Command.SUBSCRIBE, corr, code).encode())
+
+    def _log_not_readable(self, stream: str) -> None:
+        """Why a Subscribe found no handle here and is told to retry: the state of the
+        stream's opening on this node (resolving, failed with its error, or led
+        elsewhere with no member or read-only handle yet), so a refusal that lasts says
+        why in the log."""
+        opening = self.broker.opening(self.vhost, stream)
+        log.info(
+            "subscribe_refused_not_available",
+            stream=stream,
+            opening=None if opening is None else opening.state,
+            error=None if opening is None else opening.error,
+        )
 
     def _on_credit(self, cmd: CreditRequest) -> None:
         subscription = self.subscriptions.get(cmd.subscription_id)
