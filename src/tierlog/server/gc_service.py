@@ -134,9 +134,9 @@ class GcService:
         self.leading = leading
         self.clock = clock
         self.holder = config.cluster.node or "standalone"
-        self.pacer = Pacer(self.tier.gc_deletes_per_second)
-        self.last_run: GcRun | None = None
         self._stopping = False
+        self.pacer = Pacer(self.tier.gc_deletes_per_second, stopping=lambda: self._stopping)
+        self.last_run: GcRun | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="tierlog-gc")
 

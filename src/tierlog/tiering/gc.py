@@ -110,18 +110,31 @@ class IncarnationGc:
 class Pacer:
     """Deletes in batches of at most ``batch`` keys, at most ``per_second`` keys a second
     on average (0: unlimited), so a large collection does not crowd out the writers'
-    requests to the same store."""
+    requests to the same store; stops between batches once ``stopping()`` is true (a
+    server shutting down does not wait for a long collection)."""
 
-    def __init__(self, per_second: float = 0.0, batch: int = DELETE_BATCH) -> None:
+    def __init__(
+        self,
+        per_second: float = 0.0,
+        batch: int = DELETE_BATCH,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.batch = max(1, batch)
         self.limiter = RateLimiter(per_second) if per_second > 0 else None
+        self.stopping = stopping
 
-    def delete(self, store: ObjectStore, keys_: list[str]) -> None:
+    def delete(self, store: ObjectStore, keys_: list[str]) -> int:
+        """Delete ``keys_`` in order; returns how many were deleted."""
+        done = 0
         for i in range(0, len(keys_), self.batch):
+            if self.stopping():
+                break
             part = keys_[i : i + self.batch]
             if self.limiter is not None:
                 self.limiter.acquire(len(part))
             store.delete_many(part)
+            done += len(part)
+        return done
 
 
 def discover_incarnations(store: ObjectStore, streams_root: str) -> list[str]:
@@ -198,15 +211,17 @@ def collect_incarnation(
         for record in meta.list(keys.offload_attempts_prefix(incarnation))
     )
     view = GcView(prefix, live, referenced, pending, in_flight, tail_from, at, grace_seconds)
+    sizes: list[int] = []
     for obj in candidates:
         verdict = judge(obj, view)
         result.counts[verdict] = result.count(verdict) + 1
         if verdict is Verdict.GARBAGE:
             result.garbage.append(obj.key)
-            result.garbage_bytes += obj.size
+            sizes.append(obj.size)
+    result.garbage_bytes = sum(sizes)
     if apply and result.garbage:
-        (pacer or Pacer()).delete(store, result.garbage)
-        result.deleted, result.deleted_bytes = len(result.garbage), result.garbage_bytes
+        result.deleted = (pacer or Pacer()).delete(store, result.garbage)
+        result.deleted_bytes = sum(sizes[: result.deleted])
     with contextlib.suppress(UnsupportedBackendError):  # a store without multipart uploads
         uploads = store.list_multipart_uploads(keys.stream_prefix(prefix, incarnation))
         for upload in list(uploads_to_abort(uploads, at, grace_seconds)):
