@@ -159,9 +159,12 @@ class GcService:
         while True:
             try:
                 await loop.run_in_executor(self._executor, self.collect)
-            except (TierlogError, OSError) as exc:
+            except (TierlogError, OSError) as exc:  # the store or MetaStore failing
                 self.metrics.gc_runs.labels(outcome="failed").inc()
                 log.warning("gc_failed", error=repr(exc))
+            except Exception as exc:  # a defect: reported, and the schedule goes on
+                self.metrics.gc_runs.labels(outcome="failed").inc()
+                log.exception("gc_failed", error=repr(exc))
             await asyncio.sleep(self.tier.gc_interval_seconds)
 
     # -- one collection (on the gc thread) ------------------------------------------------
@@ -193,17 +196,21 @@ class GcService:
         return run
 
     def _collect_one(self, run: GcRun, incarnation: str, *, live: bool) -> None:
-        result = collect_incarnation(
-            self.store,
-            self.catalog,
-            self.tier.prefix,
-            incarnation,
-            live=live,
-            grace_seconds=self.tier.gc_grace_seconds,
-            now=self.clock,
-            apply=True,
-            pacer=self.pacer,
-        )
+        try:
+            result = collect_incarnation(
+                self.store,
+                self.catalog,
+                self.tier.prefix,
+                incarnation,
+                live=live,
+                grace_seconds=self.tier.gc_grace_seconds,
+                now=self.clock,
+                apply=True,
+                pacer=self.pacer,
+            )
+        except (TierlogError, OSError) as exc:  # this stream waits for the next run
+            log.warning("gc_stream_failed", incarnation=incarnation, error=repr(exc))
+            return
         run.incarnations.append(result)
         m = self.metrics
         m.gc_deleted_objects.inc(result.deleted)
