@@ -12,7 +12,8 @@ Fault sequences:
 * deletion racing an upload: a fragment PUT held by the proxy while the stream is deleted
   (it may land after the stream cleanup listed the incarnation), then the stream
   re-created under the same name (a new incarnation);
-* retention racing uploads: a stream whose remote retention trims while it publishes;
+* retention racing uploads: streams whose remote retention trims while they publish (one
+  of fragments, one of whole offloaded segments: multipart uploads under faults);
 * an offload multipart upload abandoned midway (initiated, one part, never completed or
   aborted: a node that died mid-offload and never came back).
 
@@ -52,6 +53,13 @@ STREAM_ARGS = {
     "x-tierlog-max-fragment-age": "0.2s",
     "x-tierlog-debounce-seconds": "0.05",
     "stream-max-segment-size-bytes": "65536",
+}
+SEGMENT_ARGS = {  # whole-segment offload (multipart uploads), retention trimming it
+    "x-tierlog-tier-mode": "segments",
+    "stream-max-segment-size-bytes": "65536",
+    "x-tierlog-offload-deletion-lag": "0",
+    "x-tierlog-offload-threshold-bytes": "0",
+    "max-length-bytes": "300000",
 }
 
 
@@ -120,6 +128,12 @@ def caught_up(server: TierlogServerProcess, names: list[str]) -> bool:
     return True
 
 
+def segments_settled(server: TierlogServerProcess, name: str) -> bool:
+    """No offload of a segment-mode stream is running (or failing)."""
+    remote = admin(server, f"/api/streams/{name}")["remote"]
+    return remote["offload"]["status"] in ("success", "not run")
+
+
 def is_put(marker: str) -> object:
     return lambda method, path: method == "PUT" and marker in path and "uploadId" not in path
 
@@ -177,12 +191,14 @@ async def test_after_one_collection_past_the_grace_the_bucket_holds_only_referen
     async with producer(server) as p:
         await p.create_stream("gc-a", arguments=STREAM_ARGS)
         await p.create_stream("gc-c", arguments={**STREAM_ARGS, "max-length-bytes": "200000"})
+        await p.create_stream("gc-d", arguments=SEGMENT_ARGS)
 
     # failed and ambiguous commits (retention of gc-c trimming as it goes)
     proxy.configure(rate=0.15, kinds={"500": 1, "503": 1, "reset": 1, "lost_reply": 3})
     for round_ in range(4):
         await publish(server, "gc-a", [batch(f"a{round_}")], name="pa", pause=0.3)
         await publish(server, "gc-c", [batch(f"c{round_}")], name="pc", pause=0.3)
+        await publish(server, "gc-d", [batch(f"d{round_}")], name="pd", pause=0.3)
     proxy.off()
     assert proxy.injected["lost_reply"] > 0
 
@@ -232,6 +248,9 @@ async def test_after_one_collection_past_the_grace_the_bucket_holds_only_referen
     # quiet: everything tiered, then one collection that starts past the grace period
     names = ["gc-a", "gc-b", "gc-c"]
     assert wait_for(lambda: caught_up(server, names), timeout=60)
+    assert wait_for(lambda: segments_settled(server, "gc-d"), timeout=60), admin(
+        server, "/api/streams/gc-d"
+    )["remote"]["offload"]
     quiet = time.time()
     await asyncio.sleep(GRACE_S)
     runs = gc_metrics(server).get('tierlog_gc_runs_total{outcome="ok"}', 0.0)
@@ -239,7 +258,7 @@ async def test_after_one_collection_past_the_grace_the_bucket_holds_only_referen
         lambda: gc_metrics(server).get('tierlog_gc_runs_total{outcome="ok"}', 0.0) >= runs + 2,
         timeout=30,
     ), server.log_tail()
-    assert caught_up(server, names)  # nothing new was written meanwhile
+    assert caught_up(server, names) and segments_settled(server, "gc-d")  # all quiet
 
     listed = {obj.key for obj in store.list("stream/")}
     referenced, in_flight = expected_objects(server.data_dir, store)
