@@ -7,7 +7,8 @@
 * ``scan_logs``: each ERROR line is named by the fault whose window it fell in, or it is
   unexplained; the stall watchdog's reports are failures;
 * ``orphans``: what the bucket holds that no manifest references (``tierlog spark gc``'s
-  reference walk, dry run) once the grace period passed."""
+  reference walk, dry run) once the grace period passed and the nodes' own garbage
+  collection (``tier.gc_grace_seconds`` = the same grace) ran past it."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ class Profile:
     max_growth: float = 1.2  # last ÷ first quarter (median) of each resource
     catchup_bound_s: float = 90.0  # after each fault heals, every member catches up in this
     fault_gap_s: tuple[float, float] = (3.0, 8.0)  # quiet time between two faults
-    orphan_grace_s: float = 30.0  # objects younger than this are not orphans (yet)
+    orphan_grace_s: float = 125.0  # objects younger are not orphans (yet); the nodes'
+    # gc_grace_seconds too (it must exceed 2 x store.task_stall_seconds = 120)
     spark: str = "batch"  # "batch" (read at the end), "streaming" (a query all along), "off"
     consumer_restart_s: float = 20.0  # consumers close and resume at their stored offset
     s3_error_rate: float = 0.10
@@ -83,7 +84,6 @@ def ci_profile(seed: int = 7, faults: tuple[str, ...] = FAULT_KINDS) -> Profile:
         mount_mb=128,
         catchup_bound_s=60.0,
         fault_gap_s=(1.0, 3.0),
-        orphan_grace_s=20.0,
         spark="batch",
         consumer_restart_s=15.0,
         every_kind_once=True,
@@ -111,7 +111,6 @@ def long_profile(minutes: float, seed: int, faults: tuple[str, ...] = FAULT_KIND
         rate_scale=0.5,
         spark="streaming",
         fault_gap_s=(5.0, 30.0),
-        orphan_grace_s=60.0,
     )
 
 

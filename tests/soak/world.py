@@ -57,6 +57,14 @@ keys = {{ {KEK_ID} = "base64:{KEK}" }}
 """
 
 
+def gc_env(profile: Profile) -> dict[str, str]:
+    """The nodes collect their own garbage past the oracle's grace period, every 5 s."""
+    return {
+        "TIERLOG_TIER_GC_GRACE_SECONDS": str(profile.orphan_grace_s),
+        "TIERLOG_TIER_GC_INTERVAL_SECONDS": "5",
+    }
+
+
 class SoakWorld:
     """Everything a run needs; ``close()`` stops and unmounts it all (call it from a
     ``finally``)."""
@@ -93,6 +101,7 @@ class SoakWorld:
         try:
             for name, node in self.cluster.nodes.items():
                 node.process.config_text += extra_config()
+                node.process.extra_env.update(gc_env(profile))
                 self.mounts[name] = TmpfsMount(node.process.data_dir, profile.mount_mb).mount()
         except BaseException:
             self.close()

@@ -248,6 +248,41 @@ class Metrics:
             registry=r,
         )
 
+        # -- garbage collection (server/gc_service.py) ------------------------------
+        self.gc_deleted_objects = Counter(
+            "tierlog_gc_deleted_objects",
+            "Remote objects deleted by this server's garbage collection.",
+            registry=r,
+        )
+        self.gc_deleted_bytes = Counter(
+            "tierlog_gc_deleted_bytes",
+            "Bytes of the remote objects deleted by this server's garbage collection.",
+            registry=r,
+        )
+        self.gc_aborted_uploads = Counter(
+            "tierlog_gc_aborted_uploads",
+            "Incomplete multipart uploads older than the grace period aborted by gc.",
+            registry=r,
+        )
+        self.gc_skipped_streams = Counter(
+            "tierlog_gc_skipped_streams",
+            "Streams a collection left alone: their manifest could not be read completely.",
+            registry=r,
+        )
+        self.gc_runs = Counter(
+            "tierlog_gc_runs", "Garbage collections run, by outcome.", ["outcome"], registry=r
+        )
+        self.gc_last_run_timestamp = Gauge(
+            "tierlog_gc_last_run_timestamp_seconds",
+            "When the last complete garbage collection ended (seconds since the epoch).",
+            registry=r,
+        )
+        self.gc_last_run_seconds = Gauge(
+            "tierlog_gc_last_run_seconds",
+            "How long the last complete garbage collection took.",
+            registry=r,
+        )
+
         # -- read at scrape time ----------------------------------------------------
         self.streams = self._scrape("tierlog_streams", "Streams open on this server.", "gauge")
         self.stream_local_bytes = self._scrape_stream(

@@ -30,6 +30,7 @@ from tierlog.server.auth import (
     parse_permissions,
     parse_tags,
 )
+from tierlog.server.gc_service import check_gc_settings
 from tierlog.storage.retry import RetryPolicy
 from tierlog.tiering.remote_ack import check_interval as check_remote_ack_interval
 
@@ -291,6 +292,13 @@ class TierSection:
     remote_ack_interval_seconds: float = 0.2
     """``ack = remote`` streams cut and commit a fragment at least this often (their
     confirms wait for the commit)."""
+    gc_enabled: bool = True
+    """The server deletes what no manifest references (``server/gc_service.py``)."""
+    gc_interval_seconds: float = 3600.0
+    gc_grace_seconds: float = 86400.0
+    """Unreferenced objects younger than this are kept (> 2 x store.task_stall_seconds)."""
+    gc_deletes_per_second: float = 1000.0
+    """Average delete rate of a collection (0: unlimited)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,6 +582,7 @@ class ServerConfig:
             if getattr(t, name) < 0:
                 raise ConfigError(f"tier.{name} must be >= 0")
         check_remote_ack_interval(t.remote_ack_interval_seconds)
+        check_gc_settings(self, TierSection())
         self.reader.validate()
         self.store.validate()
         self.cluster.validate()

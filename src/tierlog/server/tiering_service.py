@@ -29,6 +29,7 @@ from tierlog.remote.catalog import Catalog, StreamRecord
 from tierlog.remote.consumer_offsets import ConsumerOffsets
 from tierlog.remote.fragments import RemoteStream
 from tierlog.remote.manifest_tree import ManifestTree
+from tierlog.server.gc_service import GcService
 from tierlog.server.meta_offsets import take_over_offsets
 from tierlog.server.remote_ack import install as install_remote_ack
 from tierlog.storage.metered_object_store import MeteredObjectStore
@@ -90,14 +91,19 @@ class TieringService:
             )
         )
         self._register_metrics(metrics)
+        # this node's garbage collection: the streams it tiers (it leads them), and
+        # deleted incarnations under a lease
+        self.gc = GcService(config, self.store, catalog, metrics, self.tiered_incarnations)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.run_cleanups)
         self._tasks.append(asyncio.create_task(self._housekeeping()))
+        await self.gc.start()
 
     async def close(self) -> None:
+        await self.gc.close()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -251,6 +257,11 @@ class TieringService:
         self.offloads[incarnation] = service
         handle.tier_started(service)
         log.info("offload_started", vhost=handle.vhost, stream=handle.name)
+
+    def tiered_incarnations(self) -> list[str]:
+        """The incarnations whose tiering (or segment offload) runs here: this node leads
+        them and their remote tier is resolved."""
+        return [*self.tierers, *self.offloads]
 
     def offload_of(self, record: StreamRecord) -> SegmentOffloadService | None:
         return self.offloads.get(record.incarnation)

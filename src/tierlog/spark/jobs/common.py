@@ -1,5 +1,6 @@
 """What every Spark maintenance job shares: where the remote tier is, the Spark session,
-progress lines, and a checked walk of a stream's manifest tree.
+progress lines, and (from ``remote/manifest_check.py``, re-exported) a checked walk of a
+stream's manifest tree.
 
 Jobs run their I/O inside Spark tasks, so the remote tier travels to the executors as a
 small picklable ``RemoteTier`` (URIs, key prefix and store options such as S3
@@ -18,16 +19,13 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from tierlog.errors import ConfigError
-from tierlog.formats.errors import FormatError
-from tierlog.formats.manifest import KIND_ROOT, decode_node
 from tierlog.remote import keys
-from tierlog.remote.catalog import Catalog, ManifestPointer, StreamRecord
-from tierlog.remote.committed import read_committed_root
-from tierlog.remote.fragments import FragmentEntry
-from tierlog.remote.manifest_walk import ManifestWalker
+from tierlog.remote.catalog import Catalog, StreamRecord
+from tierlog.remote.manifest_check import ManifestWalk as ManifestWalk  # re-exported
+from tierlog.remote.manifest_check import walk_manifest as walk_manifest
 from tierlog.spark.errors import StoreMissingError
 from tierlog.spark.stores import check_master, require_existing
-from tierlog.storage.errors import NotFoundError, TransientError
+from tierlog.storage.errors import NotFoundError
 from tierlog.storage.meta_store import MetaStore, open_meta_store
 from tierlog.storage.object_store import ObjectStore, open_object_store
 
@@ -258,75 +256,6 @@ def write_json(report: dict[str, Any], path: str | None) -> None:
     if path:
         with open(path, "w") as f:
             f.write(text + "\n")
-
-
-# ------------------------------------------------------------------------- manifests
-
-
-@dataclass
-class ManifestWalk:
-    """Everything reachable from one committed root, and what was wrong on the way."""
-
-    pointer: ManifestPointer | None
-    root_key: str | None = None
-    first_offset: int = 0
-    next_offset: int = 0
-    branch_keys: list[str] = field(default_factory=list)
-    fragments: list[FragmentEntry] = field(default_factory=list)
-    problems: list[dict[str, str]] = field(default_factory=list)
-
-    @property
-    def complete(self) -> bool:
-        """True when the whole tree was read without a problem."""
-        return not self.problems
-
-    def referenced(self) -> set[str]:
-        out = {key for f in self.fragments for key in f.object_keys}  # segments: data + index
-        out.update(self.branch_keys)
-        if self.root_key:
-            out.add(self.root_key)
-        return out
-
-
-def walk_manifest(
-    store: ObjectStore, catalog: Catalog, prefix: str, incarnation: str, attempts: int = 5
-) -> ManifestWalk:
-    """Read the committed root of ``incarnation`` and every branch below it with the remote
-    tier's tolerant walker (each node checked against the entry naming it). A root that
-    vanished (superseded and deleted between reading the pointer and the root) makes it
-    re-read the pointer."""
-    try:
-        pointer, data = read_committed_root(catalog, store, prefix, incarnation, attempts)
-    except TransientError:
-        walk = ManifestWalk(catalog.read_pointer(incarnation))
-        walk.problems.append(_problem("missing-root", incarnation, "the committed root is missing"))
-        return walk
-    walk = ManifestWalk(pointer)
-    if pointer is None or pointer.root_uid is None or data is None:
-        return walk
-    walk.root_key = keys.root_key(prefix, incarnation, bytes.fromhex(pointer.root_uid))
-    try:
-        root = decode_node(data)
-    except FormatError as exc:
-        walk.problems.append(_problem("corrupt-root", walk.root_key, str(exc)))
-        return walk
-    h = root.header
-    if h.kind != KIND_ROOT or h.stream_dir != incarnation:
-        detail = f"kind {h.kind}, stream {h.stream_dir!r}"
-        walk.problems.append(_problem("bad-root", walk.root_key, detail))
-        return walk
-    walk.first_offset, walk.next_offset = h.first_offset, h.next_offset
-    walker = ManifestWalker(
-        prefix, incarnation, store.get, tolerant=True, require_sealed=pointer.sealed
-    )
-    walk.fragments = list(walker.walk(root.entries, h.next_offset))
-    walk.branch_keys = walker.branch_keys
-    walk.problems += [p.to_dict() for p in walker.problems]
-    return walk
-
-
-def _problem(kind: str, key: str, detail: str) -> dict[str, str]:
-    return {"kind": kind, "key": key, "detail": detail}
 
 
 def chunked(items: list[Any], size: int) -> Iterator[list[Any]]:

@@ -1,6 +1,9 @@
 """``tierlog spark gc``: delete remote objects that no live manifest references.
 
-One Spark task per stream incarnation found in the store (or in the catalog). A task
+The server collects its own garbage on a schedule (``tier.gc_*``, on by default); this job
+runs the same collection (``tiering/gc.py``, the rule in ``remote/gc.py``) across a whole
+store from Spark, e.g. for a store whose servers are gone. One Spark task per stream
+incarnation found in the store (or in the catalog). A task
 
 1. walks the incarnation's committed manifest, if the incarnation is live (in the
    catalog): the root the pointer names, every branch, every fragment;
@@ -10,7 +13,8 @@ One Spark task per stream incarnation found in the store (or in the catalog). A 
 4. deletes (with ``apply``; otherwise only reports) every object that is *not*
    referenced by that manifest, not the live root, not pending deletion, older than
    the grace period, and -- for a live incarnation -- not a fragment at or after its
-   committed next offset (a restarting writer may be about to adopt it).
+   committed next offset (a restarting writer may be about to adopt it); and aborts the
+   incarnation's incomplete multipart uploads older than the grace period.
 
 A live incarnation whose manifest cannot be read completely (missing or corrupt root or
 branch) is left alone and reported: gc never deletes on doubt. Keys that are not
@@ -24,18 +28,22 @@ gc run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from tierlog.remote import keys
 from tierlog.remote.catalog import Catalog
-from tierlog.spark.jobs.common import Progress, RemoteTier, chunked, run_distributed, walk_manifest
-from tierlog.storage.errors import InvalidKeyError
-from tierlog.storage.object_store import ObjectStore
-from tierlog.tiering.deletion import DeletionQueue
+from tierlog.spark.jobs.common import Progress, RemoteTier, run_distributed
+from tierlog.tiering.gc import (
+    DELETE_BATCH,
+    IncarnationGc,
+    Pacer,
+    collect_incarnation,
+)
+from tierlog.tiering.gc import (
+    discover_incarnations as discover_incarnations,  # re-exported (the soak's oracle)
+)
 
 DEFAULT_GRACE_SECONDS = 24 * 3600.0
-DELETE_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -45,40 +53,6 @@ class GcTask:
     grace_seconds: float
     now: float
     apply: bool
-
-
-@dataclass
-class IncarnationGc:
-    incarnation: str
-    live: bool
-    objects: int = 0
-    referenced: int = 0
-    pending: int = 0
-    protected_tail: int = 0
-    in_flight: int = 0
-    young: int = 0
-    unknown: list[str] = field(default_factory=list)
-    garbage: list[str] = field(default_factory=list)
-    deleted: int = 0
-    skipped_reason: str | None = None
-    problems: list[dict[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "incarnation": self.incarnation,
-            "live": self.live,
-            "objects": self.objects,
-            "referenced": self.referenced,
-            "pending_deletion": self.pending,
-            "protected_tail": self.protected_tail,
-            "offload_in_flight": self.in_flight,
-            "younger_than_grace": self.young,
-            "unknown_keys": self.unknown,
-            "garbage": self.garbage,
-            "deleted": self.deleted,
-            "skipped": self.skipped_reason,
-            "problems": self.problems,
-        }
 
 
 @dataclass
@@ -102,86 +76,27 @@ class GcReport:
             "grace_seconds": self.grace_seconds,
             "garbage": len(self.garbage),
             "deleted": sum(i.deleted for i in self.incarnations),
+            "uploads_aborted": sum(i.uploads_aborted for i in self.incarnations),
             "ok": self.ok,
             "incarnations": [i.to_dict() for i in self.incarnations],
         }
 
 
-def discover_incarnations(store: ObjectStore, streams_root: str) -> list[str]:
-    """Every incarnation directory with at least one object: one short listing per
-    incarnation, skipping over its keys (``/`` sorts right before ``0``)."""
-    found: list[str] = []
-    after: str | None = None
-    while True:
-        first = next(iter(store.list(streams_root, start_after=after)), None)
-        if first is None:
-            return found
-        incarnation = first.key[len(streams_root) :].split("/", 1)[0]
-        if incarnation and incarnation not in found:
-            found.append(incarnation)
-        after = f"{streams_root}{incarnation}0"
-
-
 def gc_incarnation(tier: RemoteTier, task: GcTask) -> IncarnationGc:
-    """Task body: find (and with ``apply`` delete) one incarnation's garbage."""
-    result = IncarnationGc(task.incarnation, task.live)
+    """Task body: find (and with ``apply`` delete) one incarnation's garbage, by the rule
+    the server's own collection runs (``tiering/gc.py``)."""
     with tier.open_meta() as meta, tier.open_store() as store:
-        catalog = Catalog(meta)
-        referenced: set[str] = set()
-        tail_from: int | None = None
-        if task.live:
-            walk = walk_manifest(store, catalog, tier.prefix, task.incarnation)
-            if walk.pointer is None:
-                result.skipped_reason = "stream deleted during gc (left to stream cleanup)"
-                return result
-            if not walk.complete:
-                result.skipped_reason = "manifest unreadable: nothing deleted (run scrub)"
-                result.problems = walk.problems
-                return result
-            referenced = walk.referenced()
-            tail_from = walk.next_offset
-        listed = list(store.list(keys.stream_prefix(tier.prefix, task.incarnation)))
-        pending = {key for key, _due in DeletionQueue(meta).pending_keys()}
-        # objects of segment offloads in flight (recorded, not yet committed) are spared
-        in_flight = {
-            record.key.rsplit("/", 1)[-1]
-            for record in meta.list(keys.offload_attempts_prefix(task.incarnation))
-        }
-        for meta_obj in listed:
-            key = meta_obj.key
-            result.objects += 1
-            try:
-                parsed = keys.parse_key(key, tier.prefix)
-            except InvalidKeyError:
-                result.unknown.append(key)
-                continue
-            if key in referenced:
-                result.referenced += 1
-            elif key in pending:
-                result.pending += 1
-            elif (
-                isinstance(parsed, keys.SegmentKey)
-                and f"{parsed.first_offset:020d}.{parsed.uuid.hex}" in in_flight
-            ):
-                result.in_flight += 1
-            elif (
-                tail_from is not None
-                and isinstance(parsed, keys.FragmentKey)
-                and parsed.first_offset >= tail_from
-            ):
-                result.protected_tail += 1
-            elif (
-                meta_obj.last_modified is None
-                or task.now - meta_obj.last_modified < task.grace_seconds
-            ):
-                result.young += 1
-            else:
-                result.garbage.append(key)
-        if task.apply:
-            for batch in chunked(result.garbage, DELETE_BATCH):
-                store.delete_many(batch)
-                result.deleted += len(batch)
-    return result
+        return collect_incarnation(
+            store,
+            Catalog(meta),
+            tier.prefix,
+            task.incarnation,
+            live=task.live,
+            grace_seconds=task.grace_seconds,
+            now=lambda: task.now,
+            apply=task.apply,
+            pacer=Pacer(batch=DELETE_BATCH),
+        )
 
 
 def run_gc(
