@@ -69,6 +69,21 @@ class LeaderGate:
         if effects:
             self.service._apply(incarnation, effects)
 
+    async def committed(self, chunk_id: int, timeout: float) -> bool:
+        """Whether the stream's cluster commit reaches ``chunk_id`` within ``timeout``
+        (False: it did not, or this node stepped down first)."""
+        reached: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def settle(value: bool) -> None:
+            if not reached.done():
+                reached.set_result(value)
+
+        self.leader.when_committed(chunk_id, lambda: settle(True), lambda _: settle(False))
+        try:
+            return await asyncio.wait_for(reached, timeout)
+        except TimeoutError:
+            return False
+
 
 class MemberEvents:
     """What a led stream's members send (``LeaderListener``), fed to its leader."""

@@ -7,9 +7,9 @@ manifest through the cross-tier reader without a local log; publishes are refuse
 (``STREAM_NOT_AVAILABLE``: send them to a member); StoreOffset and QueryOffset go to the
 stream's leader when a cluster node has one that answers (``forward_offset``), else
 StoreOffset goes to the MetaStore (``remote.consumer_offsets``) and QueryOffset answers from
-there or from the tracking state the remote tier holds. One ``ManifestFollower`` thread
-polls the manifest pointers of every stream served (bounded rate) and wakes their consumers
-when a commit lands.
+there or (a read-only node) from the tracking state the remote tier holds. One
+``ManifestFollower`` thread polls the manifest pointers of every stream served (bounded
+rate) and wakes their consumers when a commit lands.
 
 Freshness (see ``read.manifest_follower``): fragment age + upload + commit debounce +
 ``reader.poll_interval_seconds``. ``next`` and ``last`` resolve against the leader's
@@ -58,7 +58,7 @@ from tierlog.server.chunk_source import (
     deliverable_from_raw,
 )
 from tierlog.server.config import ServerConfig
-from tierlog.server.errors import SourceClosedError, UnreadableDataError
+from tierlog.server.errors import OffsetUnavailableError, SourceClosedError, UnreadableDataError
 from tierlog.storage.object_store import ObjectStore
 
 log = get_logger("tierlog.server.remote_stream")
@@ -382,19 +382,38 @@ class RemoteStreamHandle:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def query_offset_async(self, reference: str) -> int | None:
-        """The leader's answer when it gives one (``forward_offset``), else
-        ``query_offset`` off the event loop (MetaStore and object-store reads)."""
+        """The leader's answer when it gives one (``forward_offset``), else on a cluster
+        node ``pending_offset`` and on a read-only node ``query_offset``, off the event
+        loop (MetaStore and object-store reads)."""
         forward = self.streams.forward_offset
-        if forward is not None:
-            try:
-                answer = await forward(self.record, reference, None)
-            except Exception as exc:  # asking the leader failing must not fail the query
-                log.warning("query_offset_forward_failed", stream=self.name, error=repr(exc))
-                answer = None
-            if answer is not None:
-                return answer.offset
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
+        if forward is None:
+            return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
+        try:
+            answer = await forward(self.record, reference, None)
+        except Exception as exc:  # asking the leader failing must not fail the query
+            log.warning("query_offset_forward_failed", stream=self.name, error=repr(exc))
+            answer = None
+        if answer is not None:
+            return answer.offset
+        return await loop.run_in_executor(self.streams.io, self.pending_offset, reference)
+
+    def pending_offset(self, reference: str) -> int:
+        """QueryOffset on a cluster node whose stream's leader did not answer: the value
+        stored in the MetaStore while no leader answered (not taken over yet, under the
+        current writer epoch or later), which is the consumer's newest. Anything else
+        could be lower than what the leader answered before (the remote tier's tracking
+        state lags the leader's log by the tiering delay; a taken-over value is older than
+        the log's), so the node refuses (``OffsetUnavailableError``: the client asks
+        again) rather than guess."""
+        self.refresh_if_idle()
+        stored = self.streams.offsets.query(self.record.incarnation, reference)
+        current = self.manifest_view.epoch
+        if stored is not None and stored.taken_at is None and stored.epoch >= current:
+            return stored.offset
+        raise OffsetUnavailableError(
+            f"{self.name}: no leader answered for the offset of {reference!r}"
+        )
 
     def query_offset(self, reference: str) -> int | None:
         """The consumer's offset. A MetaStore value not taken over by a writer, stored under
