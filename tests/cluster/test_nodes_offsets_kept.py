@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from rstream.exceptions import OffsetNotFound, StreamNotAvailable
@@ -43,9 +42,13 @@ REFERENCE = "kept-consumer"
 UNAVAILABLE = -2  # QueryOffset answered STREAM_NOT_AVAILABLE
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, etcd_server: str, seaweed: SeaweedServer) -> Iterator[Cluster]:
-    with running_cluster(tmp_path, etcd_server, seaweed, proxied_replication=True) as cluster:
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: str, seaweed: SeaweedServer
+) -> Iterator[Cluster]:
+    """One cluster for both tests (each has its own stream; the first heals its cut)."""
+    base = tmp_path_factory.mktemp("offsets-kept")
+    with running_cluster(base, etcd_server, seaweed, proxied_replication=True) as cluster:
         yield cluster
 
 
@@ -119,6 +122,10 @@ async def test_an_answer_of_a_leader_cut_from_its_members_survives_the_failover(
         assert now is not None and now >= max(answered), (now, answered)
     finally:
         await on_leader.close()
+        for node in cluster.nodes.values():
+            assert node.replication_proxy is not None
+            node.replication_proxy.heal()
+            node.replication_proxy.heal_from("n1")
 
 
 async def test_a_node_the_leader_does_not_answer_never_answers_an_older_offset(
