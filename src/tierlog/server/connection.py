@@ -63,7 +63,7 @@ class Connection(HandshakeHandlers, StreamHandlers, PublisherHandlers, ConsumerH
             CreateRequest: self._spawn(self._on_create),
             DeleteRequest: self._spawn(self._on_delete),
             MetadataRequest: self._on_metadata,
-            StreamStatsRequest: self._on_stream_stats,
+            StreamStatsRequest: self._spawn(self._on_stream_stats),
             RouteRequest: self._on_super_stream,
             PartitionsRequest: self._on_super_stream,
             ExchangeCommandVersionsRequest: self._on_exchange_versions,

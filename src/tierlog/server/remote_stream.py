@@ -71,11 +71,13 @@ READ_AHEAD_CHUNKS = 256
 class CommittedTail(NamedTuple):
     """Where a stream's committed part ends on its leader: the offset after the last
     committed chunk, the last committed user chunk (-1: none) and, when asked for, a
-    producer's last publishing id (None: unknown reference)."""
+    producer's last publishing id (None: unknown reference), and the committed chunk
+    itself (-1: not told; StreamStats answers it)."""
 
     next_offset: int
     last_chunk_id: int
     sequence: int | None = None
+    commit_chunk_id: int = -1
 
 
 LeaderTail = Callable[[StreamRecord, str], Awaitable[CommittedTail | None]]
