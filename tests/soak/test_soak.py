@@ -33,10 +33,6 @@ pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.spark]
 KNOWN_OPEN = {
     "orphans": "manifest roots left by a crash or an etcd cut between writing a root and"
     " moving the pointer: the server collects no garbage of its own yet (issue 33)",
-    "consumers": "a stored consumer offset answered lower after faults around leader"
-    " changes and retirement (not diagnosed yet; docs/reliability.md)",
-    "spark": "StreamStats answers STREAM_NOT_AVAILABLE on a node that does not lead the"
-    " stream, so Spark's tail read works only through the leader",
     "faults": "retiring a node that is a voter of an ack=remote stream does not complete"
     " within the fault's 90 s",
     "resources": "disk growth over a two-minute profile measures the first data written,"
