@@ -400,7 +400,7 @@ async def _orphan_check(
     (polled for another grace period: deletions of the last faults may still be running)."""
     grace = profile.orphan_grace_s
     await asyncio.sleep(max(0.0, stopped_at + grace - time.time()))
-    deadline = time.time() + grace + 30
+    deadline = time.time() + grace + profile.orphan_poll_s
     while True:
         try:
             garbage, doubts = await asyncio.to_thread(

@@ -384,9 +384,16 @@ class RemoteStreamHandle:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def query_offset_async(self, reference: str) -> int | None:
-        """The leader's answer when it gives one (``forward_offset``), else on a cluster
-        node ``pending_offset`` and on a read-only node ``query_offset``, off the event
-        loop (MetaStore and object-store reads)."""
+        """The leader's answer when it gives one (``forward_offset``); on a read-only node
+        (no links) ``query_offset`` off the event loop (MetaStore and object-store reads).
+
+        A cluster node whose QueryOffset no leader answered refuses
+        (``OffsetUnavailableError``: STREAM_NOT_AVAILABLE, the client asks again) rather
+        than guess: the remote tier's tracking state lags the leader's log by the tiering
+        delay, and a MetaStore value can be older than the log's (a store whose forward
+        timed out is written there late, after newer stores reached the leader). The
+        leader never answers such older values: it takes a MetaStore value over only when
+        it is higher than its log's."""
         forward = self.streams.forward_offset
         loop = asyncio.get_running_loop()
         if forward is None:
@@ -398,21 +405,6 @@ class RemoteStreamHandle:
             answer = None
         if answer is not None:
             return answer.offset
-        return await loop.run_in_executor(self.streams.io, self.pending_offset, reference)
-
-    def pending_offset(self, reference: str) -> int:
-        """QueryOffset on a cluster node whose stream's leader did not answer: the value
-        stored in the MetaStore while no leader answered (not taken over yet, under the
-        current writer epoch or later), which is the consumer's newest. Anything else
-        could be lower than what the leader answered before (the remote tier's tracking
-        state lags the leader's log by the tiering delay; a taken-over value is older than
-        the log's), so the node refuses (``OffsetUnavailableError``: the client asks
-        again) rather than guess."""
-        self.refresh_if_idle()
-        stored = self.streams.offsets.query(self.record.incarnation, reference)
-        current = self.manifest_view.epoch
-        if stored is not None and stored.taken_at is None and stored.epoch >= current:
-            return stored.offset
         raise OffsetUnavailableError(
             f"{self.name}: no leader answered for the offset of {reference!r}"
         )
