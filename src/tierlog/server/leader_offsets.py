@@ -12,8 +12,8 @@ answer never rests on a chunk a failover could drop.
 
 No answer within ``timeout`` (no leader known, it is unreachable, it lost the stream, or it
 cannot commit) is None: the asker keeps a store in the MetaStore instead
-(``remote.consumer_offsets``) and answers a query from there; the leader takes such values
-over when it next answers a QueryOffset or opens the stream.
+(``remote.consumer_offsets``), which the leader takes over when it next answers a
+QueryOffset or opens the stream, and refuses a query (STREAM_NOT_AVAILABLE).
 """
 
 from __future__ import annotations
