@@ -136,7 +136,18 @@ def retrieved(future: asyncio.Future[None]) -> None:
 
 def start_epoch(stream_log: StreamLog, epoch: int) -> int:
     """The epoch's first chunk (a tracking snapshot), fsynced: the leader counts it as
-    written only once it is on disk."""
+    written only once it is on disk.
+
+    A new leader's tierer tells the log where the whole stream starts only after the
+    election (resolution). Until then a snapshot would trim consumer offsets at the local
+    log's first offset (Osiris's rule for a log without a remote tier), and with a tiered
+    stream's short local retention that drops every consumer behind the local log: the
+    new leader would answer no offset for them (the soak's "consumers" oracle: no offset,
+    or an older MetaStore value, after leader changes). So until resolution the stream
+    counts as starting at 0 and snapshots keep every offset; the tierer then sets the
+    real first offset."""
+    if stream_log.remote_position() is None:  # the tierer has not told it yet
+        stream_log.set_stream_first_offset(0)
     chunk_id = stream_log.start_epoch(epoch)
     stream_log.sync_to_disk()
     return chunk_id
