@@ -33,9 +33,6 @@ pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.spark]
 KNOWN_OPEN = {
     "orphans": "manifest roots left by a crash or an etcd cut between writing a root and"
     " moving the pointer: the server collects no garbage of its own yet (issue 33)",
-    "consumers": "QueryOffset through a member of an ack=remote stream answered no"
-    " offset after faults (defect 9 of docs/reliability.md; the leader-change regressions"
-    " of defect 4 are fixed: tests/cluster/test_nodes_offsets_kept.py)",
     "faults": "retiring a node that is a voter of an ack=remote stream does not complete"
     " within the fault's 90 s",
     "resources": "disk growth over a two-minute profile measures the first data written,"
