@@ -124,7 +124,7 @@ async def disk_full(ctx: FaultContext, record: FaultRecord) -> None:
     try:
         filled = await asyncio.to_thread(mount.fill)
         record.notes.append(f"filler {filled >> 20} MiB")
-        await asyncio.sleep(ctx.rng.uniform(5.0, 10.0))
+        await asyncio.sleep(ctx.rng.uniform(*ctx.profile.hold_s))
     finally:
         mount.free_filler()
         ctx.sampler.exclude(name, record.started, time.time() + 5)
@@ -182,7 +182,8 @@ async def s3_outage(ctx: FaultContext, record: FaultRecord) -> None:
     record.target = "bucket"
     proxy.configure(rate=1.0, kinds={"500": 1.0, "503": 1.0, "reset": 1.0})
     try:
-        await asyncio.sleep(ctx.rng.uniform(5.0, 12.0))
+        low, high = ctx.profile.hold_s
+        await asyncio.sleep(ctx.rng.uniform(low, high + 2.0))
     finally:
         background = "s3-errors" in ctx.profile.faults
         proxy.configure(rate=ctx.profile.s3_error_rate if background else 0.0, kinds=S3_FAULT_KINDS)

@@ -43,8 +43,10 @@ class Profile:
     max_growth: float = 1.2  # last ÷ first quarter (median) of each resource
     catchup_bound_s: float = 90.0  # after each fault heals, every member catches up in this
     fault_gap_s: tuple[float, float] = (3.0, 8.0)  # quiet time between two faults
+    hold_s: tuple[float, float] = (5.0, 10.0)  # how long a disk stays full (an outage: +2)
     orphan_grace_s: float = 125.0  # objects younger are not orphans (yet); the nodes'
     # gc_grace_seconds too (it must exceed 2 x store.task_stall_seconds = 120)
+    orphan_poll_s: float = 30.0  # after the grace, orphans are polled for this long more
     spark: str = "batch"  # "batch" (read at the end), "streaming" (a query all along), "off"
     consumer_restart_s: float = 20.0  # consumers close and resume at their stored offset
     s3_error_rate: float = 0.10
@@ -73,9 +75,10 @@ class Profile:
 
 def ci_profile(seed: int = 7, faults: tuple[str, ...] = FAULT_KINDS) -> Profile:
     """About three minutes: one stream of each kind, light rates (two shared cores), every
-    enabled fault kind about once, a short batch Spark read at the end."""
+    enabled fault kind once (the run goes on past its 90 s until each ran), shorter holds
+    and gaps between faults, a short batch Spark read at the end."""
     return Profile(
-        minutes=2.0,
+        minutes=1.5,
         seed=seed,
         faults=faults,
         rf3_plain=1,
@@ -83,7 +86,9 @@ def ci_profile(seed: int = 7, faults: tuple[str, ...] = FAULT_KINDS) -> Profile:
         rate_scale=0.5,
         mount_mb=128,
         catchup_bound_s=60.0,
-        fault_gap_s=(1.0, 3.0),
+        fault_gap_s=(0.5, 1.5),
+        hold_s=(3.0, 6.0),
+        orphan_poll_s=10.0,
         spark="batch",
         consumer_restart_s=15.0,
         every_kind_once=True,

@@ -74,9 +74,17 @@ async def run_soak(
         await asyncio.to_thread(world.start)
         world.s3_errors("s3-errors" in profile.faults)
         single = ("n1", "n2")  # one-copy streams never on n3: it can always be wiped
-        for i, spec in enumerate(specs):
-            on = single[i % 2] if spec.replicas == 1 else NAMES[i % 3]
-            await create_replicated(world.cluster, spec.name, spec.create_arguments, on=on)
+        await asyncio.gather(  # each waits for the nodes to know each other: all at once
+            *(
+                create_replicated(
+                    world.cluster,
+                    spec.name,
+                    spec.create_arguments,
+                    on=single[i % 2] if spec.replicas == 1 else NAMES[i % 3],
+                )
+                for i, spec in enumerate(specs)
+            )
+        )
         progress(f"{len(specs)} streams created; faults {','.join(profile.faults)}")
         producers = {
             s.name: SoakProducer(world.cluster, s, random.Random(rng.random())) for s in specs
@@ -400,7 +408,7 @@ async def _orphan_check(
     (polled for another grace period: deletions of the last faults may still be running)."""
     grace = profile.orphan_grace_s
     await asyncio.sleep(max(0.0, stopped_at + grace - time.time()))
-    deadline = time.time() + grace + 30
+    deadline = time.time() + grace + profile.orphan_poll_s
     while True:
         try:
             garbage, doubts = await asyncio.to_thread(

@@ -31,10 +31,6 @@ from tests.soak.run import run_soak
 pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.spark]
 
 KNOWN_OPEN = {
-    "consumers": "a stored consumer offset answered lower after faults around leader"
-    " changes and retirement (not diagnosed yet; docs/reliability.md)",
-    "spark": "StreamStats answers STREAM_NOT_AVAILABLE on a node that does not lead the"
-    " stream, so Spark's tail read works only through the leader",
     "faults": "retiring a node that is a voter of an ack=remote stream does not complete"
     " within the fault's 90 s",
     "resources": "disk growth over a two-minute profile measures the first data written,"
@@ -55,7 +51,7 @@ async def test_soak_ci_profile(
     workdir: Path = tmp_path_factory.mktemp(MARK)
     result, text = await run_soak(profile, workdir, etcd_server, seaweed, lambda: spark, print)
     print(text)
-    strict = bool(os.environ.get("TIERLOG_SOAK_STRICT"))
+    strict = os.environ.get("TIERLOG_SOAK_STRICT", "0").strip() not in ("", "0")
     failing = {k: v for k, v in result.failures.items() if strict or k not in KNOWN_OPEN}
     # of the faults oracle only a retirement that does not complete is known open
     other_faults = [why for why in result.failures.get("faults", []) if "retire" not in why]

@@ -160,6 +160,22 @@ class StreamLeader:
                 self.waiting.append(_Waiting(chunk_id, confirms, refuses))
         return self.handle(LocalWritten(chunk_id, epoch), now) if chunk_id != NO_CHUNK else []
 
+    def when_committed(self, chunk_id: int, confirm: Confirm, refuse: Refuse) -> None:
+        """``confirm`` once the commit reaches ``chunk_id`` (at once when it has), or
+        ``refuse`` when the leader steps down first. For answers that must survive a
+        failover as confirms do (a consumer offset the leader answers is in a chunk a
+        majority holds, so any next leader holds it too); nothing is written."""
+        if self.stepped_down:
+            refuse(self.state.step_down_reason or "not the leader")
+            return
+        if chunk_id <= self.committed:
+            confirm()
+            return
+        at = len(self.waiting)  # the waiting stay in chunk order (usually: the last)
+        while at > 0 and self.waiting[at - 1].chunk_id > chunk_id:
+            at -= 1
+        self.waiting.insert(at, _Waiting(chunk_id, [confirm], [refuse]))
+
     def handle(self, event: Event, now: float) -> list[Effect]:
         effects = self.state.handle(event, now)
         self.apply_local(effects)

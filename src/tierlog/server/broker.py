@@ -123,6 +123,10 @@ class ConfirmGate(Protocol):
         self, handle: StreamHandle, chunk_id: int, dones: list[tuple[Done, int]]
     ) -> None: ...
 
+    async def committed(self, chunk_id: int, timeout: float) -> bool:
+        """Whether the cluster commit reaches ``chunk_id`` within ``timeout``."""
+        ...
+
 
 class StreamPlacement(Protocol):
     """Which node leads each stream (the cluster service); None on a single node."""

@@ -69,6 +69,21 @@ class LeaderGate:
         if effects:
             self.service._apply(incarnation, effects)
 
+    async def committed(self, chunk_id: int, timeout: float) -> bool:
+        """Whether the stream's cluster commit reaches ``chunk_id`` within ``timeout``
+        (False: it did not, or this node stepped down first)."""
+        reached: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def settle(value: bool) -> None:
+            if not reached.done():
+                reached.set_result(value)
+
+        self.leader.when_committed(chunk_id, lambda: settle(True), lambda _: settle(False))
+        try:
+            return await asyncio.wait_for(reached, timeout)
+        except TimeoutError:
+            return False
+
 
 class MemberEvents:
     """What a led stream's members send (``LeaderListener``), fed to its leader."""
@@ -121,7 +136,18 @@ def retrieved(future: asyncio.Future[None]) -> None:
 
 def start_epoch(stream_log: StreamLog, epoch: int) -> int:
     """The epoch's first chunk (a tracking snapshot), fsynced: the leader counts it as
-    written only once it is on disk."""
+    written only once it is on disk.
+
+    A new leader's tierer tells the log where the whole stream starts only after the
+    election (resolution). Until then a snapshot would trim consumer offsets at the local
+    log's first offset (Osiris's rule for a log without a remote tier), and with a tiered
+    stream's short local retention that drops every consumer behind the local log: the
+    new leader would answer no offset for them (the soak's "consumers" oracle: no offset,
+    or an older MetaStore value, after leader changes). So until resolution the stream
+    counts as starting at 0 and snapshots keep every offset; the tierer then sets the
+    real first offset."""
+    if stream_log.remote_position() is None:  # the tierer has not told it yet
+        stream_log.set_stream_first_offset(0)
     chunk_id = stream_log.start_epoch(epoch)
     stream_log.sync_to_disk()
     return chunk_id

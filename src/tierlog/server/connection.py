@@ -66,7 +66,7 @@ class Connection(
             CreateRequest: self._spawn(self._on_create),
             DeleteRequest: self._spawn(self._on_delete),
             MetadataRequest: self._on_metadata,
-            StreamStatsRequest: self._on_stream_stats,
+            StreamStatsRequest: self._spawn(self._on_stream_stats),
             RouteRequest: self._spawn(self._on_route),
             PartitionsRequest: self._spawn(self._on_partitions),
             CreateSuperStreamRequest: self._spawn(self._on_create_super_stream),

@@ -49,3 +49,10 @@ class AdminRequestError(TierlogError):
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+
+
+class OffsetUnavailableError(TierlogError):
+    """A consumer offset cannot be answered now without risking an answer lower than one
+    given before: the stream's leader could not commit the chunk holding it (cut from its
+    members, stepping down), or no leader answered and no newer value is pending in the
+    MetaStore. QueryOffset answers STREAM_NOT_AVAILABLE; the client asks again."""

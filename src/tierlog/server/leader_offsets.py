@@ -5,14 +5,15 @@ log, or a non-member reading the remote tier) forwards their StoreOffset and Que
 the leader over the replication link (``cluster.offset_requests``): the leader's log is the
 one place that holds them while the stream has a reachable leader, so a consumer that stores
 on one node and queries on another gets the latest value. The leader answers a store once
-it is written through the stream's write path (``StreamHandle.flush``), and a query with
-``leader_query_offset`` (the log's value, or a newer one pending in the MetaStore, taken
-over first).
+it is written through the stream's write path (``StreamHandle.flush``) and the stream's
+cluster commit holds it, and a query with ``leader_query_offset`` (the log's value, or a
+newer one pending in the MetaStore, taken over first; also only once committed): an
+answer never rests on a chunk a failover could drop.
 
 No answer within ``timeout`` (no leader known, it is unreachable, it lost the stream, or it
 cannot commit) is None: the asker keeps a store in the MetaStore instead
-(``remote.consumer_offsets``) and answers a query from there; the leader takes such values
-over when it next answers a QueryOffset or opens the stream.
+(``remote.consumer_offsets``), which the leader takes over when it next answers a
+QueryOffset or opens the stream, and refuses a query (STREAM_NOT_AVAILABLE).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING
 from tierlog.cluster.offset_requests import NOT_LEADING
 from tierlog.logs import get_logger
 from tierlog.remote.catalog import StreamRecord
-from tierlog.server.meta_offsets import leader_query_offset
+from tierlog.server.errors import OffsetUnavailableError
+from tierlog.server.meta_offsets import committed_on_leader, leader_query_offset
 from tierlog.server.remote_stream import LeaderOffset
 
 if TYPE_CHECKING:
@@ -81,10 +83,16 @@ async def answer_as_writer(handle: StreamHandle, reference: str, store: int | No
         if handle.closed or handle.unavailable is not None:
             return NOT_LEADING  # the write failed, or the stream went away meanwhile
         # written (later stores of the consumer, queued with it, may have replaced it)
-        return handle.log.query_offset(reference)
+        found = handle.log.query_offset(reference)
+        if not await committed_on_leader(handle):
+            return NOT_LEADING  # not on a majority: the asker keeps it in the MetaStore
+        return found
     if not await _flushed(handle):
         return NOT_LEADING
-    return await leader_query_offset(handle, reference)
+    try:
+        return await leader_query_offset(handle, reference)
+    except OffsetUnavailableError:
+        return NOT_LEADING
 
 
 async def _flushed(handle: StreamHandle) -> bool:

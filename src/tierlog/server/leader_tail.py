@@ -91,7 +91,9 @@ class LeaderTails:
             log.info("leader_tail_unanswered", stream=record.name, leader=leader)
             return None
         sequence = None if tail.sequence < 0 else tail.sequence
-        return CommittedTail(tail.next_offset, tail.last_user_chunk_id, sequence)
+        return CommittedTail(
+            tail.next_offset, tail.last_user_chunk_id, sequence, tail.commit_chunk_id
+        )
 
 
 def _tail_of(stream_log: StreamLog, commit: int) -> tuple[int, int] | None:

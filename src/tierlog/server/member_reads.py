@@ -6,7 +6,7 @@ Everything else is what a non-member node does (``server.remote_stream``): publi
 is refused (STREAM_NOT_AVAILABLE: clients publish to the leader Metadata names),
 StoreOffset and QueryOffset go to the leader (``server.leader_offsets``); when it does not
 answer, StoreOffset goes to the MetaStore offsets which the leader takes over, and
-QueryOffset answers from there or from the tracking state the remote tier holds.
+QueryOffset is refused (STREAM_NOT_AVAILABLE) rather than answered lower.
 
 A member serves consumers only while it follows its leader within a bound
 (``MemberBound``): it heard from the leader it follows within one lease TTL

@@ -28,6 +28,7 @@ from tierlog.log.errors import InvalidAppendError
 from tierlog.log.writer import StreamLog
 from tierlog.logs import get_logger
 from tierlog.remote.consumer_offsets import ConsumerOffsets
+from tierlog.server.errors import OffsetUnavailableError
 
 if TYPE_CHECKING:
     from tierlog.server.broker import StreamHandle
@@ -75,10 +76,40 @@ async def take_over_offsets(handle: StreamHandle, offsets: ConsumerOffsets) -> N
         log.info("meta_offsets_taken_over", stream=handle.name, offsets=taken)
 
 
+COMMIT_TIMEOUT = 5.0
+"""How long a leader's offset answer waits for the cluster commit of what it answers."""
+
+
 async def leader_query_offset(handle: StreamHandle, reference: str) -> int | None:
-    """QueryOffset on the stream's writer: the log's value, unless the MetaStore holds a
-    pending higher one (stored where the leader could not be reached), which is taken over
-    into the log first; the MetaStore's value when the log has none."""
+    """QueryOffset on the stream's writer: ``writer_offset``, answered only once the
+    stream's cluster commit holds it (``committed_on_leader``): a value read from chunks
+    only this leader wrote could be gone after a failover, and the consumer would be
+    answered a lower offset by the next leader. Raises ``OffsetUnavailableError`` when
+    the commit does not come."""
+    offset = await writer_offset(handle, reference)
+    if not await committed_on_leader(handle):
+        raise OffsetUnavailableError(
+            f"{handle.name}: the chunk holding the offset of {reference!r} is not committed"
+        )
+    return offset
+
+
+async def committed_on_leader(handle: StreamHandle, timeout: float = COMMIT_TIMEOUT) -> bool:
+    """Whether everything the stream's log holds now (its last written chunk, after what
+    was queued so far is written) reaches the cluster commit within ``timeout``; True at
+    once on a single node (no cluster: the local fsync is the commit)."""
+    await handle.flush()
+    gate = handle.confirm_gate
+    if gate is None:
+        return True
+    # no await between the flush and here: nothing is being written, the end is stable
+    return await gate.committed(handle.log.last_chunk_id, timeout)
+
+
+async def writer_offset(handle: StreamHandle, reference: str) -> int | None:
+    """The consumer's offset on the stream's writer: the log's value, unless the
+    MetaStore holds a pending higher one (stored where the leader could not be reached),
+    which is taken over into the log first; the MetaStore's value when the log has none."""
     offsets = ConsumerOffsets(handle.broker.catalog.meta)
     loop = asyncio.get_running_loop()
     logged = handle.log.query_offset(reference)
@@ -106,4 +137,15 @@ async def leader_query_offset(handle: StreamHandle, reference: str) -> int | Non
                 log.warning("meta_offset_mark_failed", stream=handle.name, error=repr(exc))
             log.info("meta_offset_taken_over", stream=handle.name, reference=reference)
         return stored.offset
+    if stored.taken_at is None and logged is not None and await committed_on_leader(handle):
+        # an older store that reached the MetaStore after a newer one reached the log
+        # (committed: a failover keeps it): marked taken, so that no node answers the
+        # older one while the leader is away
+        at = handle.log.next_offset
+        try:
+            await loop.run_in_executor(
+                None, offsets.mark_taken, handle.record.incarnation, stored, reference, at
+            )
+        except (TierlogError, OSError) as exc:  # marked at the next query or open
+            log.warning("meta_offset_mark_failed", stream=handle.name, error=repr(exc))
     return logged if logged is not None else stored.offset

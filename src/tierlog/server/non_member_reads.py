@@ -2,8 +2,9 @@
 read-only from the remote tier (``server.remote_stream``), the way a read-only node serves
 every stream. Subscribe, QueryOffset and StoreOffset reach it; publishing and declaring a
 publisher still get STREAM_NOT_AVAILABLE with Metadata naming the members (only members
-write). StoreOffset and QueryOffset go to the leader (``server.leader_offsets``), or to
-the MetaStore offsets when it does not answer, which the leader takes over.
+write). StoreOffset and QueryOffset go to the leader (``server.leader_offsets``); when it
+does not answer, a StoreOffset goes to the MetaStore offsets, which the leader takes over,
+and a QueryOffset is refused (STREAM_NOT_AVAILABLE) rather than answered lower.
 ``next`` / ``last`` and QueryPublisherSequence ask the leader (``server.leader_tail``).
 
 Members (voters and learners) that do not lead serve consumers from their own follower

@@ -7,9 +7,9 @@ manifest through the cross-tier reader without a local log; publishes are refuse
 (``STREAM_NOT_AVAILABLE``: send them to a member); StoreOffset and QueryOffset go to the
 stream's leader when a cluster node has one that answers (``forward_offset``), else
 StoreOffset goes to the MetaStore (``remote.consumer_offsets``) and QueryOffset answers from
-there or from the tracking state the remote tier holds. One ``ManifestFollower`` thread
-polls the manifest pointers of every stream served (bounded rate) and wakes their consumers
-when a commit lands.
+there or (a read-only node) from the tracking state the remote tier holds. One
+``ManifestFollower`` thread polls the manifest pointers of every stream served (bounded
+rate) and wakes their consumers when a commit lands.
 
 Freshness (see ``read.manifest_follower``): fragment age + upload + commit debounce +
 ``reader.poll_interval_seconds``. ``next`` and ``last`` resolve against the leader's
@@ -59,7 +59,7 @@ from tierlog.server.chunk_source import (
     deliverable_from_raw,
 )
 from tierlog.server.config import ServerConfig
-from tierlog.server.errors import SourceClosedError, UnreadableDataError
+from tierlog.server.errors import OffsetUnavailableError, SourceClosedError, UnreadableDataError
 from tierlog.storage.object_store import ObjectStore
 
 log = get_logger("tierlog.server.remote_stream")
@@ -72,11 +72,13 @@ READ_AHEAD_CHUNKS = 256
 class CommittedTail(NamedTuple):
     """Where a stream's committed part ends on its leader: the offset after the last
     committed chunk, the last committed user chunk (-1: none) and, when asked for, a
-    producer's last publishing id (None: unknown reference)."""
+    producer's last publishing id (None: unknown reference), and the committed chunk
+    itself (-1: not told; StreamStats answers it)."""
 
     next_offset: int
     last_chunk_id: int
     sequence: int | None = None
+    commit_chunk_id: int = -1
 
 
 LeaderTail = Callable[[StreamRecord, str], Awaitable[CommittedTail | None]]
@@ -389,19 +391,30 @@ class RemoteStreamHandle:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def query_offset_async(self, reference: str) -> int | None:
-        """The leader's answer when it gives one (``forward_offset``), else
-        ``query_offset`` off the event loop (MetaStore and object-store reads)."""
+        """The leader's answer when it gives one (``forward_offset``); on a read-only node
+        (no links) ``query_offset`` off the event loop (MetaStore and object-store reads).
+
+        A cluster node whose QueryOffset no leader answered refuses
+        (``OffsetUnavailableError``: STREAM_NOT_AVAILABLE, the client asks again) rather
+        than guess: the remote tier's tracking state lags the leader's log by the tiering
+        delay, and a MetaStore value can be older than the log's (a store whose forward
+        timed out is written there late, after newer stores reached the leader). The
+        leader never answers such older values: it takes a MetaStore value over only when
+        it is higher than its log's."""
         forward = self.streams.forward_offset
-        if forward is not None:
-            try:
-                answer = await forward(self.record, reference, None)
-            except Exception as exc:  # asking the leader failing must not fail the query
-                log.warning("query_offset_forward_failed", stream=self.name, error=repr(exc))
-                answer = None
-            if answer is not None:
-                return answer.offset
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
+        if forward is None:
+            return await loop.run_in_executor(self.streams.io, self.query_offset, reference)
+        try:
+            answer = await forward(self.record, reference, None)
+        except Exception as exc:  # asking the leader failing must not fail the query
+            log.warning("query_offset_forward_failed", stream=self.name, error=repr(exc))
+            answer = None
+        if answer is not None:
+            return answer.offset
+        raise OffsetUnavailableError(
+            f"{self.name}: no leader answered for the offset of {reference!r}"
+        )
 
     def query_offset(self, reference: str) -> int | None:
         """The consumer's offset. A MetaStore value not taken over by a writer, stored under

@@ -27,6 +27,7 @@ from tierlog.formats.protocol.constants import (
 from tierlog.log.errors import DamagedRangeError
 from tierlog.logs import get_logger
 from tierlog.server.broker import OPENING
+from tierlog.server.errors import OffsetUnavailableError
 from tierlog.server.handlers.sac import SacHandlers, log_spec
 from tierlog.server.member_reads import MemberStreamHandle
 from tierlog.server.meta_offsets import leader_query_offset
@@ -170,15 +171,20 @@ class ConsumerHandlers(SacHandlers):
         else:
             await handle.flush()  # a StoreOffset sent just before is visible
             offset = None
-            if cmd.reference and len(cmd.reference.encode("utf-8")) <= 255:
-                if isinstance(handle, RemoteStreamHandle):  # the leader's, else the MetaStore's
-                    offset = await handle.query_offset_async(cmd.reference)
-                else:  # the log's, or a newer one stored where the leader was unreachable
-                    offset = await leader_query_offset(handle, cmd.reference)
-            if offset is None:
-                response = QueryOffsetResponse(corr, ResponseCode.NO_OFFSET, 0)
+            try:
+                if cmd.reference and len(cmd.reference.encode("utf-8")) <= 255:
+                    if isinstance(handle, RemoteStreamHandle):  # the leader's, or pending
+                        offset = await handle.query_offset_async(cmd.reference)
+                    else:  # the log's (or newer, from the MetaStore), once committed
+                        offset = await leader_query_offset(handle, cmd.reference)
+            except OffsetUnavailableError as exc:  # never an answer that could go back
+                log.info("query_offset_unavailable", stream=cmd.stream, reason=str(exc))
+                response = QueryOffsetResponse(corr, ResponseCode.STREAM_NOT_AVAILABLE, 0)
             else:
-                response = QueryOffsetResponse(corr, ResponseCode.OK, offset)
+                if offset is None:
+                    response = QueryOffsetResponse(corr, ResponseCode.NO_OFFSET, 0)
+                else:
+                    response = QueryOffsetResponse(corr, ResponseCode.OK, offset)
         self.send(response.encode())
 
 

@@ -24,10 +24,12 @@ from tierlog.formats.protocol.constants import (
 from tierlog.logs import get_logger
 from tierlog.remote.errors import StreamExistsError, StreamNotFoundError
 from tierlog.server.arguments import settings_from_arguments
-from tierlog.server.broker import OPENING
+from tierlog.server.broker import OPENING, StreamHandle
 from tierlog.server.cluster_gates import cluster_metadata
 from tierlog.server.cluster_service import ClusterService
 from tierlog.server.connection_core import ConnectionCore
+from tierlog.server.member_reads import MemberStreamHandle
+from tierlog.server.remote_stream import RemoteStreamHandle
 
 log = get_logger("tierlog.server.connection")
 
@@ -117,22 +119,45 @@ class StreamHandlers(ConnectionCore):
             MetadataResponse(cmd.correlation_id, [BrokerAddress(0, host, port)], streams).encode()
         )
 
-    def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
+    async def _on_stream_stats(self, cmd: StreamStatsRequest) -> None:
         if self._reserved("stream", cmd.stream):
             code = ResponseCode.ACCESS_REFUSED
             self.send(SimpleResponse(Command.STREAM_STATS, cmd.correlation_id, code).encode())
             return
-        handle = self.broker.get(self.vhost, cmd.stream)
+        # on any node, as RabbitMQ answers from a member or the leader: the stream's own
+        # handle here, a member's, or the read-only one of a non-member
+        handle = self.broker.readable(self.vhost, cmd.stream)
         if handle is None or not self._permitted("read", cmd.stream):
             refused = ResponseCode.ACCESS_REFUSED
             code = self._missing(cmd.stream) if handle is None else refused
             # with the empty map, as RabbitMQ: the Node.js client reads it on errors too
             self.send(StreamStatsResponse(cmd.correlation_id, code, {}).encode())
             return
-        # ack = remote streams: what consumers may read (the remote-committed part)
-        reads = handle.log if handle.remote_ack is None else handle.remote_ack.view
-        stats = {
-            "first_chunk_id": handle.first_offset(),
-            "committed_chunk_id": reads.commit_point().chunk_id,
-        }
+        stats = await stream_stats(handle)
         self.send(StreamStatsResponse(cmd.correlation_id, ResponseCode.OK, stats).encode())
+
+
+async def stream_stats(handle: StreamHandle) -> dict[str, int]:
+    """StreamStats of a stream on this node: its first chunk id and the last chunk its
+    consumers may read as committed. The leader (or a single node): its consumers' view
+    (the cluster commit; an ``ack = remote`` stream's remote commit). A member that does
+    not lead: the commit its leader announced (what its own consumers read). A node
+    serving the stream from the remote tier (a non-member, a member of an ``ack =
+    remote`` stream, a read-only node): the leader's committed chunk when it answers,
+    else the last offset the remote tier holds."""
+    first = handle.first_offset()
+    if isinstance(handle, MemberStreamHandle):
+        committed = handle.view.commit_point().chunk_id
+    elif isinstance(handle, RemoteStreamHandle):
+        tail = await handle.streams.leader_tail(handle.record, "")
+        if tail is not None and tail.commit_chunk_id >= 0:
+            committed = tail.commit_chunk_id
+        else:
+            committed = handle.log.commit_point().chunk_id
+    elif handle.remote_ack is not None:  # what consumers may read: the remote commit
+        committed = handle.remote_ack.view.commit_point().chunk_id
+    else:
+        committed = handle.log.commit_point().chunk_id
+        if handle.cluster_commit is not None:  # a leader: up to the cluster commit
+            committed = min(committed, handle.cluster_commit())
+    return {"first_chunk_id": first, "committed_chunk_id": committed}
