@@ -31,8 +31,9 @@ from tests.soak.run import run_soak
 pytestmark = [pytest.mark.etcd, pytest.mark.s3, pytest.mark.spark]
 
 KNOWN_OPEN = {
-    "faults": "retiring a node that is a voter of an ack=remote stream does not complete"
-    " within the fault's 90 s",
+    "faults": "retiring a node: the ack=remote case is fixed (tests/cluster/"
+    "test_nodes_retire_remote_ack.py); a plain RF 3 stream under one-message frames was"
+    " once seen stuck the same way and is not diagnosed, so the oracle is reported only",
     "resources": "disk growth over a two-minute profile measures the first data written,"
     " not a leak (the long profile judges growth after warm-up)",
 }
