@@ -183,10 +183,12 @@ class SoakConsumer:
 
 
 async def read_all(
-    cluster: Cluster, node: str, stream: str, at_least: int, timeout: float
+    cluster: Cluster, node: str, stream: str, at_least: int, timeout: float, through_id: int = 0
 ) -> list[Delivery]:
     """Every message of ``stream`` read through ``node`` itself from the first offset, as
-    the consumer user: until ``at_least`` arrived and the stream was quiet for 2 s."""
+    the consumer user: until ``at_least`` arrived, an id of at least ``through_id`` was
+    read (a retained stream, whose start is gone, still ends with its last confirmed
+    message) and the stream was quiet for 2 s."""
     got: list[Delivery] = []
     last = [time.monotonic()]
 
@@ -220,7 +222,8 @@ async def read_all(
     try:
         last[0] = time.monotonic()
         while time.monotonic() < deadline:
-            if len(got) >= at_least and time.monotonic() - last[0] > 2.0:
+            reached = through_id <= 0 or (got and max(d.id for d in got) >= through_id)
+            if len(got) >= at_least and reached and time.monotonic() - last[0] > 2.0:
                 break
             await asyncio.sleep(0.2)
     finally:

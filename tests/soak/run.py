@@ -337,9 +337,13 @@ async def _read_everywhere(
     streams and nodes at once."""
 
     async def one(spec: StreamSpec, node: str) -> Any:
-        at_least = 0 if spec.retained else len(producers[spec.name].confirmed)
+        confirmed = producers[spec.name].confirmed
+        at_least = 0 if spec.retained else len(confirmed)
+        through = max(confirmed, default=0) if spec.retained else 0
         try:
-            return await read_all(world.cluster, node, spec.name, at_least, timeout=timeout)
+            return await read_all(
+                world.cluster, node, spec.name, at_least, timeout=timeout, through_id=through
+            )
         except Exception as exc:
             return exc
 
