@@ -101,7 +101,9 @@ class TierlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tiered = self._tree(stream).next_offset
         if self.options.server is None:
             return tiered
-        return committed_end(server_address(self.options), stream.vhost, stream.name, tiered)
+        return committed_end(
+            server_address(self.options), stream.vhost, stream.name, tiered, streaming=True
+        )
 
     def _heads(self) -> Offsets:
         heads = {s.display: self._head(s) for s in self.options.streams}

@@ -27,20 +27,24 @@ vectorised decoder as fragments.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from tierlog.formats.chunk import HEADER
+from tierlog.formats.protocol.constants import ResponseCode
 from tierlog.remote.manifest_walk import Bounds
 from tierlog.spark.arrow_batch import chunks_to_record_batch
 from tierlog.spark.client import StreamClient, StreamClientError
+from tierlog.spark.errors import ResponseError
 
 SUBSCRIPTION_ID = 0
 PEEK_WAIT_S = 0.5  # the committed chunk is delivered at once unless it is a tracking chunk
 TRACKING_SLACK = 64  # offsets below a committed tracking chunk searched for a user chunk
 CREDIT = 8
+UNAVAILABLE_RETRY_S = 10.0  # a stream without a leader for longer: the head stays at the tier
 DECODE_BYTES = 8 * 1024 * 1024  # decode in runs of about this many chunk bytes
 _SIZES_AT = 40  # trailer length u32 + bloom size u8 follow the data length
 
@@ -78,8 +82,31 @@ class TailTask:
     bounds: Bounds
 
 
-def committed_end(server: ServerAddress, vhost: str, name: str, floor: int = 0) -> int:
-    """The end of the server's last committed user chunk (``floor`` if none above it)."""
+def committed_end(
+    server: ServerAddress, vhost: str, name: str, floor: int = 0, *, streaming: bool = False
+) -> int:
+    """The end of the server's last committed user chunk (``floor`` if none above it).
+
+    A stream momentarily without a leader (an election, a node restarting) answers
+    STREAM_NOT_AVAILABLE, which is retriable: it is asked again for
+    ``UNAVAILABLE_RETRY_S``. Then a batch read fails with that error; a ``streaming``
+    micro-batch takes ``floor`` (what the remote tier holds) as its head — the tail is
+    read by a later micro-batch, never skipped — instead of failing the query."""
+    deadline = time.monotonic() + UNAVAILABLE_RETRY_S
+    while True:
+        try:
+            return _committed_end(server, vhost, name, floor)
+        except ResponseError as exc:
+            if exc.code != ResponseCode.STREAM_NOT_AVAILABLE:
+                raise
+            if time.monotonic() >= deadline:
+                if streaming:
+                    return floor
+                raise
+            time.sleep(0.5)
+
+
+def _committed_end(server: ServerAddress, vhost: str, name: str, floor: int) -> int:
     with server.connect(vhost) as client:
         committed = client.stream_stats(name).get("committed_chunk_id", -1)
         if committed < floor:
