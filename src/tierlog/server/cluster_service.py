@@ -37,6 +37,7 @@ from tierlog.cluster.errors import (
 from tierlog.cluster.hub import ReplicationHub
 from tierlog.cluster.log_history import NO_CHUNK, Tail
 from tierlog.cluster.membership import ClusterDirectory, Leadership, NodeInfo, StreamMembers
+from tierlog.cluster.new_streams import NeverLedStreams
 from tierlog.cluster.node import (
     ClusterNode,
     DirectoryView,
@@ -143,6 +144,7 @@ class ClusterService:
         # first (a leader cut from its members would otherwise win the leaderless record
         # back at once, again and again, while the majority side waits)
         self._held_off: dict[str, float] = {}
+        self.never_led = NeverLedStreams(self.timing.ttl)
         self._ready: dict[str, asyncio.Future[None]] = {}  # elections in progress
         self._new_voters: dict[tuple[str, str], tuple[str, ...]] = {}  # streams being created
         self._effect_tasks: set[asyncio.Task[Any]] = set()
@@ -358,6 +360,9 @@ class ClusterService:
                         membership.is_voter(self.name)
                         and not self.changes.retiring_here
                         and not self._holding_off(incarnation)
+                        and self.never_led.may_take(
+                            incarnation, place.record.epoch, time.monotonic()
+                        )
                         and (hooks is None or hooks.may_take_over(record))
                     ):
                         await self._take_over(record)
