@@ -17,6 +17,7 @@ from tests.plugins.seaweed import SeaweedServer
 from tests.plugins.spark import EXECUTOR_KEKS
 from tests.soak.mounts import TmpfsMount, clean_stale_mounts
 from tests.soak.profile import Profile
+from tierlog.remote.encryption import Keyring, process_keyring, set_process_keyring
 
 NAMES = ("n1", "n2", "n3")
 ADMIN = ("guest", "guest")  # the harness itself (stream set-up, admin API checks)
@@ -95,6 +96,11 @@ class SoakWorld:
             self.proxy.endpoint, seaweed.endpoint
         )
         os.environ.setdefault("TIERLOG_KEKS", EXECUTOR_KEKS)
+        # the harness's own bucket walks (orphans) open sealed objects: the process
+        # keyring is read once, maybe already by an earlier test without keys, so it is
+        # set here and the earlier one restored on close
+        self._keyring_before = process_keyring()
+        set_process_keyring(Keyring.from_environment())
         os.environ.setdefault("AWS_ACCESS_KEY_ID", seaweed.access_key)  # gc's bucket walk
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
         os.environ.setdefault("AWS_REGION", seaweed.region)
@@ -122,6 +128,7 @@ class SoakWorld:
         self.proxy.configure(rate=self.profile.s3_error_rate if on else 0.0)
 
     def close(self) -> None:
+        set_process_keyring(self._keyring_before)
         try:
             with contextlib.suppress(Exception):
                 self.cluster.close()
