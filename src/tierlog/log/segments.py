@@ -228,39 +228,30 @@ class SegmentSet:
         tail = [data, trailer] if trailer else [data]
         if bloom:
             tail.insert(0, bloom)
+        pending = None
         if len(data) >= ASYNC_CRC_MIN_BYTES and crc32 is zlib.crc32:
             # Slow (zlib) CRC: compute it in the helper thread while the data (after a
             # 48-byte gap) goes to the file; the header follows. Readers and recovery never
             # look past the commit. With ISA-L the CRC costs less than the thread hop, so
             # the whole chunk goes out in one pwritev below.
-            crc = crc32_in_background(data)
+            pending = crc32_in_background(data)
             pwrite_all(self._seg_fd, tail, position + HEADER_SIZE)
-            header = make_header(
-                chunk_type,
-                chunk_id,
-                epoch,
-                timestamp,
-                data,
-                num_entries,
-                num_records,
-                len(trailer),
-                len(bloom),
-                data_crc=crc.result(),
-            )
-            pwrite_all(self._seg_fd, [header.encode()], position)
-        else:
-            header = make_header(
-                chunk_type,
-                chunk_id,
-                epoch,
-                timestamp,
-                data,
-                num_entries,
-                num_records,
-                len(trailer),
-                len(bloom),
-            )
+        header = make_header(
+            chunk_type,
+            chunk_id,
+            epoch,
+            timestamp,
+            data,
+            num_entries,
+            num_records,
+            len(trailer),
+            len(bloom),
+            data_crc=None if pending is None else pending.result(),
+        )
+        if pending is None:
             pwrite_all(self._seg_fd, [header.encode(), *tail], position)
+        else:
+            pwrite_all(self._seg_fd, [header.encode()], position)
         record = encode_index_record(chunk_id, timestamp, epoch, position, chunk_type)
         write_all(self._idx_fd, [record])
         self._dirty = True
